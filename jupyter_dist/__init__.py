@@ -1,0 +1,91 @@
+"""jupyter_dist: run notebook cells on persistent multi-GPU, multi-node PyTorch ranks.
+
+In a notebook::
+
+    %load_ext jupyter_dist
+    %%distributed --procs 2
+    import torch.distributed as dist
+    ...
+
+Inside a rank: `info`, `shard` and `DistributedSampler`. Heavy modules (torch, IPython)
+load only when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from jupyter_dist._version import __version__
+
+if TYPE_CHECKING:
+    from torch.utils.data.distributed import DistributedSampler
+
+    from jupyter_dist.errors import (
+        CellTimeout,
+        DistError,
+        NoGPUError,
+        PushError,
+        RanksFailed,
+        SessionError,
+        SpecError,
+    )
+    from jupyter_dist.runtime import RankInfo, info, shard
+
+__all__ = [
+    "CellTimeout",
+    "DistError",
+    "DistributedSampler",
+    "NoGPUError",
+    "PushError",
+    "RankInfo",
+    "RanksFailed",
+    "SessionError",
+    "SpecError",
+    "__version__",
+    "info",
+    "load_ipython_extension",
+    "shard",
+    "unload_ipython_extension",
+]
+
+_LAZY = {
+    "info": "jupyter_dist.runtime",
+    "shard": "jupyter_dist.runtime",
+    "RankInfo": "jupyter_dist.runtime",
+    "DistributedSampler": "torch.utils.data.distributed",
+    "CellTimeout": "jupyter_dist.errors",
+    "DistError": "jupyter_dist.errors",
+    "NoGPUError": "jupyter_dist.errors",
+    "PushError": "jupyter_dist.errors",
+    "RanksFailed": "jupyter_dist.errors",
+    "SessionError": "jupyter_dist.errors",
+    "SpecError": "jupyter_dist.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jupyter_dist' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_dist``: register ``%%distributed`` and ``%dist``."""
+    from jupyter_dist.magics import DistMagics
+
+    ipython.register_magics(DistMagics(ipython))
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext jupyter_dist``: stop this kernel's sessions."""
+    from jupyter_dist.inprocess import control
+
+    control().close()

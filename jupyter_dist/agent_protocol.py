@@ -1,0 +1,53 @@
+"""The messages between a launcher and a node agent: one JSON object per line.
+
+The agent's stdin carries commands and its stdout events. The channel is a pipe to a
+child process (or, for remote nodes, an SSH channel): authenticated by construction,
+and it carries JSON only, never pickles. Kernel traffic does not use it; the notebook
+talks to rank kernels over the Jupyter protocol.
+
+Commands (launcher -> agent)::
+
+    {"op": "spawn", "rank": 0, "local_rank": 0, "env": {...}, "key": "...", "cwd": "..."}
+    {"op": "signal", "rank": 0, "signal": "SIGINT"}
+    {"op": "kill", "ranks": [0, 1] | null, "grace": 2.0}
+    {"op": "shutdown"}
+
+Events (agent -> launcher)::
+
+    {"event": "ready", "host": ..., "pid": ..., "python": ..., "gpus": [...], "versions": {...}}
+    {"event": "spawned", "rank": 0, "pid": 123, "connection": {...ports...}, "log": "..."}
+    {"event": "exited", "rank": 0, "pid": 123, "returncode": -9, "log_tail": "..."}
+    {"event": "error", "message": "...", "rank": 0 | null}
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes | str) -> dict[str, Any]:
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError(f"agent message must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def describe_returncode(returncode: int | None) -> str:
+    """``-9`` -> ``"killed by signal SIGKILL (9)"``, ``3`` -> ``"exit code 3"``."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by signal {name} ({-returncode})"
+    return f"exit code {returncode}"

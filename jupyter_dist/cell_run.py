@@ -1,0 +1,196 @@
+"""One cell's execution across ranks: which ranks are done, and how each ended.
+
+A rank is done with a cell when its ``execute_reply`` and its IOPub ``idle`` status have
+both arrived (so no output can still be in flight), or when its process died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_dist.agent_protocol import describe_returncode
+from jupyter_dist.errors import RankFailure
+from jupyter_dist.events import (
+    CellEvent,
+    CellResult,
+    ClearOut,
+    RankFinished,
+    RichOut,
+    StreamOut,
+)
+
+RICH_TYPES = ("display_data", "execute_result", "update_display_data")
+
+
+@dataclass
+class RankProgress:
+    rank: int
+    host: str
+    local_rank: int
+    started: float
+    msg_id: str = ""
+    reply: dict[str, Any] | None = None
+    idle: bool = False
+    finished: bool = False
+    failure: RankFailure | None = None
+    elapsed: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CellRun:
+    """Collects one cell's messages from every rank it runs on.
+
+    Lives on the control-plane loop; events go to ``sink`` (read by the notebook thread).
+    """
+
+    def __init__(
+        self,
+        ranks: dict[int, tuple[str, int]],
+        sink: queue.SimpleQueue[CellEvent] | None,
+        silent: bool = False,
+    ) -> None:
+        now = time.monotonic()
+        self.progress = {
+            rank: RankProgress(rank, host, local_rank, now)
+            for rank, (host, local_rank) in ranks.items()
+        }
+        self.sink = sink
+        self.silent = silent
+        self.done = asyncio.Event()
+        self.timed_out = False
+        self.interrupted = False
+        if not self.progress:
+            self.done.set()
+
+    def _emit(self, event: CellEvent) -> None:
+        if self.sink is not None:
+            self.sink.put(event)
+
+    def handler(self, rank: int) -> Callable[[str, dict[str, Any]], None]:
+        def on_message(channel: str, msg: dict[str, Any]) -> None:
+            self.on_message(rank, channel, msg)
+
+        return on_message
+
+    @property
+    def busy_ranks(self) -> list[int]:
+        return sorted(r for r, p in self.progress.items() if not p.finished)
+
+    def on_message(self, rank: int, channel: str, msg: dict[str, Any]) -> None:
+        prog = self.progress.get(rank)
+        if prog is None or prog.finished:
+            return
+        kind = msg["msg_type"]
+        content = msg["content"]
+        if channel == "shell":
+            if kind == "execute_reply":
+                prog.reply = content
+                self._maybe_finish(prog)
+            return
+        if channel != "iopub":
+            return
+        if kind == "status":
+            if content.get("execution_state") == "idle":
+                prog.idle = True
+                self._maybe_finish(prog)
+        elif kind == "stream":
+            self._emit(StreamOut(rank, content.get("name", "stdout"), content.get("text", "")))
+        elif kind in RICH_TYPES:
+            self._emit(
+                RichOut(
+                    rank,
+                    kind,
+                    content.get("data", {}),
+                    content.get("metadata", {}),
+                    content.get("transient", {}) or {},
+                )
+            )
+        elif kind == "clear_output":
+            self._emit(ClearOut(rank, bool(content.get("wait"))))
+
+    def _maybe_finish(self, prog: RankProgress) -> None:
+        if prog.reply is None or not prog.idle:
+            return
+        reply = prog.reply
+        status = reply.get("status", "error")
+        failure = None
+        if status == "error":
+            ename = reply.get("ename", "Error")
+            kind = "interrupted" if ename == "KeyboardInterrupt" else "error"
+            if kind == "interrupted" and self.timed_out:
+                kind = "timeout"
+            failure = self._failure(
+                prog, kind, ename, reply.get("evalue", ""), tuple(reply.get("traceback", []))
+            )
+        elif status == "aborted":
+            failure = self._failure(
+                prog, "error", "Aborted", "the rank skipped this cell after an earlier error"
+            )
+        self._finish(prog, status if failure is None else failure.kind, failure)
+
+    def _failure(
+        self,
+        prog: RankProgress,
+        kind: str,
+        ename: str,
+        evalue: str,
+        traceback: tuple[str, ...] = (),
+        exit_code: int | None = None,
+    ) -> RankFailure:
+        return RankFailure(
+            rank=prog.rank,
+            host=prog.host,
+            local_rank=prog.local_rank,
+            kind=kind,
+            ename=ename,
+            evalue=evalue,
+            traceback=traceback,
+            exit_code=exit_code,
+            order=time.monotonic(),
+        )
+
+    def _finish(self, prog: RankProgress, status: str, failure: RankFailure | None) -> None:
+        prog.finished = True
+        prog.failure = failure
+        prog.elapsed = time.monotonic() - prog.started
+        self._emit(RankFinished(prog.rank, status, prog.elapsed, failure))
+        if all(p.finished for p in self.progress.values()):
+            self.done.set()
+
+    def rank_died(self, rank: int, returncode: int, pid: int | None, log_tail: str) -> None:
+        prog = self.progress.get(rank)
+        if prog is None or prog.finished:
+            return
+        how = describe_returncode(returncode)
+        lines = tuple(f"    {line}" for line in log_tail.strip().splitlines()[-15:])
+        traceback = ("  last output of the rank process:", *lines) if lines else ()
+        failure = self._failure(
+            prog,
+            "died",
+            "RankDied",
+            f"rank process (pid {pid}) {how}",
+            traceback,
+            exit_code=returncode,
+        )
+        self._finish(prog, "died", failure)
+
+    def give_up(self, kind: str, reason: str) -> None:
+        """Finish every rank still running (after a timeout or a lost agent)."""
+        for rank in self.busy_ranks:
+            prog = self.progress[rank]
+            self._finish(prog, kind, self._failure(prog, kind, "CellTimeout", reason))
+
+    def result(self) -> CellResult:
+        failures = tuple(p.failure for p in self.progress.values() if p.failure is not None)
+        return CellResult(
+            ranks=tuple(sorted(self.progress)),
+            failures=failures,
+            elapsed={r: p.elapsed for r, p in self.progress.items()},
+            timed_out=self.timed_out,
+            interrupted=self.interrupted,
+        )

@@ -1,0 +1,198 @@
+"""Every exception jupyter_dist raises, in one place.
+
+Hierarchy::
+
+    DistError                      base of everything raised by jupyter_dist
+    ├── SpecError (ValueError)     bad magic arguments / session shape; raised before anything runs
+    ├── NoGPUError (SpecError)     --gpus asked for more CUDA devices than a node has
+    ├── SessionError               a session cannot do what was asked (stopped, broken, busy)
+    │   └── ShapeMismatchError     a cell asks for another shape than the running session
+    ├── AgentError                 a node agent failed to start or stopped answering
+    ├── PushError                  an object could not be sent to / received from ranks
+    ├── NotInRankError             a rank-side helper was called outside a rank
+    └── RanksFailed                one cell failed on one or more ranks (raised in the cell)
+        └── CellTimeout            the cell ran past --timeout
+
+`RanksFailed` renders itself for IPython through `_render_traceback_`: the root cause
+first (rank, host, exception, traceback), identical tracebacks merged with their rank
+list, then "... and N more".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal colour codes (IPython tracebacks carry them)."""
+    return _ANSI.sub("", text)
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``: the same syntax ``--ranks`` accepts."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def ranks_label(ranks: Sequence[int]) -> str:
+    """``"rank 3"`` or ``"ranks 0-3"``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
+class DistError(Exception):
+    """Base class of every error raised by jupyter_dist.
+
+    IPython shows it as one clear message, without jupyter_dist's own stack frames.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
+
+
+class SpecError(DistError, ValueError):
+    """Bad arguments: names the bad value and the expected form."""
+
+
+class NoGPUError(SpecError):
+    """``--gpus`` asked for more CUDA devices than the node has."""
+
+
+class SessionError(DistError):
+    """The session cannot do what was asked."""
+
+
+class ShapeMismatchError(SessionError):
+    """A cell asks for a different shape than the running session has."""
+
+
+class AgentError(DistError):
+    """A node agent could not be started or stopped answering."""
+
+
+class PushError(DistError):
+    """An object could not be sent to, or received from, the ranks."""
+
+
+class NotInRankError(DistError, RuntimeError):
+    """A rank-side helper was called outside a rank kernel."""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What went wrong on one rank during one cell.
+
+    ``kind`` is ``"error"`` (the cell raised), ``"died"`` (the rank process exited),
+    ``"timeout"`` (still running at the deadline) or ``"interrupted"``.
+    """
+
+    rank: int
+    host: str
+    local_rank: int
+    kind: str
+    ename: str
+    evalue: str
+    traceback: tuple[str, ...] = ()
+    exit_code: int | None = None
+    order: float = 0.0
+
+    def headline(self) -> str:
+        return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
+
+    def group_key(self) -> tuple[str, str, str, str]:
+        body = strip_ansi("\n".join(self.traceback))
+        return (self.kind, self.ename, self.evalue, body)
+
+
+@dataclass
+class FailureGroup:
+    """Failures with identical tracebacks, shown once with their rank list."""
+
+    first: RankFailure
+    ranks: list[int] = field(default_factory=list)
+
+
+def group_failures(failures: Sequence[RankFailure]) -> list[FailureGroup]:
+    """Merge identical failures, root cause first.
+
+    A rank that died comes before ranks that raised (their errors are usually the
+    consequence: a collective that lost its peer); within a kind, the earliest first.
+    """
+    priority = {"died": 0, "error": 1, "timeout": 2, "interrupted": 3}
+    ordered = sorted(failures, key=lambda f: (priority.get(f.kind, 9), f.order, f.rank))
+    groups: dict[tuple[str, str, str, str], FailureGroup] = {}
+    for failure in ordered:
+        group = groups.setdefault(failure.group_key(), FailureGroup(first=failure))
+        group.ranks.append(failure.rank)
+    return list(groups.values())
+
+
+class RanksFailed(DistError):
+    """A cell failed on one or more ranks.
+
+    ``failures`` holds one `RankFailure` per failed rank; ``groups`` the same merged by
+    identical traceback, root cause first.
+    """
+
+    shown_groups = 3
+
+    def __init__(self, session: str, world_size: int, failures: Sequence[RankFailure]):
+        self.session = session
+        self.world_size = world_size
+        self.failures = list(failures)
+        self.groups = group_failures(self.failures)
+        super().__init__(self._summary())
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return sorted(f.rank for f in self.failures)
+
+    def _summary(self) -> str:
+        if not self.groups:
+            return f"cell failed in session {self.session!r}"
+        root = self.groups[0].first
+        n = len(self.failures)
+        where = f"{n} of {self.world_size} ranks" if n > 1 else f"rank {root.rank}"
+        return (
+            f"{where} failed in session {self.session!r}; root cause on rank {root.rank} "
+            f"({root.host}): {root.headline()}"
+        )
+
+    def _render_traceback_(self) -> list[str]:
+        red, bold, reset = "\x1b[31m", "\x1b[1m", "\x1b[0m"
+        lines = [f"{red}{bold}{type(self).__name__}{reset}: {self._summary()}"]
+        for group in self.groups[: self.shown_groups]:
+            first = group.first
+            label = ranks_label(group.ranks)
+            lines.append("")
+            lines.append(
+                f"{bold}--- {label} (host {first.host}, local rank {first.local_rank}): "
+                f"{first.headline()}{reset}"
+            )
+            lines.extend(first.traceback or ())
+        rest = self.groups[self.shown_groups :]
+        if rest:
+            more = sum(len(g.ranks) for g in rest)
+            ranks = ranks_label([r for g in rest for r in g.ranks])
+            kinds = "; ".join(sorted({g.first.headline() for g in rest}))
+            lines.append("")
+            lines.append(f"... and {more} more ({ranks}): {kinds}")
+        return lines
+
+    def __str__(self) -> str:
+        return self._summary()
+
+
+class CellTimeout(RanksFailed):
+    """The cell ran longer than ``--timeout``; the ranks were interrupted."""

@@ -1,0 +1,75 @@
+"""The registry of named sessions: find one, or start it, and stop them all.
+
+Runs wherever the control plane runs: inside the notebook kernel (the embedded default)
+or, later, inside the Jupyter server. It imports nothing of IPython or tornado.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from jupyter_dist.errors import SessionError
+from jupyter_dist.gpus import discover_gpus
+from jupyter_dist.session import Progress, Session, SessionState, SessionTimeouts
+from jupyter_dist.spec import ShapeRequest, check_same_shape, resolve_shape
+
+log = logging.getLogger(__name__)
+
+
+class SessionManager:
+    """Named sessions, started on demand."""
+
+    def __init__(self, timeouts: SessionTimeouts | None = None) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.timeouts = timeouts or SessionTimeouts()
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def names(self) -> list[str]:
+        return sorted(self.sessions)
+
+    def get(self, name: str) -> Session:
+        session = self.sessions.get(name)
+        if session is None or session.state == SessionState.STOPPED:
+            running = ", ".join(self.names()) or "none"
+            raise SessionError(
+                f"no session named {name!r} (running: {running}); a %%distributed cell starts one"
+            )
+        return session
+
+    async def get_or_start(
+        self, name: str, request: ShapeRequest, progress: Progress = lambda _: None
+    ) -> tuple[Session, bool]:
+        """The session ``name``, started with ``request`` if it does not exist.
+
+        Returns the session and whether it was started now.
+        """
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            session = self.sessions.get(name)
+            if session is not None and session.state != SessionState.STOPPED:
+                check_same_shape(session.spec, request)
+                return session, False
+            spec = resolve_shape(name, request, len(discover_gpus()), socket.gethostname())
+            session = Session(spec, timeouts=self.timeouts)
+            progress(f"starting session {name!r}: {spec.describe()}")
+            await session.start(progress)
+            self.sessions[name] = session
+            return session, True
+
+    async def shutdown(self, name: str) -> None:
+        session = self.get(name)
+        try:
+            await session.shutdown()
+        finally:
+            self.sessions.pop(name, None)
+
+    async def shutdown_all(self) -> None:
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [self.sessions[n].status() for n in self.names()]

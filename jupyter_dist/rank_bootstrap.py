@@ -1,0 +1,107 @@
+"""What runs inside each rank kernel before the first cell.
+
+`bootstrap` sets the thread count and CUDA device the way torchrun's workers expect,
+creates the default process group from the environment (``env://``), and registers the
+comm target through which the notebook pushes and pulls objects. The rank side imports
+nothing of widgets or the server.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from jupyter_dist import objects
+
+OBJECTS_TARGET = "jupyter_dist.objects"
+
+
+def _user_ns() -> dict[str, Any]:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("jupyter_dist rank bootstrap must run inside an IPython kernel")
+    ns: dict[str, Any] = shell.user_ns
+    return ns
+
+
+def _on_objects_open(comm: Any, _open_msg: dict[str, Any]) -> None:
+    def on_msg(msg: dict[str, Any]) -> None:
+        data = msg["content"]["data"]
+        request_id = data.get("id")
+        try:
+            if data.get("op") == "push":
+                values = objects.load(msg.get("buffers") or [], data["digests"])
+                _user_ns().update(values)
+                comm.send({"op": "ok", "id": request_id, "names": sorted(values)})
+            elif data.get("op") == "pull":
+                name = data["name"]
+                ns = _user_ns()
+                if name not in ns:
+                    rank = os.environ.get("RANK", "?")
+                    raise NameError(f"name {name!r} is not defined on rank {rank}")
+                payload = objects.dump(ns[name])
+                comm.send(
+                    {"op": "value", "id": request_id, "digests": payload.digests},
+                    buffers=payload.frames,
+                )
+            else:
+                raise ValueError(f"unknown objects op {data.get('op')!r}")
+        except Exception as err:
+            comm.send(
+                {"op": "error", "id": request_id, "ename": type(err).__name__, "evalue": str(err)}
+            )
+
+    comm.on_msg(on_msg)
+
+
+def register_objects_target() -> None:
+    import comm
+
+    comm.get_comm_manager().register_target(OBJECTS_TARGET, _on_objects_open)
+
+
+#: the rendezvous store this rank hosts (rank 0 only); kept alive with the kernel
+_store: Any = None
+
+
+def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
+    """Rank 0 only: serve the TCPStore every rank of the session meets at.
+
+    torchrun's agent hosts this store and sets TORCHELASTIC_USE_AGENT_STORE=True so that
+    workers connect as clients; here rank 0's kernel plays the agent's part. The store is
+    listening before any rank connects, so nobody waits in a connect back-off, and a user
+    who destroys and re-creates the process group meets the same store again.
+    """
+    global _store
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    _store = TCPStore(
+        addr,
+        port,
+        world_size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def bootstrap(init_process_group: bool, timeout_s: float) -> None:
+    """Prepare this rank; called once, silently, before the first cell."""
+    register_objects_target()
+    import torch
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if os.environ.get("JUPYTER_DIST_DEVICE") == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if init_process_group:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            backend=os.environ.get("JUPYTER_DIST_BACKEND", "gloo"),
+            timeout=timedelta(seconds=timeout_s),
+        )

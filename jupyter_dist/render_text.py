@@ -1,0 +1,165 @@
+"""Draw cell events as text: ``[rank N]`` prefixes, identical output folded.
+
+Used wherever widgets cannot render (terminal IPython, nbconvert, nbclient) and as the
+fallback of the widget view. Lines that every still-running rank printed identically are
+shown once as ``[ranks 0-3] line``; a line waits at most `HOLD_S` for its twins.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from jupyter_dist.errors import ranks_label
+from jupyter_dist.events import (
+    CellEvent,
+    CellFinished,
+    Notice,
+    RankFinished,
+    RichOut,
+    StreamOut,
+)
+
+HOLD_S = 0.5
+STREAMS = ("stdout", "stderr")
+
+DisplayFn = Callable[[dict[str, Any], dict[str, Any]], None]
+
+
+class TextRenderer:
+    """Turns `CellEvent` values into prefixed text on ``out`` / ``err``."""
+
+    def __init__(
+        self,
+        ranks: Sequence[int],
+        out: TextIO,
+        err: TextIO,
+        display: DisplayFn | None = None,
+        fold: bool = True,
+    ) -> None:
+        self.ranks = sorted(ranks)
+        self.files = {"stdout": out, "stderr": err}
+        self.display = display
+        self.fold = fold and len(self.ranks) > 1
+        self.running = set(self.ranks)
+        self.partial: dict[tuple[str, int], str] = {}
+        self.pending: dict[str, dict[int, collections.deque[tuple[float, str]]]] = {
+            name: {r: collections.deque() for r in self.ranks} for name in STREAMS
+        }
+        self.results: list[RichOut] = []
+        self.lines_written = 0
+
+    # -- events -----------------------------------------------------------------------
+    def handle(self, event: CellEvent) -> None:
+        if isinstance(event, StreamOut):
+            self._stream(event)
+        elif isinstance(event, RichOut):
+            if event.msg_type == "execute_result":
+                self.results.append(event)
+            else:
+                self.flush(final=True)
+                self._show_rich([event.rank], event)
+        elif isinstance(event, RankFinished):
+            self._end_partial(event.rank)
+            self.running.discard(event.rank)
+        elif isinstance(event, Notice):
+            self.flush(final=True)
+            self.files["stdout"].write(f"[jupyter_dist] {event.text}\n")
+        elif isinstance(event, CellFinished):
+            self.finish()
+        else:  # ClearOut, CallDone: clearing the cell would erase every other rank's output
+            pass  # clearing the notebook cell would erase every other rank's output
+
+    def tick(self) -> None:
+        self.flush(final=False)
+
+    def finish(self) -> None:
+        for rank in self.ranks:
+            self._end_partial(rank)
+        self.running.clear()
+        self.flush(final=True)
+        self._show_results()
+        for f in self.files.values():
+            f.flush()
+
+    # -- streams ------------------------------------------------------------------------
+    def _stream(self, event: StreamOut) -> None:
+        name = event.name if event.name in STREAMS else "stdout"
+        key = (name, event.rank)
+        text = self.partial.pop(key, "") + event.text
+        *lines, rest = text.split("\n")
+        if rest:
+            self.partial[key] = rest
+        if lines:
+            now = time.monotonic()
+            queue = self.pending[name].setdefault(event.rank, collections.deque())
+            queue.extend((now, line) for line in lines)
+
+    def _end_partial(self, rank: int) -> None:
+        for name in STREAMS:
+            rest = self.partial.pop((name, rank), None)
+            if rest:
+                self.pending[name].setdefault(rank, collections.deque()).append(
+                    (time.monotonic(), rest)
+                )
+
+    def flush(self, final: bool = False) -> None:
+        now = time.monotonic()
+        for name in STREAMS:
+            chunks = self._drain(self.pending[name], now, final)
+            if chunks:
+                self.files[name].write("".join(chunks))
+                self.lines_written += len(chunks)
+        if final:
+            for f in self.files.values():
+                f.flush()
+
+    def _drain(
+        self, queues: dict[int, collections.deque[tuple[float, str]]], now: float, final: bool
+    ) -> list[str]:
+        chunks: list[str] = []
+        while True:
+            heads = {r: q[0] for r, q in queues.items() if q}
+            if not heads:
+                return chunks
+            if self.fold:
+                candidates = set(heads) | self.running
+                if len(candidates) > 1 and candidates == set(heads):
+                    texts = {line for _, line in heads.values()}
+                    if len(texts) == 1:
+                        label = ranks_label(sorted(candidates))
+                        chunks.append(f"[{label}] {texts.pop()}\n")
+                        for r in candidates:
+                            queues[r].popleft()
+                        continue
+            rank, (stamp, line) = min(heads.items(), key=lambda item: item[1][0])
+            if not (final or now - stamp >= HOLD_S or not self.fold):
+                return chunks
+            chunks.append(f"[rank {rank}] {line}\n")
+            queues[rank].popleft()
+
+    # -- rich output ----------------------------------------------------------------------
+    def _show_rich(self, ranks: list[int], event: RichOut) -> None:
+        data = event.data
+        label = ranks_label(ranks)
+        out = self.files["stdout"]
+        if set(data) <= {"text/plain"} or self.display is None:
+            text = str(data.get("text/plain", ""))
+            prefix = f"[{label}] Out: " if event.msg_type == "execute_result" else f"[{label}] "
+            out.write(prefix + text.replace("\n", "\n" + " " * len(prefix)) + "\n")
+            return
+        out.write(f"[{label}]\n")
+        out.flush()
+        self.display(data, event.metadata)
+
+    def _show_results(self) -> None:
+        groups: dict[str, tuple[list[int], RichOut]] = {}
+        for event in sorted(self.results, key=lambda e: e.rank):
+            key = repr(sorted(event.data.items()))
+            ranks, _ = groups.setdefault(key if self.fold else str(event.rank), ([], event))
+            ranks.append(event.rank)
+        for ranks, event in groups.values():
+            self._show_rich(ranks, event)
+        self.results.clear()

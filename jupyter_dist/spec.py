@@ -1,0 +1,194 @@
+"""What a session and a cell ask for, as frozen values, and the parsing of user input.
+
+A `ShapeRequest` is what the magic's arguments say about the ranks (any field may be
+left out); `resolve_shape` turns it into a `SessionSpec` once the node's devices are
+known; `check_same_shape` compares a request with a running session.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
+
+BACKENDS = ("gloo", "nccl")
+DEFAULT_SESSION = "default"
+DEFAULT_CPU_PROCS = 2
+_SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ShapeRequest:
+    """The shape a cell asks for; ``None`` means "not said"."""
+
+    nodes: int | None = None
+    gpus: int | None = None
+    procs: int | None = None
+    backend: str | None = None
+    init: bool | None = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.nodes is None
+            and self.gpus is None
+            and self.procs is None
+            and (self.backend is None)
+        )
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """The resolved shape of a session: how many ranks, where, on what devices."""
+
+    name: str = DEFAULT_SESSION
+    nodes: int = 1
+    procs_per_node: int = DEFAULT_CPU_PROCS
+    device: str = "cpu"  # "cpu" or "cuda"
+    backend: str = "gloo"
+    init_process_group: bool = True
+    env: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def describe(self) -> str:
+        """``"2 CPU ranks (gloo)"`` / ``"2 nodes x 4 GPUs (nccl)"``."""
+        unit = "GPU" if self.device == "cuda" else "CPU rank"
+        per = f"{self.procs_per_node} {unit}{'s' if self.procs_per_node != 1 else ''}"
+        where = f"{self.nodes} nodes x {per}" if self.nodes > 1 else per
+        pg = self.backend if self.init_process_group else "no process group"
+        return f"{where} ({pg})"
+
+    def flags(self) -> str:
+        """The magic flags that would ask for this shape."""
+        size = (
+            f"--gpus {self.procs_per_node}"
+            if self.device == "cuda"
+            else f"--procs {self.procs_per_node}"
+        )
+        nodes = f"--nodes {self.nodes} " if self.nodes != 1 else ""
+        return f"{nodes}{size} --backend {self.backend}"
+
+
+def check_positive(flag: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise SpecError(f"{flag} {value}: expected a whole number of at least 1")
+
+
+def check_session_name(name: str) -> str:
+    if not _SESSION_NAME.match(name):
+        raise SpecError(
+            f"--session {name!r}: expected 1-64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def parse_names(text: str, flag: str = "--push") -> list[str]:
+    """``"a,b c"`` -> ``["a", "b", "c"]``; each must be a Python identifier."""
+    names = [n for n in re.split(r"[,\s]+", text.strip()) if n]
+    if not names:
+        raise SpecError(f"{flag} {text!r}: expected one or more variable names, like a,b")
+    for name in names:
+        if not _IDENTIFIER.match(name):
+            raise SpecError(f"{flag}: {name!r} is not a Python variable name")
+    return names
+
+
+def parse_ranks(text: str, world_size: int | None = None) -> tuple[int, ...]:
+    """``"0,2-3"`` -> ``(0, 2, 3)``, checked against the world size when known."""
+    ranks: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise SpecError(
+                f"--ranks {text!r}: {part!r} is not a rank or a range; expected e.g. 0,2-3"
+            )
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise SpecError(f"--ranks {text!r}: range {part!r} runs backwards; write {hi}-{lo}")
+        ranks.update(range(lo, hi + 1))
+    if world_size is not None:
+        bad = sorted(r for r in ranks if r >= world_size)
+        if bad:
+            raise SpecError(
+                f"--ranks {text!r}: rank {bad[0]} does not exist; the session has ranks "
+                f"0-{world_size - 1}"
+            )
+    return tuple(sorted(ranks))
+
+
+def validate_request(req: ShapeRequest) -> None:
+    """Checks that need no knowledge of the machine."""
+    check_positive("--nodes", req.nodes)
+    check_positive("--gpus", req.gpus)
+    check_positive("--procs", req.procs)
+    if req.gpus is not None and req.procs is not None:
+        raise SpecError(
+            f"--gpus {req.gpus} and --procs {req.procs}: give one; --gpus starts one rank per "
+            "CUDA device, --procs starts CPU ranks"
+        )
+    if req.backend is not None and req.backend not in BACKENDS:
+        raise SpecError(f"--backend {req.backend!r}: expected one of {', '.join(BACKENDS)}")
+    if req.backend == "nccl" and req.procs is not None:
+        raise SpecError(
+            f"--backend nccl with --procs {req.procs}: NCCL needs GPUs; use --gpus N, or "
+            "--backend gloo for CPU ranks"
+        )
+    if req.nodes is not None and req.nodes > 1:
+        raise SpecError(
+            f"--nodes {req.nodes}: this version runs ranks on this machine only (1 node); "
+            "use --nodes 1"
+        )
+
+
+def resolve_shape(name: str, req: ShapeRequest, local_gpus: int, host: str) -> SessionSpec:
+    """Turn a request into a session spec, given the node's CUDA device count."""
+    validate_request(req)
+    nodes = req.nodes or 1
+    init = True if req.init is None else req.init
+    if req.gpus is not None:
+        if req.gpus > local_gpus:
+            raise NoGPUError(
+                f"--gpus {req.gpus}: node {host!r} has {local_gpus} CUDA device"
+                f"{'s' if local_gpus != 1 else ''}; use --procs {req.gpus} for "
+                f"{req.gpus} CPU ranks with the gloo backend"
+            )
+        return SessionSpec(name, nodes, req.gpus, "cuda", req.backend or "nccl", init)
+    if req.procs is not None:
+        return SessionSpec(name, nodes, req.procs, "cpu", req.backend or "gloo", init)
+    if req.backend == "nccl" or (req.backend is None and local_gpus > 0):
+        if local_gpus == 0:
+            raise NoGPUError(
+                f"--backend nccl: node {host!r} has no CUDA device; use --procs N for CPU "
+                "ranks with the gloo backend"
+            )
+        return SessionSpec(name, nodes, local_gpus, "cuda", req.backend or "nccl", init)
+    return SessionSpec(name, nodes, DEFAULT_CPU_PROCS, "cpu", req.backend or "gloo", init)
+
+
+def check_same_shape(running: SessionSpec, req: ShapeRequest) -> None:
+    """Raise `ShapeMismatchError` if the request contradicts the running session."""
+    validate_request(req)
+    said: list[str] = []
+    if req.nodes is not None and req.nodes != running.nodes:
+        said.append(f"--nodes {req.nodes}")
+    if req.gpus is not None and (running.device != "cuda" or req.gpus != running.procs_per_node):
+        said.append(f"--gpus {req.gpus}")
+    if req.procs is not None and (running.device != "cpu" or req.procs != running.procs_per_node):
+        said.append(f"--procs {req.procs}")
+    if req.backend is not None and req.backend != running.backend:
+        said.append(f"--backend {req.backend}")
+    if req.init is False and running.init_process_group:
+        said.append("--no-init")
+    if said:
+        raise ShapeMismatchError(
+            f"session {running.name!r} is running {running.describe()}; this cell asks for "
+            f"{' '.join(said)}. Run `%dist shutdown --session {running.name}` and re-run the "
+            f"cell to start the new shape, or pick another session with --session NAME "
+            f"(or drop the flags to use the running ranks)"
+        )

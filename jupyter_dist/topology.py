@@ -1,0 +1,97 @@
+"""The environment of each rank: the names and meanings torchrun gives.
+
+`rank_env` is the single place where RANK, LOCAL_RANK, WORLD_SIZE ... are decided, so
+that a script written for ``torchrun`` reads the same values inside a rank kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jupyter_dist.spec import SessionSpec
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where ranks meet: torch.distributed's store address and the run id."""
+
+    master_addr: str
+    master_port: int
+    run_id: str
+
+    @classmethod
+    def local(cls) -> Rendezvous:
+        """A rendezvous on this machine, on a port free right now."""
+        return cls("localhost", free_port("localhost"), str(uuid.uuid4()))
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank sits in the world."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+
+
+def free_port(host: str = "localhost") -> int:
+    """A TCP port nobody listens on right now (the usual bind-to-0 approach)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1" if host == "localhost" else host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def places(spec: SessionSpec) -> list[RankPlace]:
+    """Ranks in torchrun's order: node-major, local rank within the node."""
+    n = spec.procs_per_node
+    return [
+        RankPlace(node * n + local, local, node) for node in range(spec.nodes) for local in range(n)
+    ]
+
+
+def omp_threads(spec: SessionSpec, user_env: Mapping[str, str]) -> str:
+    """torchrun sets OMP_NUM_THREADS=1 when several ranks share a node and the user did not."""
+    if "OMP_NUM_THREADS" in user_env:
+        return user_env["OMP_NUM_THREADS"]
+    return "1" if spec.procs_per_node > 1 else str(os.cpu_count() or 1)
+
+
+def rank_env(
+    spec: SessionSpec,
+    place: RankPlace,
+    rdzv: Rendezvous,
+    user_env: Mapping[str, str],
+) -> dict[str, str]:
+    """The variables a rank gets on top of its node's environment."""
+    world = str(spec.world_size)
+    env = {
+        "RANK": str(place.rank),
+        "LOCAL_RANK": str(place.local_rank),
+        "WORLD_SIZE": world,
+        "LOCAL_WORLD_SIZE": str(spec.procs_per_node),
+        "GROUP_RANK": str(place.node_rank),
+        "GROUP_WORLD_SIZE": str(spec.nodes),
+        "NODE_RANK": str(place.node_rank),
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(place.rank),
+        "ROLE_WORLD_SIZE": world,
+        "MASTER_ADDR": rdzv.master_addr,
+        "MASTER_PORT": str(rdzv.master_port),
+        "TORCHELASTIC_RUN_ID": rdzv.run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # rank 0 hosts the store
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": user_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "OMP_NUM_THREADS": omp_threads(spec, user_env),
+        "JUPYTER_DIST_SESSION": spec.name,
+        "JUPYTER_DIST_DEVICE": spec.device,
+        "JUPYTER_DIST_BACKEND": spec.backend,
+    }
+    env.update(dict(spec.env))
+    return env
