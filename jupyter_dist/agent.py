@@ -46,7 +46,7 @@ PRELOAD = (
     "jupyter_dist.rank_kernel",
 )
 _PR_SET_PDEATHSIG = 1
-LOG_TAIL_BYTES = 4096
+LOG_TAIL_BYTES = 16384
 
 
 def set_parent_death_signal(sig: int) -> None:
@@ -72,7 +72,8 @@ class Agent:
         self.out_fd = out_fd
         self.pid = os.getpid()
         self.base_env = dict(os.environ)
-        self.dir = tempfile.mkdtemp(prefix=f"jupyter-dist-{session}-")
+        # short: Unix socket paths inside it must stay under ~100 bytes
+        self.dir = tempfile.mkdtemp(prefix=f"jd-{session[:16]}-")
         self.children: dict[int, RankChild] = {}  # by pid
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
         self.stopping = False
@@ -205,11 +206,13 @@ class Agent:
             raise RuntimeError(f"rank {rank} is already running on this node")
         conn_path = os.path.join(self.dir, f"rank-{rank}.json")
         log_path = os.path.join(self.dir, f"rank-{rank}.log")
+        # Unix sockets in the agent's private (0700) folder: no TCP port is opened, and
+        # only this user can connect (messages are HMAC-signed on top)
         _, cfg = write_connection_file(
             conn_path,
-            ip="127.0.0.1",
+            ip=os.path.join(self.dir, f"rank-{rank}"),
             key=str(cmd["key"]).encode(),
-            transport="tcp",
+            transport="ipc",
             signature_scheme="hmac-sha256",
             kernel_name="jupyter-dist-rank",
         )
@@ -256,19 +259,15 @@ class Agent:
         os.dup2(null_fd, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
-        os.close(log_fd)
         os.close(null_fd)
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
         if cwd not in sys.path:
             sys.path.insert(0, cwd)
-        import faulthandler
-
-        faulthandler.enable(file=sys.stderr)
         from jupyter_dist.rank_kernel import run_rank_kernel
 
-        run_rank_kernel(conn_path)
+        run_rank_kernel(conn_path, self.pid, log_fd)
         return 0
 
     def signal_rank(self, rank: int, name: str) -> None:

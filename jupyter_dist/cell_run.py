@@ -167,7 +167,7 @@ class CellRun:
         if prog is None or prog.finished:
             return
         how = describe_returncode(returncode)
-        lines = tuple(f"    {line}" for line in log_tail.strip().splitlines()[-15:])
+        lines = tuple(f"    {line}" for line in crash_report(log_tail))
         traceback = ("  last output of the rank process:", *lines) if lines else ()
         failure = self._failure(
             prog,
@@ -194,3 +194,14 @@ class CellRun:
             timed_out=self.timed_out,
             interrupted=self.interrupted,
         )
+
+
+def crash_report(log_tail: str, limit: int = 40) -> list[str]:
+    """The useful end of a dead rank's log: from its last fatal error, if any."""
+    lines = [
+        line for line in log_tail.strip().splitlines() if not line.startswith("Extension modules:")
+    ]
+    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    if fatal:  # faulthandler prints the innermost frame first
+        return lines[fatal[-1] :][:limit]
+    return lines[-limit:]

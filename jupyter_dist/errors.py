@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# execution counters ("In[12]") and object addresses differ between ranks
+_NOISE = re.compile(r"(?<=In\[)\d+(?=\])|0x[0-9a-f]{6,}")
 
 
 def strip_ansi(text: str) -> str:
@@ -111,8 +113,9 @@ class RankFailure:
         return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
 
     def group_key(self) -> tuple[str, str, str, str]:
-        body = strip_ansi("\n".join(self.traceback))
-        return (self.kind, self.ename, self.evalue, body)
+        """Equal for failures that differ only in per-rank noise (cell counters, addresses)."""
+        body = _NOISE.sub("#", strip_ansi("\n".join(self.traceback)))
+        return (self.kind, self.ename, _NOISE.sub("#", self.evalue), body)
 
 
 @dataclass

@@ -7,17 +7,36 @@ banner and start-up chatter are off.
 
 from __future__ import annotations
 
+import os
+from typing import IO
+
 RANK_KERNEL_ARGS = (
     "--HistoryManager.hist_file=:memory:",
     "--IPKernelApp.quiet=True",
-    "--IPKernelApp.no_stdout=False",
 )
 
+_crash_log: IO[str] | None = None
 
-def run_rank_kernel(connection_file: str) -> None:
-    """Initialise and run the kernel until it is shut down."""
+
+def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
+    """Initialise and run the kernel until it is shut down.
+
+    ``log_fd`` is the rank's log file. ipykernel swaps fds 1 and 2 for pipes it forwards
+    to the notebook, and those die with the process; so a fatal error (segfault, abort)
+    is dumped by faulthandler straight into the log, where the agent reads it back.
+    """
+    global _crash_log
+    import faulthandler
+
+    _crash_log = os.fdopen(log_fd, "w", buffering=1)
+    faulthandler.enable(file=_crash_log, all_threads=False)
+
     from ipykernel.kernelapp import IPKernelApp
 
-    app = IPKernelApp.instance()  # untyped library calls below
-    app.initialize(["-f", connection_file, *RANK_KERNEL_ARGS])
+    app = IPKernelApp.instance()
+    # parent_handle: ipykernel exits when the agent does (its default is read from the
+    # environment at import time, which happened in the agent, not here)
+    app.initialize(
+        ["-f", connection_file, f"--IPKernelApp.parent_handle={agent_pid}", *RANK_KERNEL_ARGS]
+    )
     app.start()

@@ -124,18 +124,19 @@ class TextRenderer:
             heads = {r: q[0] for r, q in queues.items() if q}
             if not heads:
                 return chunks
-            if self.fold:
-                candidates = set(heads) | self.running
-                if len(candidates) > 1 and candidates == set(heads):
-                    texts = {line for _, line in heads.values()}
-                    if len(texts) == 1:
-                        label = ranks_label(sorted(candidates))
-                        chunks.append(f"[{label}] {texts.pop()}\n")
-                        for r in candidates:
-                            queues[r].popleft()
-                        continue
+            # ranks that could still print a twin of the oldest line
+            candidates = set(heads) | self.running
+            if self.fold and len(candidates) > 1 and candidates == set(heads):
+                texts = {line for _, line in heads.values()}
+                if len(texts) == 1:
+                    label = ranks_label(sorted(candidates))
+                    chunks.append(f"[{label}] {texts.pop()}\n")
+                    for r in candidates:
+                        queues[r].popleft()
+                    continue
             rank, (stamp, line) = min(heads.items(), key=lambda item: item[1][0])
-            if not (final or now - stamp >= HOLD_S or not self.fold):
+            may_wait = self.fold and len(candidates) > 1 and not final
+            if may_wait and now - stamp < HOLD_S:
                 return chunks
             chunks.append(f"[rank {rank}] {line}\n")
             queues[rank].popleft()

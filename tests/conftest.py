@@ -1,0 +1,103 @@
+"""Shared fixtures: a real IPython shell with the extension loaded, and leak checks."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import pytest
+
+
+@dataclass
+class CellOutput:
+    """What one cell printed, and how it ended."""
+
+    result: Any
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.result.success)
+
+    @property
+    def error(self) -> BaseException | None:
+        err = self.result.error_in_exec or self.result.error_before_exec
+        return err  # type: ignore[no-any-return]
+
+
+def our_processes() -> list[psutil.Process]:
+    """Every live agent or rank process below this test process."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+@pytest.fixture(scope="session")
+def shell() -> Iterator[Any]:
+    """An IPython shell (the same kind nbclient and terminals drive) with jupyter_dist."""
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    assert ip is not None
+    ip.run_line_magic("load_ext", "jupyter_dist")
+    yield ip
+    from jupyter_dist.inprocess import control
+
+    control().close()
+    _gone, alive = psutil.wait_procs(our_processes(), timeout=10)
+    assert not alive, f"processes left after every session was shut down: {alive}"
+
+
+@pytest.fixture
+def run(shell: Any) -> Callable[[str], CellOutput]:
+    """Run a cell in the shell and capture what it printed."""
+
+    def _run(cell: str) -> CellOutput:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            result = shell.run_cell(cell, store_history=False)
+        return CellOutput(result, out.getvalue(), err.getvalue())
+
+    return _run
+
+
+def session_status(name: str) -> dict[str, Any]:
+    from jupyter_dist.inprocess import control
+
+    return control().manager.get(name).status()
+
+
+KERNEL_NAME = "jupyter-dist-test"
+
+
+@pytest.fixture(scope="session")
+def kernel_name(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A kernelspec running this interpreter, so notebook kernels see this environment."""
+    import json
+    import os
+    import sys
+
+    root = tmp_path_factory.mktemp("jupyter-path")
+    spec_dir = root / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "jupyter_dist tests",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    old = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(root), old]))
+    yield KERNEL_NAME
+    if old is None:
+        os.environ.pop("JUPYTER_PATH", None)
+    else:
+        os.environ["JUPYTER_PATH"] = old

@@ -1,0 +1,167 @@
+"""%%distributed and %dist through a real IPython shell, with real rank kernels (gloo)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from jupyter_dist.errors import RanksFailed, SessionError
+from tests.conftest import CellOutput, session_status
+
+Run = Callable[[str], CellOutput]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_ranks(shell: Any) -> Any:
+    """The default session, 2 CPU ranks, shared by this module's tests."""
+    result = shell.run_cell("%%distributed --procs 2\nimport torch, torch.distributed as dist")
+    assert result.success, result.error_in_exec
+    yield
+    shell.run_line_magic("dist", "shutdown --all")
+
+
+def test_all_reduce_across_two_ranks(run: Run) -> None:
+    out = run(
+        "%%distributed\n"
+        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+        "dist.all_reduce(t)\n"
+        "print('sum', t.item(), 'world', dist.get_world_size())"
+    )
+    assert out.ok, out.stdout
+    assert "[ranks 0-1] sum 3.0 world 2" in out.stdout
+
+
+def test_state_lives_across_cells(run: Run) -> None:
+    assert run("%%distributed\nmine = dist.get_rank() * 10").ok
+    out = run("%%distributed\nprint('mine', mine)")
+    assert "[rank 0] mine 0" in out.stdout
+    assert "[rank 1] mine 10" in out.stdout
+
+
+def test_ranks_subset_runs_only_there(run: Run) -> None:
+    out = run("%%distributed --ranks 1\nonly_one = True\nprint('here', dist.get_rank())")
+    assert out.ok
+    assert out.stdout.strip().endswith("[rank 1] here 1")
+    assert "[rank 0]" not in out.stdout
+    out = run("%%distributed\nprint('only_one' in globals())")
+    assert "[rank 0] False" in out.stdout
+    assert "[rank 1] True" in out.stdout
+
+
+def test_rank_info_helpers(run: Run) -> None:
+    out = run(
+        "%%distributed\n"
+        "import jupyter_dist\n"
+        "i = jupyter_dist.info()\n"
+        "print(i.rank, i.local_rank, i.world_size, i.node_rank, i.is_head)\n"
+        "print(jupyter_dist.shard(list(range(10))))"
+    )
+    assert "[rank 0] 0 0 2 0 True" in out.stdout
+    assert "[rank 1] 1 1 2 0 False" in out.stdout
+    assert "[rank 0] [0, 1, 2, 3, 4]" in out.stdout
+    assert "[rank 1] [5, 6, 7, 8, 9]" in out.stdout
+
+
+def test_push_a_notebook_function_and_pull_results(shell: Any, run: Run) -> None:
+    shell.run_cell("def scale(x):\n    return x * 3\nbase = 7")
+    out = run("%%distributed --push scale,base\nresult = scale(base + dist.get_rank())")
+    assert out.ok, out.stdout
+    assert shell.run_line_magic("dist", "pull result") == [21, 24]
+
+
+def test_dist_push_sends_arrays_as_buffers(shell: Any, run: Run) -> None:
+    shell.run_cell("import numpy as np\narr = np.arange(1_000_000, dtype=np.float64)")
+    shell.run_line_magic("dist", "push arr")
+    out = run("%%distributed\narr[0] = dist.get_rank() + 100\nprint(arr.sum() - arr[0])")
+    assert out.ok, out.stdout
+    pulled = shell.run_line_magic("dist", "pull arr")
+    assert [a[0] for a in pulled] == [100, 101]
+    assert pulled[1][1:].sum() == shell.user_ns["arr"][1:].sum()
+
+
+def test_pull_of_a_missing_name_names_it(shell: Any) -> None:
+    with pytest.raises(Exception, match="'nope' is not defined on rank 0"):
+        shell.run_line_magic("dist", "pull nope")
+
+
+def test_identical_errors_merge(run: Run) -> None:
+    out = run("%%distributed\nraise ValueError('same on every rank')")
+    assert not out.ok
+    assert isinstance(out.error, RanksFailed)
+    assert [g.ranks for g in out.error.groups] == [[0, 1]]
+    assert "--- ranks 0-1" in out.stdout
+    assert out.stdout.count("ValueError: same on every rank") >= 2  # headline + group
+
+
+def test_one_failing_rank_is_the_root_cause(run: Run) -> None:
+    out = run("%%distributed\nif dist.get_rank() == 1:\n    1 / 0\nprint('fine')")
+    assert isinstance(out.error, RanksFailed)
+    assert out.error.failed_ranks == [1]
+    assert "root cause on rank 1" in str(out.error)
+    assert "ZeroDivisionError" in out.stdout
+    assert "[rank 0] fine" in out.stdout
+    assert run("%%distributed\nprint('still', 'usable')").ok
+
+
+@pytest.mark.parametrize(
+    ("cell", "fragment"),
+    [
+        ("%%distributed --procs 0\nx", "--procs 0: expected a whole number of at least 1"),
+        ("%%distributed --procs two\nx", "invalid int value: 'two'"),
+        ("%%distributed --ranks 1-x\nx", "'1-x' is not a rank or a range"),
+        ("%%distributed --ranks 5\nx", "rank 5 does not exist"),
+        ("%%distributed --backend mpi\nx", "--backend 'mpi': expected one of gloo, nccl"),
+        ("%%distributed --push undefined_thing\nx", "'undefined_thing' is not defined"),
+        ("%%distributed --session 'a b'\nx", "--session"),
+        ("%%distributed --timeout -1\nx", "--timeout -1"),
+        ("%%distributed\nfor x in\n", "syntax error at line 1"),
+        ("%%distributed --procs 3\nx", "is running 2 CPU ranks (gloo)"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_runs(run: Run, cell: str, fragment: str) -> None:
+    before = session_status("default")["cells_run"]
+    out = run(cell)
+    assert not out.ok
+    assert fragment in str(out.error) + out.stdout + out.stderr
+    assert session_status("default")["cells_run"] == before
+
+
+def test_unpicklable_push_is_refused(shell: Any, run: Run) -> None:
+    shell.run_cell("import threading\nlock = threading.Lock()")
+    out = run("%%distributed --push lock\nprint(lock)")
+    assert not out.ok
+    assert "cannot send an object of type dict" in str(out.error)
+
+
+def test_timeout_interrupts_and_keeps_the_session(run: Run) -> None:
+    out = run("%%distributed --timeout 2\nimport time\ntime.sleep(120)")
+    assert not out.ok
+    assert type(out.error).__name__ == "CellTimeout"
+    assert out.error is not None and "KeyboardInterrupt" in out.stdout
+    assert run("%%distributed\nprint('after timeout')").ok
+
+
+def test_status_lists_ranks(run: Run) -> None:
+    out = run("%dist status")
+    assert "session 'default': ready, 2 CPU ranks (gloo)" in out.stdout
+    assert "rank 1: idle" in out.stdout
+
+
+def test_rich_output_per_rank(run: Run) -> None:
+    out = run("%%distributed\ndist.get_rank() * 2")
+    assert "[rank 0] Out: 0" in out.stdout
+    assert "[rank 1] Out: 2" in out.stdout
+
+
+def test_second_session_side_by_side(run: Run) -> None:
+    out = run(
+        "%%distributed --session other --procs 1 --no-init\n"
+        "import torch.distributed as dist\nprint(dist.is_initialized())"
+    )
+    assert out.ok, out.stdout
+    assert "[rank 0] False" in out.stdout
+    assert run("%dist shutdown --session other").ok
+    with pytest.raises(SessionError):
+        session_status("other")

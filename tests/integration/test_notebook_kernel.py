@@ -1,0 +1,149 @@
+"""The magic inside a real notebook kernel: interrupts and the ranks' lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import pytest
+from jupyter_client.manager import KernelManager
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class NotebookKernel:
+    km: KernelManager
+    kc: Any
+    text: list[str] = field(default_factory=list)
+
+    def execute(self, code: str, timeout: float = 120) -> dict[str, Any]:
+        """Run a cell, collecting its stream output; return the execute_reply content."""
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                self.text.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                self.text.append("\n".join(msg["content"]["traceback"]))
+
+        reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout)
+        return reply["content"]  # type: ignore[no-any-return]
+
+    def our_pids(self) -> list[int]:
+        """Pids of every agent and rank of every session in the kernel."""
+        self.text.clear()
+        self.execute(
+            "import json\nfrom jupyter_dist.inprocess import control\n"
+            "print('PIDS', json.dumps(control().manager.status()))"
+        )
+        line = next(t for t in "".join(self.text).splitlines() if t.startswith("PIDS"))
+        pids = []
+        for s in json.loads(line[5:]):
+            pids += [n["agent_pid"] for n in s["nodes"]] + [r["pid"] for r in s["ranks"]]
+        return pids
+
+
+@pytest.fixture
+def nbk(kernel_name: str, tmp_path: Any) -> Iterator[NotebookKernel]:
+    km = KernelManager(kernel_name=kernel_name)
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    kernel = NotebookKernel(km, kc)
+    reply = kernel.execute("%load_ext jupyter_dist")
+    assert reply["status"] == "ok"
+    yield kernel
+    kc.stop_channels()
+    if km.is_alive():
+        km.shutdown_kernel(now=True)
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while time.monotonic() < deadline:
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return alive
+
+
+def test_interrupt_stops_every_rank_and_the_session_stays_usable(nbk: NotebookKernel) -> None:
+    assert nbk.execute("%%distributed --procs 2\nimport time\nn = 0")["status"] == "ok"
+    msg_id = nbk.kc.execute(
+        "%%distributed\nprint('looping', flush=True)\nwhile True:\n    n += 1\n    time.sleep(0.01)"
+    )
+    deadline = time.monotonic() + 60
+    seen = ""
+    while "looping" not in seen and time.monotonic() < deadline:
+        msg = nbk.kc.get_iopub_msg(timeout=60)
+        if msg["msg_type"] == "stream":
+            seen += msg["content"]["text"]
+    assert "looping" in seen
+    asked = time.monotonic()
+    nbk.km.interrupt_kernel()
+    reply = nbk.kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert time.monotonic() - asked < 10
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+
+    nbk.text.clear()
+    first = nbk.execute("%dist pull n")
+    time.sleep(0.5)
+    again = nbk.execute("%dist pull n")
+    assert first["status"] == again["status"] == "ok"
+    nbk.text.clear()
+    assert nbk.execute("%%distributed\nprint('after', n > 0)")["status"] == "ok"
+    assert "[ranks 0-1] after True" in "".join(nbk.text)
+
+
+def test_counter_stops_after_interrupt(nbk: NotebookKernel) -> None:
+    nbk.execute("%%distributed --procs 2\nimport time\nn = 0")
+    nbk.kc.execute("%%distributed\nwhile True:\n    n += 1\n    time.sleep(0.01)")
+    time.sleep(2)
+    nbk.km.interrupt_kernel()
+    nbk.kc.get_shell_msg(timeout=30)
+    counts = []
+    for _ in range(2):
+        nbk.text.clear()
+        nbk.execute("%%distributed\nprint('n', n)")
+        counts.append("".join(nbk.text))
+        time.sleep(0.3)
+    assert counts[0] == counts[1], counts
+
+
+def test_shutdown_stops_ranks(nbk: NotebookKernel) -> None:
+    nbk.execute("%%distributed --procs 2\nx = 1")
+    pids = nbk.our_pids()
+    assert len(pids) == 3
+    assert nbk.execute("%dist shutdown")["status"] == "ok"
+    assert wait_gone(pids, 10) == []
+
+
+def test_kernel_exit_stops_ranks(nbk: NotebookKernel) -> None:
+    nbk.execute("%%distributed --procs 2\nx = 1")
+    pids = nbk.our_pids()
+    nbk.km.shutdown_kernel(now=False)
+    assert wait_gone(pids, 10) == []
+
+
+def test_killed_kernel_leaves_no_rank(nbk: NotebookKernel) -> None:
+    nbk.execute("%%distributed --procs 2\nx = 1")
+    nbk.execute("%%distributed --session second --procs 1\ny = 2")
+    pids = nbk.our_pids()
+    assert len(pids) == 5
+    os.kill(nbk.km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
+    assert wait_gone(pids, 10) == []

@@ -1,0 +1,75 @@
+"""A rank process that dies mid-cell is reported, never hangs, and restart recovers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pytest
+
+from jupyter_dist.errors import RanksFailed, SessionError
+from tests.conftest import CellOutput, session_status
+
+Run = Callable[[str], CellOutput]
+
+
+@pytest.fixture
+def crash_session(run: Run) -> Any:
+    out = run("%%distributed --session crash --procs 2\nimport os, signal, time\nimport torch")
+    assert out.ok, out.stdout
+    yield "crash"
+    run("%dist shutdown --session crash")
+
+
+@pytest.mark.parametrize(
+    ("kill", "expected"),
+    [
+        ("os.kill(os.getpid(), signal.SIGKILL)", "killed by signal SIGKILL (9)"),
+        ("os._exit(3)", "exit code 3"),
+        ("import ctypes; ctypes.string_at(0)", "killed by signal SIGSEGV (11)"),
+    ],
+)
+def test_dead_rank_is_reported_and_restart_recovers(
+    run: Run, crash_session: str, kill: str, expected: str
+) -> None:
+    pids = [r["pid"] for r in session_status(crash_session)["ranks"]]
+    began = time.monotonic()
+    out = run(
+        f"%%distributed --session {crash_session}\n"
+        f"if int(os.environ['RANK']) == 1:\n    {kill}\n"
+        "time.sleep(1)\nprint('rank 0 carried on')"
+    )
+    assert time.monotonic() - began < 30
+    assert isinstance(out.error, RanksFailed)
+    root = out.error.groups[0].first
+    assert (root.rank, root.kind) == (1, "died")
+    assert expected in str(out.error)
+    assert "[rank 0] rank 0 carried on" in out.stdout
+    assert not psutil.pid_exists(pids[1]) or psutil.Process(pids[1]).status() == "zombie"
+
+    again = run(f"%%distributed --session {crash_session}\nprint('hi')")
+    assert isinstance(again.error, SessionError)
+    assert "lost rank 1" in str(again.error)
+    assert "%dist restart --session crash" in str(again.error)
+
+    assert run(f"%dist restart --session {crash_session}").ok
+    back = run(
+        f"%%distributed --session {crash_session}\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t); print(t.item())"
+    )
+    assert "[ranks 0-1] 2.0" in back.stdout
+    new_pids = [r["pid"] for r in session_status(crash_session)["ranks"]]
+    assert set(new_pids).isdisjoint(pids)
+    assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == "zombie"
+
+
+def test_segfault_shows_the_faulthandler_dump(run: Run, crash_session: str) -> None:
+    out = run(
+        f"%%distributed --session {crash_session} --ranks 0\n"
+        "def deep_frame():\n    import ctypes\n    ctypes.string_at(0)\ndeep_frame()"
+    )
+    assert isinstance(out.error, RanksFailed)
+    assert "Fatal Python error: Segmentation fault" in out.stdout
+    assert "deep_frame" in out.stdout

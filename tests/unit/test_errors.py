@@ -1,0 +1,60 @@
+"""Aggregated failures: root cause first, identical tracebacks merged."""
+
+from __future__ import annotations
+
+from jupyter_dist.errors import (
+    RankFailure,
+    RanksFailed,
+    SessionError,
+    format_ranks,
+    group_failures,
+    strip_ansi,
+)
+
+
+def fail(rank: int, kind: str = "error", evalue: str = "boom", order: float = 0.0) -> RankFailure:
+    return RankFailure(rank, "host-a", rank, kind, "ValueError", evalue, ("tb line",), order=order)
+
+
+def test_format_ranks() -> None:
+    assert format_ranks([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert format_ranks([3]) == "3"
+
+
+def test_identical_failures_merge_with_rank_list() -> None:
+    groups = group_failures([fail(2), fail(0), fail(1, evalue="other")])
+    assert [g.ranks for g in groups] == [[0, 2], [1]]
+
+
+def test_a_dead_rank_is_the_root_cause() -> None:
+    died = RankFailure(3, "h", 3, "died", "RankDied", "exit code 1", order=5.0)
+    groups = group_failures([fail(0, order=1.0), died])
+    assert groups[0].first.rank == 3
+
+
+def test_render_shows_root_cause_and_more() -> None:
+    failures = [fail(r, evalue=f"e{r}", order=r) for r in range(6)]
+    error = RanksFailed("default", 8, failures)
+    text = strip_ansi("\n".join(error._render_traceback_()))
+    assert text.startswith("RanksFailed: 6 of 8 ranks failed in session 'default'")
+    assert "root cause on rank 0 (host-a): ValueError: e0" in text
+    assert "--- rank 0 (host host-a, local rank 0): ValueError: e0" in text
+    assert "... and 3 more (ranks 3-5)" in text
+    assert "rank 4 (host" not in text
+
+
+def test_merged_group_names_all_its_ranks() -> None:
+    error = RanksFailed("s", 4, [fail(r) for r in range(4)])
+    text = strip_ansi("\n".join(error._render_traceback_()))
+    assert "--- ranks 0-3 (host host-a, local rank 0): ValueError: boom" in text
+    assert text.count("tb line") == 1
+
+
+def test_plain_errors_render_as_one_line() -> None:
+    assert SessionError("gone")._render_traceback_() == ["\x1b[31mSessionError\x1b[0m: gone"]
+
+
+def test_cell_counters_do_not_split_groups() -> None:
+    a = RankFailure(0, "h", 0, "error", "E", "at 0x7f00aa11", ("Cell In[3], line 1",))
+    b = RankFailure(1, "h", 1, "error", "E", "at 0x7f00bb22", ("Cell In[4], line 1",))
+    assert len(group_failures([a, b])) == 1

@@ -1,0 +1,99 @@
+"""Prefixed text output, identical lines folded, rich outputs labelled."""
+
+from __future__ import annotations
+
+import io
+import time
+from typing import Any
+
+import pytest
+
+from jupyter_dist import render_text
+from jupyter_dist.events import CellFinished, CellResult, RankFinished, RichOut, StreamOut
+from jupyter_dist.render_text import TextRenderer
+
+
+def make(ranks: list[int]) -> tuple[TextRenderer, io.StringIO, io.StringIO, list[Any]]:
+    out, err = io.StringIO(), io.StringIO()
+    shown: list[Any] = []
+    r = TextRenderer(ranks, out, err, lambda data, meta: shown.append(data))
+    return r, out, err, shown
+
+
+def done(r: TextRenderer, ranks: list[int]) -> None:
+    for rank in ranks:
+        r.handle(RankFinished(rank, "ok", 0.1))
+    r.handle(CellFinished(CellResult(tuple(ranks), (), {})))
+
+
+def test_identical_lines_fold() -> None:
+    r, out, _, _ = make([0, 1])
+    r.handle(StreamOut(0, "stdout", "a\nb\n"))
+    r.handle(StreamOut(1, "stdout", "a\nc\n"))
+    done(r, [0, 1])
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[ranks 0-1] a"
+    assert sorted(lines[1:]) == ["[rank 0] b", "[rank 1] c"]
+
+
+def test_partial_lines_join_across_chunks() -> None:
+    r, out, _, _ = make([0, 1])
+    r.handle(StreamOut(0, "stdout", "hel"))
+    r.handle(StreamOut(0, "stdout", "lo\n"))
+    r.handle(StreamOut(1, "stdout", "hello"))
+    done(r, [0, 1])
+    assert out.getvalue() == "[ranks 0-1] hello\n"
+
+
+def test_stderr_goes_to_stderr() -> None:
+    r, out, err, _ = make([0, 1])
+    r.handle(StreamOut(1, "stderr", "warn\n"))
+    done(r, [0, 1])
+    assert err.getvalue() == "[rank 1] warn\n"
+    assert out.getvalue() == ""
+
+
+def test_a_lone_line_waits_for_twins_then_shows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render_text, "HOLD_S", 0.05)
+    r, out, _, _ = make([0, 1])
+    r.handle(StreamOut(0, "stdout", "only me\n"))
+    r.tick()
+    assert out.getvalue() == ""
+    time.sleep(0.06)
+    r.tick()
+    assert out.getvalue() == "[rank 0] only me\n"
+
+
+def test_finished_rank_does_not_hold_others() -> None:
+    r, out, _, _ = make([0, 1])
+    r.handle(RankFinished(1, "ok", 0.1))
+    r.handle(StreamOut(0, "stdout", "x\n"))
+    r.tick()
+    assert out.getvalue() == "[rank 0] x\n"
+
+
+def test_many_lines_all_arrive() -> None:
+    r, out, _, _ = make([0, 1, 2])
+    for rank in (0, 1, 2):
+        r.handle(StreamOut(rank, "stdout", "".join(f"{i}\n" for i in range(5000))))
+    done(r, [0, 1, 2])
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5000
+    assert lines[-1] == "[ranks 0-2] 4999"
+
+
+def test_execute_results_fold_when_equal() -> None:
+    r, out, _, _ = make([0, 1, 2])
+    for rank, value in ((0, "1"), (1, "1"), (2, "7")):
+        r.handle(RichOut(rank, "execute_result", {"text/plain": value}, {}))
+    done(r, [0, 1, 2])
+    assert out.getvalue().splitlines() == ["[ranks 0-1] Out: 1", "[rank 2] Out: 7"]
+
+
+def test_rich_display_is_labelled_and_published() -> None:
+    r, out, _, shown = make([0, 1])
+    data = {"text/html": "<b>x</b>", "text/plain": "x"}
+    r.handle(RichOut(1, "display_data", data, {}))
+    done(r, [0, 1])
+    assert out.getvalue() == "[rank 1]\n"
+    assert shown == [data]
