@@ -49,20 +49,24 @@ def _tensor_from_array(array: Any) -> Any:
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle, plus CPU tensors sent out of band as numpy arrays."""
+    """cloudpickle, plus plain tensors sent out of band as numpy arrays.
+
+    Tensors travel as CPU tensors: the notebook is a front end that often has no GPU
+    (and must not grab one), so a pulled CUDA tensor arrives on the CPU, and a rank moves
+    what it is pushed with ``.cuda()`` / ``.to(device)`` like any loaded data.
+    """
 
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
         if (
             torch is not None
             and type(obj) is torch.Tensor
-            and obj.device.type == "cpu"
             and obj.layout == torch.strided
             and not obj.requires_grad
             and "numpy" in sys.modules
         ):
             try:
-                array = obj.contiguous().numpy()
+                array = obj.detach().cpu().contiguous().numpy()
             except (TypeError, RuntimeError):  # dtypes numpy lacks (bfloat16...)
                 return super().reducer_override(obj)
             return _tensor_from_array, (array,)

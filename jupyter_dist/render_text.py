@@ -119,27 +119,32 @@ class TextRenderer:
     def _drain(
         self, queues: dict[int, collections.deque[tuple[float, str]]], now: float, final: bool
     ) -> list[str]:
+        """Emit pending lines row by row: one line per rank, identical rows folded.
+
+        Ranks usually print the same number of lines, some per-rank ("rank 3 of 8") and
+        some shared ("loss 0.25"); taking them in rows keeps the ranks aligned, so the
+        shared rows fold even after a per-rank one. A rank that has not printed its line
+        of the row yet is waited for at most `HOLD_S`.
+        """
         chunks: list[str] = []
         while True:
             heads = {r: q[0] for r, q in queues.items() if q}
             if not heads:
                 return chunks
-            # ranks that could still print a twin of the oldest line
+            # ranks that could still print their line of this row
             candidates = set(heads) | self.running
-            if self.fold and len(candidates) > 1 and candidates == set(heads):
-                texts = {line for _, line in heads.values()}
-                if len(texts) == 1:
-                    label = ranks_label(sorted(candidates))
-                    chunks.append(f"[{label}] {texts.pop()}\n")
-                    for r in candidates:
-                        queues[r].popleft()
-                    continue
-            rank, (stamp, line) = min(heads.items(), key=lambda item: item[1][0])
-            may_wait = self.fold and len(candidates) > 1 and not final
-            if may_wait and now - stamp < HOLD_S:
-                return chunks
-            chunks.append(f"[rank {rank}] {line}\n")
-            queues[rank].popleft()
+            complete = candidates == set(heads)
+            if not complete and self.fold and not final:
+                oldest = min(stamp for stamp, _ in heads.values())
+                if now - oldest < HOLD_S:
+                    return chunks
+            texts = {line for _, line in heads.values()}
+            if self.fold and len(heads) > 1 and len(texts) == 1:
+                chunks.append(f"[{ranks_label(sorted(heads))}] {texts.pop()}\n")
+            else:
+                chunks.extend(f"[rank {r}] {heads[r][1]}\n" for r in sorted(heads))
+            for r in heads:
+                queues[r].popleft()
 
     # -- rich output ----------------------------------------------------------------------
     def _show_rich(self, ranks: list[int], event: RichOut) -> None:

@@ -165,3 +165,54 @@ def test_second_session_side_by_side(run: Run) -> None:
     assert run("%dist shutdown --session other").ok
     with pytest.raises(SessionError):
         session_status("other")
+
+
+@pytest.mark.skipif(
+    __import__("jupyter_dist.gpus").gpus.discover_gpus() != [], reason="machine has GPUs"
+)
+def test_gpus_without_cuda_points_to_procs(run: Run) -> None:
+    out = run("%%distributed --session gpus --gpus 2\nprint('never')")
+    assert not out.ok
+    message = str(out.error)
+    assert "--gpus 2" in message
+    assert "has 0 CUDA devices" in message
+    assert "use --procs 2" in message
+    assert "never" not in out.stdout
+
+
+def test_rich_display_from_a_rank(shell: Any, run: Run) -> None:
+    published: list[dict[str, Any]] = []
+    pub = shell.display_pub
+    original = pub.publish
+
+    def record(data: dict[str, Any], metadata: Any = None, **kwargs: Any) -> None:
+        published.append(data)
+
+    pub.publish = record
+    try:
+        out = run(
+            "%%distributed --ranks 1\nfrom IPython.display import HTML, display\n"
+            "display(HTML('<b>from rank one</b>'))"
+        )
+    finally:
+        pub.publish = original
+    assert out.ok
+    assert "[rank 1]" in out.stdout
+    assert published[0]["text/html"] == "<b>from rank one</b>"
+
+
+def test_help_is_a_real_manual(shell: Any) -> None:
+    doc = shell.find_cell_magic("distributed").__doc__
+    for flag in (
+        "--nodes",
+        "--gpus",
+        "--procs",
+        "--backend",
+        "--ranks",
+        "--session",
+        "--push",
+        "--timeout",
+        "--no-init",
+    ):
+        assert flag in doc
+    assert "status" in shell.find_line_magic("dist").__doc__

@@ -97,3 +97,15 @@ def test_rich_display_is_labelled_and_published() -> None:
     done(r, [0, 1])
     assert out.getvalue() == "[rank 1]\n"
     assert shown == [data]
+
+
+def test_rows_stay_aligned_after_a_per_rank_line() -> None:
+    r, out, _, _ = make([0, 1])
+    r.handle(StreamOut(0, "stdout", "rank 0 of 2\nshared\n"))
+    r.handle(StreamOut(1, "stdout", "rank 1 of 2\nshared\n"))
+    done(r, [0, 1])
+    assert out.getvalue().splitlines() == [
+        "[rank 0] rank 0 of 2",
+        "[rank 1] rank 1 of 2",
+        "[ranks 0-1] shared",
+    ]
