@@ -138,6 +138,8 @@ def group_failures(failures: Sequence[RankFailure]) -> list[FailureGroup]:
     for failure in ordered:
         group = groups.setdefault(failure.group_key(), FailureGroup(first=failure))
         group.ranks.append(failure.rank)
+    for group in groups.values():
+        group.ranks.sort()
     return list(groups.values())
 
 
