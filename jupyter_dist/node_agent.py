@@ -43,10 +43,18 @@ class SpawnedRank:
 class NodeAgent:
     """Talks to one agent started by a `Launcher`."""
 
-    def __init__(self, launcher: Launcher, node_rank: int, on_exit: ExitCallback) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        node_rank: int,
+        on_exit: ExitCallback,
+        on_lost: Callable[[NodeAgent], None] = lambda _: None,
+    ) -> None:
         self.launcher = launcher
         self.node_rank = node_rank
         self.on_exit = on_exit
+        self.on_lost = on_lost
+        self.stopping = False
         self.info: AgentInfo | None = None
         self._streams: AgentStreams | None = None
         self._ready: asyncio.Future[AgentInfo] | None = None
@@ -109,6 +117,9 @@ class NodeAgent:
                 if not fut.done():
                     fut.set_exception(gone)
             log.debug("node %s: agent event stream closed", self.host)
+            if not self.stopping:
+                log.info("node %s: lost its agent%s", self.host, self._stderr_note())
+                self.on_lost(self)
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event.get("event")
@@ -168,6 +179,7 @@ class NodeAgent:
         await self._send({"op": "kill", "ranks": ranks, "grace": grace})
 
     async def stop(self, timeout: float = 5.0) -> None:
+        self.stopping = True
         if not self.lost:
             with contextlib.suppress(Exception):
                 await self._send({"op": "shutdown"})

@@ -157,7 +157,10 @@ class Session:
     async def _start_nodes(self, progress: Progress) -> None:
         cls = launcher_class(self.launcher_kind)
         agent_env = {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env)}
-        self.nodes = [NodeAgent(cls(), node, self._on_rank_exit) for node in range(self.spec.nodes)]
+        self.nodes = [
+            NodeAgent(cls(), node, self._on_rank_exit, self._on_node_lost)
+            for node in range(self.spec.nodes)
+        ]
         infos = await asyncio.gather(
             *(n.start(self.name, agent_env, self.timeouts.start) for n in self.nodes)
         )
@@ -234,6 +237,15 @@ class Session:
             log.info("session %s: %s", self.name, self.broken_reason)
         if self._current is not None:
             self._current.rank_died(rank, returncode, rec.pid, log_tail)
+
+    def _on_node_lost(self, node: NodeAgent) -> None:
+        """The agent went away: its ranks die with it (PDEATHSIG), unreported; say so."""
+        tail = node.launcher.stderr_tail()
+        for rec in self.ranks.values():
+            if rec.node is node and rec.state != RankState.DEAD:
+                self._on_rank_exit(
+                    rec.rank, -9, f"the agent of node {node.host!r} exited\n{tail}".strip()
+                )
 
     def _check_usable(self) -> None:
         if self.state == SessionState.BROKEN:

@@ -73,3 +73,25 @@ def test_segfault_shows_the_faulthandler_dump(run: Run, crash_session: str) -> N
     assert isinstance(out.error, RanksFailed)
     assert "Fatal Python error: Segmentation fault" in out.stdout
     assert "deep_frame" in out.stdout
+
+
+def test_lost_agent_fails_the_cell_instead_of_hanging(run: Run, crash_session: str) -> None:
+    status = session_status(crash_session)
+    agent = status["nodes"][0]["agent_pid"]
+    ranks = [r["pid"] for r in status["ranks"]]
+    began = time.monotonic()
+    out = run(
+        f"%%distributed --session {crash_session}\n"
+        f"if int(os.environ['RANK']) == 0:\n    os.kill({agent}, signal.SIGKILL)\n"
+        "time.sleep(60)"
+    )
+    assert time.monotonic() - began < 30
+    assert isinstance(out.error, RanksFailed)
+    assert sorted(out.error.failed_ranks) == [0, 1]
+    assert "agent of node" in out.stdout
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in ranks)
+    assert run(f"%dist restart --session {crash_session}").ok
+    assert run(f"%%distributed --session {crash_session}\nprint('back')").ok
