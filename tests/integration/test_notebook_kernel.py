@@ -147,3 +147,19 @@ def test_killed_kernel_leaves_no_rank(nbk: NotebookKernel) -> None:
     assert len(pids) == 5
     os.kill(nbk.km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
     assert wait_gone(pids, 10) == []
+
+
+def test_output_streams_while_the_cell_runs(nbk: NotebookKernel) -> None:
+    nbk.execute("%%distributed --procs 2\nimport time")
+    msg_id = nbk.kc.execute(
+        "%%distributed\nprint('early', flush=True)\ntime.sleep(4)\nprint('late')"
+    )
+    sent = time.monotonic()
+    arrivals: dict[str, float] = {}
+    while "late" not in arrivals:
+        msg = nbk.kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            for word in ("early", "late"):
+                if word in msg["content"]["text"]:
+                    arrivals.setdefault(word, time.monotonic() - sent)
+    assert arrivals["early"] < 3.0 < arrivals["late"]
