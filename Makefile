@@ -1,0 +1,57 @@
+# The same verbs locally and in CI: make setup | demo | test | lint | bench.
+# Everything runs from the virtual environment in .venv/, which `setup` creates.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# pip always resolves with constraints.txt, so every machine gets the same torch.
+PIP_INSTALL := $(PIP) install -c constraints.txt
+SETUP_STAMP := $(VENV)/.setup-stamp
+BENCH_STAMP := $(VENV)/.bench-stamp
+# Extra arguments, e.g. make test PYTEST_ARGS='-k magics -x', make bench BENCH_ARGS='--only W1'
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: help setup demo test lint bench
+
+help:
+	@echo "make setup   create .venv/ and install jupyter_dist with its test and dev extras"
+	@echo "make demo    run notebooks/quickstart.ipynb headless and print its outputs"
+	@echo "make test    install the system packages the tests need, then run pytest"
+	@echo "make lint    ruff check, ruff format --check, mypy"
+	@echo "make bench   run the benchmarks in bench/"
+
+setup: $(SETUP_STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Re-installs only when pyproject.toml or constraints.txt change (or .venv/ is new).
+$(SETUP_STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PIP_INSTALL) -e '.[test,dev]'
+	touch $@
+
+$(BENCH_STAMP): $(SETUP_STAMP)
+	$(PIP_INSTALL) -e '.[test,dev,bench]'
+	touch $@
+
+demo: setup
+	$(PY) notebooks/run_notebook.py notebooks/quickstart.ipynb
+
+# pytest's exit status is the target's: 5 ("no tests collected") fails like any other.
+test: setup
+	.ci/setup-system
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: $(BENCH_STAMP)
+	$(PY) bench/run.py $(BENCH_ARGS)
