@@ -115,6 +115,7 @@ class Agent:
                 "python": sys.executable,
                 "dir": self.dir,
                 "gpus": [g.to_json() for g in discover_gpus()],
+                "free_port": _free_port(),
                 "versions": {
                     "jupyter_dist": __version__,
                     "torch": getattr(torch_mod, "__version__", None),
@@ -184,6 +185,11 @@ class Agent:
             elif op == "kill":
                 ranks = cmd.get("ranks")
                 self.kill(None if ranks is None else set(ranks), float(cmd.get("grace", 2.0)))
+            elif op == "route":
+                self.emit({"event": "reply", "id": cmd["id"], **route_to(str(cmd["addr"]))})
+            elif op == "probe":
+                reply = probe(str(cmd["addr"]), int(cmd["port"]), float(cmd.get("timeout_s", 5)))
+                self.emit({"event": "reply", "id": cmd["id"], **reply})
             elif op == "shutdown":
                 self.stopping = True
             else:
@@ -262,7 +268,11 @@ class Agent:
         os.close(null_fd)
         os.environ.clear()
         os.environ.update(env)
-        os.chdir(cwd)
+        try:
+            os.chdir(cwd)
+        except OSError:  # the notebook's folder need not exist on another node
+            cwd = os.path.expanduser("~")
+            os.chdir(cwd)
         if cwd not in sys.path:
             sys.path.insert(0, cwd)
         from jupyter_dist.rank_kernel import run_rank_kernel
@@ -348,6 +358,40 @@ def _tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
         if err.errno == errno.ENOENT:
             return ""
         raise
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def route_to(addr: str) -> dict[str, Any]:
+    """Which local address and interface this node uses to reach ``addr``."""
+    info: dict[str, Any] = {"addr": addr, "ip": None, "ifname": None}
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))  # UDP: picks a route, sends nothing
+            info["ip"] = s.getsockname()[0]
+    except OSError as err:
+        info["error"] = f"{type(err).__name__}: {err}"
+        return info
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == info["ip"] for a in addrs):
+            info["ifname"] = name
+    return info
+
+
+def probe(addr: str, port: int, timeout: float) -> dict[str, Any]:
+    """Can this node open a TCP connection to ``addr:port``?"""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            return {"ok": True}
+    except OSError as err:
+        return {"ok": False, "error": f"{type(err).__name__}: {err}"}
 
 
 def main(argv: list[str] | None = None) -> int:

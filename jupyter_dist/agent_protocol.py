@@ -10,6 +10,8 @@ Commands (launcher -> agent)::
     {"op": "spawn", "rank": 0, "local_rank": 0, "env": {...}, "key": "...", "cwd": "..."}
     {"op": "signal", "rank": 0, "signal": "SIGINT"}
     {"op": "kill", "ranks": [0, 1] | null, "grace": 2.0}
+    {"op": "route", "id": "r1", "addr": "10.0.0.1"}
+    {"op": "probe", "id": "r2", "addr": "10.0.0.1", "port": 29500, "timeout": 5}
     {"op": "shutdown"}
 
 Events (agent -> launcher)::
@@ -17,6 +19,7 @@ Events (agent -> launcher)::
     {"event": "ready", "host": ..., "pid": ..., "python": ..., "gpus": [...], "versions": {...}}
     {"event": "spawned", "rank": 0, "pid": 123, "connection": {...ports...}, "log": "..."}
     {"event": "exited", "rank": 0, "pid": 123, "returncode": -9, "log_tail": "..."}
+    {"event": "reply", "id": "r1", ...}    (route: ip, ifname; probe: ok, error)
     {"event": "error", "message": "...", "rank": 0 | null}
 """
 
@@ -26,7 +29,7 @@ import json
 import signal
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -21,6 +21,7 @@ from jupyter_dist import objects
 from jupyter_dist.cell_driver import run_cell, wait_with_notices
 from jupyter_dist.errors import DistError, SpecError
 from jupyter_dist.events import CellEvent, Notice
+from jupyter_dist.hosts import parse_hosts, read_hostfile
 from jupyter_dist.inprocess import InProcessControl, control
 from jupyter_dist.render_text import TextRenderer
 from jupyter_dist.session import Session
@@ -93,7 +94,30 @@ class DistMagics(Magics):
 
     # -- %%distributed --------------------------------------------------------------------
     @magic_arguments()
-    @argument("--nodes", type=int, default=None, help="number of nodes (1: this machine)")
+    @argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="number of nodes (default: 1, or the number of hosts given)",
+    )
+    @argument(
+        "--hosts",
+        default=None,
+        help="nodes over SSH: name, user@name or name:port, comma separated; names "
+        "may be ~/.ssh/config aliases",
+    )
+    @argument(
+        "--hostfile",
+        default=None,
+        help="a file with one host a line, optionally 'slots=N' (ranks on it)",
+    )
+    @argument(
+        "--python",
+        default=None,
+        help="the Python on the nodes (default: the notebook's path if the node has "
+        "it, else python3)",
+    )
+    @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(
         "--gpus", type=int, default=None, help="ranks per node, one per CUDA device, NCCL backend"
     )
@@ -138,12 +162,24 @@ class DistMagics(Magics):
         check_positive("--timeout", None if args.timeout is None else max(1, int(args.timeout)))
         if args.timeout is not None and args.timeout <= 0:
             raise SpecError(f"--timeout {args.timeout}: expected a positive number of seconds")
+        if args.hosts and args.hostfile:
+            raise SpecError("--hosts and --hostfile: give one of them")
+        hosts = (
+            parse_hosts(args.hosts)
+            if args.hosts
+            else read_hostfile(args.hostfile)
+            if args.hostfile
+            else ()
+        )
         request = ShapeRequest(
             nodes=args.nodes,
             gpus=args.gpus,
             procs=args.procs,
             backend=args.backend,
             init=False if args.no_init else None,
+            hosts=hosts,
+            python=args.python,
+            ssh_config=args.ssh_config,
         )
         _check_syntax(self.shell, cell)
         ranks = parse_ranks(args.ranks) if args.ranks else None

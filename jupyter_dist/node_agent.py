@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ class AgentInfo:
     gpus: tuple[GPUInfo, ...]
     versions: Mapping[str, str | None]
     preload_errors: Mapping[str, str] = field(default_factory=dict)
+    free_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class NodeAgent:
         self._streams: AgentStreams | None = None
         self._ready: asyncio.Future[AgentInfo] | None = None
         self._spawns: dict[int, asyncio.Future[SpawnedRank]] = {}
+        self._requests: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.lost = False
 
@@ -116,6 +119,9 @@ class NodeAgent:
             for fut in self._spawns.values():
                 if not fut.done():
                     fut.set_exception(gone)
+            for req in self._requests.values():
+                if not req.done():
+                    req.set_exception(gone)
             log.debug("node %s: agent event stream closed", self.host)
             if not self.stopping:
                 log.info("node %s: lost its agent%s", self.host, self._stderr_note())
@@ -133,6 +139,7 @@ class NodeAgent:
                 gpus=tuple(GPUInfo(**g) for g in event.get("gpus", [])),
                 versions=event.get("versions", {}),
                 preload_errors=event.get("preload_errors", {}),
+                free_port=int(event.get("free_port", 0)),
             )
             self.info = info
             if self._ready and not self._ready.done():
@@ -143,6 +150,10 @@ class NodeAgent:
             fut = self._spawns.pop(rank, None)
             if fut and not fut.done():
                 fut.set_result(spawned)
+        elif kind == "reply":
+            replied = self._requests.pop(str(event["id"]), None)
+            if replied and not replied.done():
+                replied.set_result(event)
         elif kind == "exited":
             self.on_exit(int(event["rank"]), int(event["returncode"]), event.get("log_tail", ""))
         elif kind == "error":
@@ -171,6 +182,29 @@ class NodeAgent:
             }
         )
         return await fut
+
+    async def request(self, op: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
+        """Send a query to the agent and wait for its reply."""
+        request_id = uuid.uuid4().hex
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = fut
+        try:
+            await self._send({"op": op, "id": request_id, **args})
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise AgentError(f"node {self.host!r}: the agent did not answer {op!r}") from None
+        finally:
+            self._requests.pop(request_id, None)
+
+    async def route(self, addr: str) -> dict[str, Any]:
+        """The interface and local address this node reaches ``addr`` through."""
+        return await self.request("route", addr=addr)
+
+    async def probe(self, addr: str, port: int, timeout: float = 5.0) -> dict[str, Any]:
+        """Whether this node can open a TCP connection to ``addr:port``."""
+        return await self.request(
+            "probe", timeout=timeout + 10, addr=addr, port=port, timeout_s=timeout
+        )
 
     async def signal_rank(self, rank: int, signal_name: str) -> None:
         await self._send({"op": "signal", "rank": rank, "signal": signal_name})

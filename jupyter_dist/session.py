@@ -27,6 +27,7 @@ import os
 import queue
 import secrets
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from jupyter_dist import objects
 from jupyter_dist.agent_protocol import describe_returncode
 from jupyter_dist.cell_run import CellRun
 from jupyter_dist.errors import (
+    AgentError,
     CellTimeout,
     NoGPUError,
     PushError,
@@ -45,7 +47,7 @@ from jupyter_dist.errors import (
     SpecError,
 )
 from jupyter_dist.events import CellEvent, CellFinished, CellResult
-from jupyter_dist.launchers import launcher_class
+from jupyter_dist.launchers import launcher_for
 from jupyter_dist.node_agent import NodeAgent
 from jupyter_dist.rank_client import RankClient
 from jupyter_dist.spec import SessionSpec
@@ -108,13 +110,11 @@ class Session:
     def __init__(
         self,
         spec: SessionSpec,
-        launcher: str = "local",
         timeouts: SessionTimeouts | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.spec = spec
-        self.launcher_kind = launcher
         self.timeouts = timeouts or SessionTimeouts()
         self.cwd = cwd or os.getcwd()
         self.user_env = dict(os.environ if env is None else env)
@@ -123,6 +123,7 @@ class Session:
         self.ranks: dict[int, RankRecord] = {}
         self.key = secrets.token_hex(32)  # HMAC key of every kernel message in the session
         self.rendezvous: Rendezvous | None = None
+        self.node_env: dict[int, dict[str, str]] = {}
         self.broken_reason = ""
         self.started_at = 0.0
         self.cells_run = 0
@@ -155,10 +156,9 @@ class Session:
         )
 
     async def _start_nodes(self, progress: Progress) -> None:
-        cls = launcher_class(self.launcher_kind)
         agent_env = {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env)}
         self.nodes = [
-            NodeAgent(cls(), node, self._on_rank_exit, self._on_node_lost)
+            NodeAgent(launcher_for(self.spec, node), node, self._on_rank_exit, self._on_node_lost)
             for node in range(self.spec.nodes)
         ]
         infos = await asyncio.gather(
@@ -174,8 +174,53 @@ class Session:
                 )
         progress(f"agents ready on {', '.join(i.host for i in infos)}")
 
+    async def _rendezvous(self) -> tuple[Rendezvous, dict[int, dict[str, str]]]:
+        """Where ranks meet, and each node's socket interface toward it.
+
+        MASTER_ADDR is node 0's address as the other nodes reach it (the address its SSH
+        connection landed on); gloo and NCCL are told which interface routes there
+        (without it gloo advertises 127.0.0.1 to its peers), unless the user chose one.
+        """
+        if not self.spec.hosts:
+            return Rendezvous.local(), {}
+        head = self.nodes[0]
+        assert head.info is not None
+        addr = head.launcher.peer_address() or head.host
+        rdzv = Rendezvous(addr, head.info.free_port, str(uuid.uuid4()))
+        routes = await asyncio.gather(*(n.route(addr) for n in self.nodes))
+        node_env: dict[int, dict[str, str]] = {}
+        for node, route in zip(self.nodes, routes, strict=True):
+            if not route.get("ifname"):
+                raise AgentError(
+                    f"node {node.host!r} has no route to node 0 ({head.host}, {addr}): "
+                    f"{route.get('error', 'no interface holds the address it would use')}; "
+                    "check the network between the nodes, or set GLOO_SOCKET_IFNAME"
+                )
+            env = {}
+            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                env[name] = self.user_env.get(name) or route["ifname"]
+            node_env[node.node_rank] = env
+        return rdzv, node_env
+
+    async def _check_reachable(self, rdzv: Rendezvous) -> None:
+        """Every node must reach the store rank 0 hosts, else init would just time out."""
+        if not self.spec.hosts:
+            return
+        probes = await asyncio.gather(
+            *(n.probe(rdzv.master_addr, rdzv.master_port) for n in self.nodes[1:])
+        )
+        for node, result in zip(self.nodes[1:], probes, strict=True):
+            if not result.get("ok"):
+                raise AgentError(
+                    f"node {node.host!r} cannot reach the rendezvous at "
+                    f"{rdzv.master_addr}:{rdzv.master_port} on node 0 ({result.get('error')}); "
+                    "open that port between the nodes (firewall) or pick the interface with "
+                    "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME"
+                )
+
     async def _start_ranks(self, progress: Progress) -> None:
-        self.rendezvous = rdzv = Rendezvous.local()
+        rdzv, self.node_env = await self._rendezvous()
+        self.rendezvous = rdzv
         self.ranks = {p.rank: RankRecord(p, self.nodes[p.node_rank]) for p in places(self.spec)}
         await asyncio.gather(*(self._spawn(rec) for rec in self.ranks.values()))
         if self.spec.init_process_group:
@@ -192,6 +237,7 @@ class Session:
         )
         if hosted.failures:
             raise RanksFailed(self.name, self.spec.world_size, hosted.failures)
+        await self._check_reachable(rdzv)
         result = await self._run_cell(
             "import jupyter_dist.rank_bootstrap as _jd_bootstrap\n"
             f"_jd_bootstrap.bootstrap({self.spec.init_process_group!r}, "
@@ -210,10 +256,12 @@ class Session:
     async def _spawn(self, rec: RankRecord) -> None:
         assert self.rendezvous is not None
         env = rank_env(self.spec, rec.place, self.rendezvous, self.user_env)
+        env.update(self.node_env.get(rec.place.node_rank, {}))
         spawned = await rec.node.spawn(rec.rank, rec.place.local_rank, env, self.key, self.cwd)
         rec.pid = spawned.pid
         rec.log = spawned.log
-        rec.client = RankClient(rec.rank, spawned.connection, self.key, self._context)
+        connection = await rec.node.launcher.tunnel(rec.rank, spawned.connection)
+        rec.client = RankClient(rec.rank, connection, self.key, self._context)
 
         def dead() -> str | None:
             return None if rec.state != RankState.DEAD else describe_returncode(rec.exit_code)

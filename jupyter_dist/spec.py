@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
+from jupyter_dist.hosts import HostSpec
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_SESSION = "default"
@@ -29,13 +30,9 @@ class ShapeRequest:
     backend: str | None = None
     init: bool | None = None
 
-    def is_empty(self) -> bool:
-        return (
-            self.nodes is None
-            and self.gpus is None
-            and self.procs is None
-            and (self.backend is None)
-        )
+    hosts: tuple[HostSpec, ...] = ()
+    python: str | None = None
+    ssh_config: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +46,9 @@ class SessionSpec:
     backend: str = "gloo"
     init_process_group: bool = True
     env: tuple[tuple[str, str], ...] = field(default=())
+    hosts: tuple[HostSpec, ...] = ()  # empty: this machine, no SSH
+    python: str | None = None  # the nodes' interpreter (default: the notebook's, else python3)
+    ssh_config: str | None = None  # default: ~/.ssh/config
 
     @property
     def world_size(self) -> int:
@@ -139,16 +139,24 @@ def validate_request(req: ShapeRequest) -> None:
             f"--backend nccl with --procs {req.procs}: NCCL needs GPUs; use --gpus N, or "
             "--backend gloo for CPU ranks"
         )
-    if req.nodes is not None and req.nodes > 1:
+    if req.hosts and req.nodes is not None and req.nodes != len(req.hosts):
+        names = ",".join(str(h) for h in req.hosts)
         raise SpecError(
-            f"--nodes {req.nodes}: this version runs ranks on this machine only (1 node); "
-            "use --nodes 1"
+            f"--nodes {req.nodes} but {len(req.hosts)} hosts are given ({names}); drop --nodes "
+            f"(it defaults to the number of hosts) or list {req.nodes} hosts"
+        )
+    if not req.hosts and req.nodes is not None and req.nodes > 1:
+        raise SpecError(
+            f"--nodes {req.nodes}: more than one node needs to know where they are; give "
+            "--hosts a,b or --hostfile FILE"
         )
 
 
 def resolve_shape(name: str, req: ShapeRequest, local_gpus: int, host: str) -> SessionSpec:
     """Turn a request into a session spec, given the node's CUDA device count."""
     validate_request(req)
+    if req.hosts:
+        return _resolve_remote(name, req)
     nodes = req.nodes or 1
     init = True if req.init is None else req.init
     if req.gpus is not None:
@@ -171,6 +179,37 @@ def resolve_shape(name: str, req: ShapeRequest, local_gpus: int, host: str) -> S
     return SessionSpec(name, nodes, DEFAULT_CPU_PROCS, "cpu", req.backend or "gloo", init)
 
 
+def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
+    """Nodes over SSH: devices are checked once each node's agent reports them."""
+    init = True if req.init is None else req.init
+    nodes = len(req.hosts)
+
+    def spec(procs: int, device: str, backend: str) -> SessionSpec:
+        return SessionSpec(
+            name, nodes, procs, device, backend, init,
+            hosts=req.hosts, python=req.python, ssh_config=req.ssh_config,
+        )  # fmt: skip
+
+    if req.procs is not None:
+        return spec(req.procs, "cpu", req.backend or "gloo")
+    slots = {h.slots for h in req.hosts}
+    gpus = req.gpus
+    if gpus is None and len(slots) == 1 and None not in slots:
+        gpus = slots.pop()
+    if gpus is None:
+        if len(slots) > 1:
+            raise SpecError(
+                f"hostfile slots differ between hosts ({sorted(s or 0 for s in slots)}); "
+                "this version runs the same number of ranks on every node: pass --gpus G or "
+                "--procs P"
+            )
+        raise SpecError(
+            "say how many ranks each node runs: --gpus G (one per CUDA device) or --procs P "
+            "(CPU ranks), or slots=N in the hostfile"
+        )
+    return spec(gpus, "cuda", req.backend or "nccl")
+
+
 def check_same_shape(running: SessionSpec, req: ShapeRequest) -> None:
     """Raise `ShapeMismatchError` if the request contradicts the running session."""
     validate_request(req)
@@ -185,6 +224,8 @@ def check_same_shape(running: SessionSpec, req: ShapeRequest) -> None:
         said.append(f"--backend {req.backend}")
     if req.init is False and running.init_process_group:
         said.append("--no-init")
+    if req.hosts and req.hosts != running.hosts:
+        said.append("--hosts " + ",".join(str(h) for h in req.hosts))
     if said:
         raise ShapeMismatchError(
             f"session {running.name!r} is running {running.describe()}; this cell asks for "

@@ -7,9 +7,11 @@ package can add one (``local`` ships here; ``ssh`` and ``slurm`` come as their o
 from __future__ import annotations
 
 from importlib.metadata import entry_points
+from typing import Any
 
 from jupyter_dist.errors import SpecError
 from jupyter_dist.launchers.base import AgentStreams, Launcher
+from jupyter_dist.spec import SessionSpec
 
 ENTRY_POINT_GROUP = "jupyter_dist.launchers"
 
@@ -29,4 +31,13 @@ def launcher_class(kind: str) -> type[Launcher]:
     return cls
 
 
-__all__ = ["ENTRY_POINT_GROUP", "AgentStreams", "Launcher", "launcher_class"]
+def launcher_for(spec: SessionSpec, node: int) -> Launcher:
+    """The launcher of node ``node`` of a session: ``ssh`` for listed hosts, else ``local``."""
+    if spec.hosts:
+        ssh: Any = launcher_class("ssh")
+        launcher: Launcher = ssh(spec.hosts[node], python=spec.python, ssh_config=spec.ssh_config)
+        return launcher
+    return launcher_class("local")()
+
+
+__all__ = ["ENTRY_POINT_GROUP", "AgentStreams", "Launcher", "launcher_class", "launcher_for"]

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import abc
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
+
+
+class LineReader(Protocol):
+    async def readline(self) -> bytes: ...
+
+
+class LineWriter(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
 
 
 @dataclass
 class AgentStreams:
-    """The agent's protocol channel: we write commands, we read events."""
+    """The agent's protocol channel: we write commands, we read events.
 
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter | Any  # an asyncio writer or anything with write/drain/close
+    asyncio's subprocess pipes and asyncssh's process streams both fit.
+    """
+
+    reader: LineReader
+    writer: LineWriter
 
 
 class Launcher(abc.ABC):
@@ -50,6 +62,14 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def stderr_tail(self) -> str:
         """The last lines the agent wrote to stderr, for error messages."""
+
+    def peer_address(self) -> str | None:
+        """The node's address as this side reached it (None: this machine)."""
+        return None
+
+    async def tunnel(self, rank: int, connection: Mapping[str, Any]) -> dict[str, Any]:
+        """Make a rank kernel's endpoints reachable from here; local ones already are."""
+        return dict(connection)
 
     @abc.abstractmethod
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""Where nodes come from: --hosts lists, hostfiles, and the shapes they make."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jupyter_dist.errors import SpecError
+from jupyter_dist.hosts import HostSpec, parse_hosts, read_hostfile
+from jupyter_dist.launchers.ssh import agent_command
+from jupyter_dist.spec import ShapeRequest, resolve_shape
+
+
+def test_host_forms() -> None:
+    hosts = parse_hosts("gpu1,alice@gpu2,gpu3:2222,bob@10.0.0.4:22,[fe80::1]")
+    assert hosts == (
+        HostSpec("gpu1"),
+        HostSpec("gpu2", "alice"),
+        HostSpec("gpu3", None, 2222),
+        HostSpec("10.0.0.4", "bob", 22),
+        HostSpec("fe80::1"),
+    )
+    assert str(hosts[3]) == "bob@10.0.0.4:22"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("a b", "'a b' is not a host"),
+        ("a:70000", "port 70000 of 'a:70000' is outside 1-65535"),
+        ("a,a", "'a' is listed twice"),
+        (",", "expected one or more hosts"),
+    ],
+)
+def test_bad_hosts(text: str, fragment: str) -> None:
+    with pytest.raises(SpecError, match=fragment):
+        parse_hosts(text)
+
+
+def test_hostfile(tmp_path: Path) -> None:
+    f = tmp_path / "hosts"
+    f.write_text("# cluster\nnode0 slots=4\n\nalice@node1:2200   slots=4  # second\n")
+    assert read_hostfile(f) == (HostSpec("node0", slots=4), HostSpec("node1", "alice", 2200, 4))
+
+
+def test_bad_hostfile(tmp_path: Path) -> None:
+    f = tmp_path / "hosts"
+    f.write_text("node0 slot=4\n")
+    with pytest.raises(SpecError, match=r"line 1: 'slot=4': expected slots=N"):
+        read_hostfile(f)
+    with pytest.raises(SpecError, match="cannot read it"):
+        read_hostfile(tmp_path / "missing")
+
+
+def test_nodes_must_match_hosts() -> None:
+    req = ShapeRequest(nodes=3, procs=2, hosts=parse_hosts("a,b"))
+    with pytest.raises(SpecError, match=r"--nodes 3 but 2 hosts are given \(a,b\)"):
+        resolve_shape("s", req, 0, "here")
+
+
+def test_several_nodes_need_hosts() -> None:
+    with pytest.raises(SpecError, match="give --hosts a,b or --hostfile FILE"):
+        resolve_shape("s", ShapeRequest(nodes=2, procs=1), 0, "here")
+
+
+def test_remote_shapes() -> None:
+    spec = resolve_shape("s", ShapeRequest(procs=2, hosts=parse_hosts("a,b")), 0, "here")
+    assert (spec.nodes, spec.world_size, spec.backend) == (2, 4, "gloo")
+    slots = (HostSpec("a", slots=4), HostSpec("b", slots=4))
+    spec = resolve_shape("s", ShapeRequest(hosts=slots), 0, "here")
+    assert (spec.device, spec.procs_per_node, spec.world_size) == ("cuda", 4, 8)
+    with pytest.raises(SpecError, match="say how many ranks each node runs"):
+        resolve_shape("s", ShapeRequest(hosts=parse_hosts("a,b")), 0, "here")
+
+
+def test_agent_command_falls_back_to_python3() -> None:
+    line = agent_command("s", {"OMP_NUM_THREADS": "1"}, None)
+    assert '[ -x "$p" ] || p=python3' in line
+    assert "exec env OMP_NUM_THREADS=1" in line
+    assert "-m jupyter_dist.agent --session s" in line
+    assert "python3" not in agent_command("s", {}, "/opt/py/bin/python")
