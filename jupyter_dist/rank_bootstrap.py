@@ -33,7 +33,7 @@ def _on_objects_open(comm: Any, _open_msg: dict[str, Any]) -> None:
         request_id = data.get("id")
         try:
             if data.get("op") == "push":
-                values = objects.load(msg.get("buffers") or [], data["digests"])
+                values = objects.load(msg.get("buffers") or [], data["digest"], data["sizes"])
                 _user_ns().update(values)
                 comm.send({"op": "ok", "id": request_id, "names": sorted(values)})
             elif data.get("op") == "pull":
@@ -44,7 +44,7 @@ def _on_objects_open(comm: Any, _open_msg: dict[str, Any]) -> None:
                     raise NameError(f"name {name!r} is not defined on rank {rank}")
                 payload = objects.dump(ns[name])
                 comm.send(
-                    {"op": "value", "id": request_id, "digests": payload.digests},
+                    {"op": "value", "id": request_id, **payload.signed_fields()},
                     buffers=payload.frames,
                 )
             else:

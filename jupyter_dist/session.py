@@ -398,7 +398,7 @@ class Session:
         replies = await asyncio.gather(
             *(
                 self._client(r).objects_request(
-                    {"op": "push", "digests": payload.digests}, payload.frames
+                    {"op": "push", **payload.signed_fields()}, payload.frames
                 )
                 for r in chosen
             ),
@@ -423,7 +423,7 @@ class Session:
                 raise PushError(f"pull {name!r} failed on rank {r}: {_why(rep)}")
             assert isinstance(rep, tuple)
             data, buffers = rep
-            values.append(objects.load(buffers, data["digests"]))
+            values.append(objects.load(buffers, data["digest"], data["sizes"]))
         return values
 
     def _client(self, rank: int) -> RankClient:

@@ -12,7 +12,7 @@ from jupyter_dist.objects import dump, load
 
 def roundtrip(obj: object) -> object:
     payload = dump(obj)
-    return load(payload.frames, payload.digests)
+    return load(payload.frames, payload.digest, payload.sizes)
 
 
 def test_notebook_defined_function_and_class_travel() -> None:
@@ -29,7 +29,7 @@ def test_arrays_go_out_of_band_and_come_back_writable() -> None:
     payload = dump({"a": array})
     assert len(payload.frames) == 2
     assert payload.frames[1].nbytes == array.nbytes
-    back = load(payload.frames, payload.digests)["a"]
+    back = load(payload.frames, payload.digest, payload.sizes)["a"]
     np.testing.assert_array_equal(back, array)
     back[0] = 5.0  # writable
 
@@ -38,7 +38,7 @@ def test_cpu_tensors_go_out_of_band() -> None:
     tensor = torch.arange(100_000, dtype=torch.float64)
     payload = dump(tensor)
     assert len(payload.frames) == 2
-    back = load(payload.frames, payload.digests)
+    back = load(payload.frames, payload.digest, payload.sizes)
     assert isinstance(back, torch.Tensor)
     assert torch.equal(back, tensor)
     back.add_(1)  # writable, no warning
@@ -49,12 +49,24 @@ def test_bfloat16_tensors_still_travel() -> None:
     assert torch.equal(roundtrip(tensor), tensor)  # type: ignore[arg-type]
 
 
-def test_tampered_frame_is_refused_before_unpickling() -> None:
+def test_tampered_pickle_stream_is_refused_before_unpickling() -> None:
     payload = dump({"a": np.zeros(1000)})
     frames = list(payload.frames)
-    frames[1] = bytes(len(frames[1]))[:-1] + b"x"
-    with pytest.raises(PushError, match="frame 1 of the payload does not match"):
-        load(frames, payload.digests)
+    evil = bytearray(frames[0])
+    evil[-2] ^= 1
+    frames[0] = bytes(evil)
+    with pytest.raises(PushError, match="pickle stream does not match its signed digest"):
+        load(frames, payload.digest, payload.sizes)
+
+
+def test_frames_must_have_the_signed_sizes() -> None:
+    payload = dump({"a": np.zeros(1000)})
+    frames = list(payload.frames)
+    frames[1] = bytes(len(frames[1]) - 8)
+    with pytest.raises(PushError, match="frame 1 of the payload is not the size that was signed"):
+        load(frames, payload.digest, payload.sizes)
+    with pytest.raises(PushError, match="2 frames but 1 were signed"):
+        load(payload.frames, payload.digest, payload.sizes[:1])
 
 
 def test_unpicklable_object_names_its_type() -> None:
