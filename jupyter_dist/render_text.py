@@ -119,7 +119,7 @@ class TextRenderer:
     def _drain(
         self, queues: dict[int, collections.deque[tuple[float, str]]], now: float, final: bool
     ) -> list[str]:
-        """Emit pending lines row by row: one line per rank, identical rows folded.
+        """Emit pending lines row by row: one line per rank, identical lines of a row folded.
 
         Ranks usually print the same number of lines, some per-rank ("rank 3 of 8") and
         some shared ("loss 0.25"); taking them in rows keeps the ranks aligned, so the
@@ -138,9 +138,11 @@ class TextRenderer:
                 oldest = min(stamp for stamp, _ in heads.values())
                 if now - oldest < HOLD_S:
                     return chunks
-            texts = {line for _, line in heads.values()}
-            if self.fold and len(heads) > 1 and len(texts) == 1:
-                chunks.append(f"[{ranks_label(sorted(heads))}] {texts.pop()}\n")
+            if self.fold:
+                groups: dict[str, list[int]] = {}
+                for r in sorted(heads):
+                    groups.setdefault(heads[r][1], []).append(r)
+                chunks.extend(f"[{ranks_label(rs)}] {text}\n" for text, rs in groups.items())
             else:
                 chunks.extend(f"[rank {r}] {heads[r][1]}\n" for r in sorted(heads))
             for r in heads:

@@ -109,3 +109,11 @@ def test_rows_stay_aligned_after_a_per_rank_line() -> None:
         "[rank 1] rank 1 of 2",
         "[ranks 0-1] shared",
     ]
+
+
+def test_a_row_folds_into_groups() -> None:
+    r, out, _, _ = make([0, 1, 2, 3])
+    for rank, host in ((0, "node0"), (1, "node0"), (2, "node1"), (3, "node1")):
+        r.handle(StreamOut(rank, "stdout", f"{host}\n"))
+    done(r, [0, 1, 2, 3])
+    assert out.getvalue().splitlines() == ["[ranks 0-1] node0", "[ranks 2-3] node1"]

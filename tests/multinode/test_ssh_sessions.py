@@ -1,0 +1,136 @@
+"""Sessions over SSH on two real sshd nodes (network namespaces): the magic end to end."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_dist.errors import AgentError, RanksFailed
+from tests.conftest import CellOutput, session_status
+
+pytestmark = pytest.mark.slow
+Run = Callable[[str], CellOutput]
+
+
+def flags(cluster: Any, config: Path | None = None) -> str:
+    return f"--hosts {','.join(cluster.hosts)} --ssh-config {config or cluster.config_path}"
+
+
+@pytest.fixture
+def two_nodes(run: Run, cluster: Any) -> Iterator[str]:
+    out = run(f"%%distributed --session mn {flags(cluster)} --procs 2\nimport os, socket, time")
+    assert out.ok, out.stdout + out.stderr
+    yield "mn"
+    run("%dist shutdown --session mn")
+
+
+def test_all_reduce_across_two_nodes(run: Run, two_nodes: str) -> None:
+    out = run(
+        f"%%distributed --session {two_nodes}\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+        "dist.all_reduce(t)\n"
+        "print(socket.gethostname(), os.environ['NODE_RANK'], os.environ['LOCAL_RANK'], t.item())"
+    )
+    assert out.ok, out.stdout
+    assert "[rank 0] node0 0 0 10.0" in out.stdout
+    assert "[rank 1] node0 0 1 10.0" in out.stdout
+    assert "[rank 2] node1 1 0 10.0" in out.stdout
+    assert "[rank 3] node1 1 1 10.0" in out.stdout
+
+
+def test_rendezvous_env_points_across_the_network(run: Run, two_nodes: str, cluster: Any) -> None:
+    out = run(
+        f"%%distributed --session {two_nodes}\n"
+        "print(os.environ['MASTER_ADDR'], os.environ['GLOO_SOCKET_IFNAME'], "
+        "os.environ['WORLD_SIZE'], os.environ['LOCAL_WORLD_SIZE'], os.environ['GROUP_WORLD_SIZE'])"
+    )
+    master = cluster.addresses[0]
+    lines = re.findall(r"\] (\S+) (\S+) 4 2 2", out.stdout)
+    assert lines, out.stdout
+    assert {m for m, _ in lines} == {master}
+    assert "lo" not in {ifname for _, ifname in lines}
+
+
+def test_state_lives_across_cells_on_every_node(run: Run, two_nodes: str) -> None:
+    assert run(f"%%distributed --session {two_nodes}\nwhere = socket.gethostname()").ok
+    out = run(f"%%distributed --session {two_nodes}\nprint(where)")
+    assert "[ranks 0-1] node0" in out.stdout
+    assert "[ranks 2-3] node1" in out.stdout
+
+
+def test_push_and_pull_through_the_tunnels(shell: Any, two_nodes: str) -> None:
+    shell.user_ns["offset"] = 100
+    shell.run_line_magic("dist", f"push offset --session {two_nodes}")
+    shell.run_cell(
+        f"%%distributed --session {two_nodes}\nimport os\nv = offset + int(os.environ['RANK'])"
+    )
+    assert shell.run_line_magic("dist", f"pull v --session {two_nodes}") == [100, 101, 102, 103]
+
+
+def netns_pids(cluster: Any, node: int) -> set[int]:
+    out = subprocess.run(
+        ["ip", "netns", "pids", cluster.namespaces[node]],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return {int(p) for p in out.stdout.split()}
+
+
+def test_dropped_ssh_connection_fails_the_cell_and_leaves_no_orphans(
+    run: Run, two_nodes: str, cluster: Any
+) -> None:
+    status = session_status(two_nodes)
+    node1_ranks = {r["pid"] for r in status["ranks"] if r["node_rank"] == 1}
+    assert node1_ranks <= netns_pids(cluster, 1)
+    # kill the per-connection sshd processes on node1: the SSH connection drops, the agent
+    # there sees its stdin close
+    killer = (
+        "import os, signal\n"
+        f"for pid in {sorted(netns_pids(cluster, 1))}:\n"
+        "    try:\n"
+        "        cmd = open(f'/proc/{pid}/cmdline').read()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if cmd.startswith('sshd') and '@' in cmd:\n"
+        "        os.kill(pid, signal.SIGKILL)\n"
+    )
+    began = time.monotonic()
+    out = run(
+        f"%%distributed --session {two_nodes}\n"
+        f"if os.environ['RANK'] == '0':\n    exec({killer!r})\n"
+        "time.sleep(60 if os.environ['NODE_RANK'] == '1' else 1)"
+    )
+    assert time.monotonic() - began < 25
+    assert isinstance(out.error, RanksFailed)
+    assert {2, 3} <= set(out.error.failed_ranks)
+    assert "node1" in out.stdout
+    deadline = time.monotonic() + 10
+    while node1_ranks & netns_pids(cluster, 1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not node1_ranks & netns_pids(cluster, 1), "ranks left running on node1"
+
+
+def test_unknown_host_key_is_refused(run: Run, cluster: Any, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    config = tmp_path / "config"
+    config.write_text(
+        re.sub(
+            r"UserKnownHostsFile \S+",
+            f"UserKnownHostsFile {empty}",
+            Path(cluster.config_path).read_text(),
+        )
+    )
+    out = run(f"%%distributed --session badkey {flags(cluster, config)} --procs 1\nx = 1")
+    assert isinstance(out.error, AgentError)
+    message = str(out.error)
+    assert "host key is unknown or has changed" in message
+    assert "ssh-keyscan" in message
