@@ -7,6 +7,7 @@ decorators below.
 from __future__ import annotations
 
 import ast
+import os
 import queue
 import sys
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from IPython.display import publish_display_data
 
 from jupyter_dist import objects
 from jupyter_dist.cell_driver import run_cell, wait_with_notices
+from jupyter_dist.cluster_env import detect_skypilot
 from jupyter_dist.errors import DistError, SpecError
 from jupyter_dist.events import CellEvent, Notice
 from jupyter_dist.hosts import parse_hosts, read_hostfile
@@ -171,9 +173,20 @@ class DistMagics(Magics):
             if args.hostfile
             else ()
         )
+        gpus = args.gpus
+        detected = detect_skypilot(os.environ) if not hosts and args.nodes != 1 else None
+        if detected is not None and name not in self.control.manager.sessions:
+            hosts = detected.hosts
+            if gpus is None and args.procs is None:
+                gpus = detected.gpus_per_node
+            print(
+                f"[jupyter_dist] using the {detected.source} cluster: "
+                f"{len(hosts)} nodes ({', '.join(str(h) for h in hosts)}); --nodes 1 for "
+                "this machine only"
+            )
         request = ShapeRequest(
             nodes=args.nodes,
-            gpus=args.gpus,
+            gpus=gpus,
             procs=args.procs,
             backend=args.backend,
             init=False if args.no_init else None,

@@ -87,6 +87,7 @@ class NodeAgent:
                 f"node {info.host!r}: {info.python} cannot import torch: "
                 f"{info.preload_errors['torch']}"
             )
+        check_versions(info)
         return info
 
     def _stderr_note(self) -> str:
@@ -221,3 +222,35 @@ class NodeAgent:
         if self._reader:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._reader, 1.0)
+
+
+def check_versions(info: AgentInfo) -> None:
+    """A node must run this jupyter_dist and the same torch release as the notebook.
+
+    torch.distributed's wire formats are only promised between equal releases; the
+    agent protocol between equal jupyter_dist versions.
+    """
+    from jupyter_dist._version import __version__
+
+    here = {"jupyter_dist": __version__, "torch": _local_torch_version()}
+    for name, mine in here.items():
+        theirs = info.versions.get(name)
+        if mine and theirs and _release(theirs) != _release(mine):
+            raise AgentError(
+                f"node {info.host!r}: {info.python} has {name} {theirs}, this notebook has "
+                f"{mine}; install {name}=={mine} there (or pass --python to pick another "
+                "interpreter)"
+            )
+
+
+def _release(version: str) -> str:
+    return version.split("+", maxsplit=1)[0]
+
+
+def _local_torch_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -118,7 +119,7 @@ class SSHLauncher(Launcher):
 
     def stderr_tail(self) -> str:
         tail = "\n".join(self._stderr)
-        if "No module named jupyter_dist" in tail:
+        if re.search(r"No module named '?jupyter_dist", tail):
             return f"{tail}\n(install jupyter_dist in that node's Python, or pass --python)"
         return tail
 

@@ -134,3 +134,37 @@ def test_unknown_host_key_is_refused(run: Run, cluster: Any, tmp_path: Path) -> 
     message = str(out.error)
     assert "host key is unknown or has changed" in message
     assert "ssh-keyscan" in message
+
+
+def test_skypilot_cluster_is_detected(
+    run: Run, cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = Path(cluster.config_path).read_text()
+    for host, address in zip(cluster.hosts, cluster.addresses, strict=True):
+        config = config.replace(f"Host {host}\n", f"Host {host} {address}\n")
+    path = tmp_path / "config"
+    path.write_text(config)
+    monkeypatch.setenv("SKYPILOT_NODE_IPS", "\n".join(cluster.addresses))
+    monkeypatch.setenv("SKYPILOT_NUM_GPUS_PER_NODE", "0")
+    out = run(
+        f"%%distributed --session sky --procs 1 --ssh-config {path}\n"
+        "import socket\nprint(socket.gethostname())"
+    )
+    try:
+        assert out.ok, out.stdout + out.stderr
+        assert "using the SkyPilot cluster: 2 nodes" in out.stdout
+        assert "[rank 0] node0" in out.stdout
+        assert "[rank 1] node1" in out.stdout
+    finally:
+        run("%dist shutdown --session sky")
+
+
+def test_node_without_jupyter_dist_is_named(run: Run, cluster: Any, tmp_path: Path) -> None:
+    bare = tmp_path / "bin" / "python"
+    bare.parent.mkdir()
+    bare.write_text('#!/bin/sh\nexec env -u PYTHONPATH python3 -I "$@"\n')
+    bare.chmod(0o755)
+    out = run(f"%%distributed --session bare {flags(cluster)} --procs 1 --python {bare}\nx = 1")
+    assert isinstance(out.error, AgentError)
+    assert "No module named 'jupyter_dist'" in str(out.error)
+    assert "install jupyter_dist in that node's Python, or pass --python" in str(out.error)
