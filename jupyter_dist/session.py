@@ -27,7 +27,6 @@ import os
 import queue
 import secrets
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +37,6 @@ from jupyter_dist import objects
 from jupyter_dist.agent_protocol import describe_returncode
 from jupyter_dist.cell_run import CellRun
 from jupyter_dist.errors import (
-    AgentError,
     CellTimeout,
     NoGPUError,
     PushError,
@@ -50,8 +48,9 @@ from jupyter_dist.events import CellEvent, CellFinished, CellResult
 from jupyter_dist.launchers import launcher_for
 from jupyter_dist.node_agent import NodeAgent
 from jupyter_dist.rank_client import RankClient
+from jupyter_dist.rendezvous import Rendezvous, check_reachable, plan_rendezvous
 from jupyter_dist.spec import SessionSpec
-from jupyter_dist.topology import RankPlace, Rendezvous, omp_threads, places, rank_env
+from jupyter_dist.topology import RankPlace, omp_threads, places, rank_env
 
 log = logging.getLogger(__name__)
 
@@ -174,52 +173,8 @@ class Session:
                 )
         progress(f"agents ready on {', '.join(i.host for i in infos)}")
 
-    async def _rendezvous(self) -> tuple[Rendezvous, dict[int, dict[str, str]]]:
-        """Where ranks meet, and each node's socket interface toward it.
-
-        MASTER_ADDR is node 0's address as the other nodes reach it (the address its SSH
-        connection landed on); gloo and NCCL are told which interface routes there
-        (without it gloo advertises 127.0.0.1 to its peers), unless the user chose one.
-        """
-        if not self.spec.hosts:
-            return Rendezvous.local(), {}
-        head = self.nodes[0]
-        assert head.info is not None
-        addr = head.launcher.peer_address() or head.host
-        rdzv = Rendezvous(addr, head.info.free_port, str(uuid.uuid4()))
-        routes = await asyncio.gather(*(n.route(addr) for n in self.nodes))
-        node_env: dict[int, dict[str, str]] = {}
-        for node, route in zip(self.nodes, routes, strict=True):
-            if not route.get("ifname"):
-                raise AgentError(
-                    f"node {node.host!r} has no route to node 0 ({head.host}, {addr}): "
-                    f"{route.get('error', 'no interface holds the address it would use')}; "
-                    "check the network between the nodes, or set GLOO_SOCKET_IFNAME"
-                )
-            env = {}
-            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-                env[name] = self.user_env.get(name) or route["ifname"]
-            node_env[node.node_rank] = env
-        return rdzv, node_env
-
-    async def _check_reachable(self, rdzv: Rendezvous) -> None:
-        """Every node must reach the store rank 0 hosts, else init would just time out."""
-        if not self.spec.hosts:
-            return
-        probes = await asyncio.gather(
-            *(n.probe(rdzv.master_addr, rdzv.master_port) for n in self.nodes[1:])
-        )
-        for node, result in zip(self.nodes[1:], probes, strict=True):
-            if not result.get("ok"):
-                raise AgentError(
-                    f"node {node.host!r} cannot reach the rendezvous at "
-                    f"{rdzv.master_addr}:{rdzv.master_port} on node 0 ({result.get('error')}); "
-                    "open that port between the nodes (firewall) or pick the interface with "
-                    "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME"
-                )
-
     async def _start_ranks(self, progress: Progress) -> None:
-        rdzv, self.node_env = await self._rendezvous()
+        rdzv, self.node_env = await plan_rendezvous(self.spec, self.nodes, self.user_env)
         self.rendezvous = rdzv
         self.ranks = {p.rank: RankRecord(p, self.nodes[p.node_rank]) for p in places(self.spec)}
         await asyncio.gather(*(self._spawn(rec) for rec in self.ranks.values()))
@@ -237,7 +192,7 @@ class Session:
         )
         if hosted.failures:
             raise RanksFailed(self.name, self.spec.world_size, hosted.failures)
-        await self._check_reachable(rdzv)
+        await check_reachable(self.spec, self.nodes, rdzv)
         result = await self._run_cell(
             "import jupyter_dist.rank_bootstrap as _jd_bootstrap\n"
             f"_jd_bootstrap.bootstrap({self.spec.init_process_group!r}, "

@@ -7,26 +7,11 @@ that a script written for ``torchrun`` reads the same values inside a rank kerne
 from __future__ import annotations
 
 import os
-import socket
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from jupyter_dist.rendezvous import Rendezvous
 from jupyter_dist.spec import SessionSpec
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where ranks meet: torch.distributed's store address and the run id."""
-
-    master_addr: str
-    master_port: int
-    run_id: str
-
-    @classmethod
-    def local(cls) -> Rendezvous:
-        """A rendezvous on this machine, on a port free right now."""
-        return cls("localhost", free_port("localhost"), str(uuid.uuid4()))
 
 
 @dataclass(frozen=True)
@@ -36,15 +21,6 @@ class RankPlace:
     rank: int
     local_rank: int
     node_rank: int
-
-
-def free_port(host: str = "localhost") -> int:
-    """A TCP port nobody listens on right now (the usual bind-to-0 approach)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1" if host == "localhost" else host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def places(spec: SessionSpec) -> list[RankPlace]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from jupyter_dist.rendezvous import Rendezvous, free_port
 from jupyter_dist.spec import SessionSpec
-from jupyter_dist.topology import Rendezvous, free_port, places, rank_env
+from jupyter_dist.topology import places, rank_env
 
 
 def test_places_are_node_major() -> None:
