@@ -128,25 +128,36 @@ class TextRenderer:
         """
         chunks: list[str] = []
         while True:
-            heads = {r: q[0] for r, q in queues.items() if q}
-            if not heads:
+            ranks = sorted(r for r, q in queues.items() if q)
+            if not ranks:
                 return chunks
             # ranks that could still print their line of this row
-            candidates = set(heads) | self.running
-            complete = candidates == set(heads)
+            complete = self.running <= set(ranks)
             if not complete and self.fold and not final:
-                oldest = min(stamp for stamp, _ in heads.values())
+                oldest = min(queues[r][0][0] for r in ranks)
                 if now - oldest < HOLD_S:
                     return chunks
-            if self.fold:
+            # whole rows every rank has printed can go in one batch; a partial row alone
+            rows = min(len(queues[r]) for r in ranks) if complete else 1
+            columns = [[queues[r].popleft()[1] for _ in range(rows)] for r in ranks]
+            if not self.fold:
+                for r, column in zip(ranks, columns, strict=True):
+                    chunks.extend(f"[rank {r}] {line}\n" for line in column)
+                continue
+            everyone = f"[{ranks_label(ranks)}] "
+            alone = [f"[rank {r}] " for r in ranks]
+            for row in zip(*columns, strict=True):
+                first = row[0]
+                if row.count(first) == len(row):
+                    chunks.append(everyone + first + "\n")
+                    continue
+                if len(set(row)) == len(row):
+                    chunks.extend(p + line + "\n" for p, line in zip(alone, row, strict=True))
+                    continue
                 groups: dict[str, list[int]] = {}
-                for r in sorted(heads):
-                    groups.setdefault(heads[r][1], []).append(r)
+                for r, line in zip(ranks, row, strict=True):
+                    groups.setdefault(line, []).append(r)
                 chunks.extend(f"[{ranks_label(rs)}] {text}\n" for text, rs in groups.items())
-            else:
-                chunks.extend(f"[rank {r}] {heads[r][1]}\n" for r in sorted(heads))
-            for r in heads:
-                queues[r].popleft()
 
     # -- rich output ----------------------------------------------------------------------
     def _show_rich(self, ranks: list[int], event: RichOut) -> None:
