@@ -26,11 +26,12 @@ from jupyter_dist.events import CellEvent, Notice
 from jupyter_dist.hosts import parse_hosts, read_hostfile
 from jupyter_dist.inprocess import InProcessControl, control
 from jupyter_dist.render_text import TextRenderer
-from jupyter_dist.session import Session
+from jupyter_dist.session import Session, SessionState
 from jupyter_dist.spec import (
     DEFAULT_SESSION,
     ShapeRequest,
     check_positive,
+    check_same_shape,
     check_session_name,
     parse_names,
     parse_ranks,
@@ -208,7 +209,12 @@ class DistMagics(Magics):
                 sink.put(Notice(f"session {name!r} ready: {session.spec.describe()}"))
             return session
 
-        session: Session = self._call(start)
+        running = manager.sessions.get(name)
+        if running is not None and running.state != SessionState.STOPPED:
+            check_same_shape(running.spec, request)  # the common case: no loop round trip
+            session = running
+        else:
+            session = self._call(start)
         chosen = session.check_ranks(ranks)
         if payload is not None:
             self.control.run(session.push(payload, chosen))
