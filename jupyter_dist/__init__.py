@@ -43,6 +43,7 @@ __all__ = [
     "SessionError",
     "SpecError",
     "__version__",
+    "_jupyter_server_extension_points",
     "info",
     "load_ipython_extension",
     "shard",
@@ -75,6 +76,13 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    """The jupyter-server extension: sessions owned by the server."""
+    from jupyter_dist.server_app import DistServerApp
+
+    return [{"module": "jupyter_dist.server_app", "app": DistServerApp}]
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -6,6 +6,7 @@ Hierarchy::
     ├── SpecError (ValueError)     bad magic arguments / session shape; raised before anything runs
     ├── NoGPUError (SpecError)     --gpus asked for more CUDA devices than a node has
     ├── SessionError               a session cannot do what was asked (stopped, broken, busy)
+    │   ├── UnknownSession         no session has that name
     │   └── ShapeMismatchError     a cell asks for another shape than the running session
     ├── AgentError                 a node agent failed to start or stopped answering
     ├── PushError                  an object could not be sent to / received from ranks
@@ -73,6 +74,10 @@ class NoGPUError(SpecError):
 
 class SessionError(DistError):
     """The session cannot do what was asked."""
+
+
+class UnknownSession(SessionError, LookupError):
+    """No session has that name."""
 
 
 class ShapeMismatchError(SessionError):

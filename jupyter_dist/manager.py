@@ -11,7 +11,7 @@ import logging
 import socket
 from typing import Any
 
-from jupyter_dist.errors import SessionError
+from jupyter_dist.errors import UnknownSession
 from jupyter_dist.gpus import discover_gpus
 from jupyter_dist.session import Progress, Session, SessionState, SessionTimeouts
 from jupyter_dist.spec import ShapeRequest, check_same_shape, resolve_shape
@@ -34,7 +34,7 @@ class SessionManager:
         session = self.sessions.get(name)
         if session is None or session.state == SessionState.STOPPED:
             running = ", ".join(self.names()) or "none"
-            raise SessionError(
+            raise UnknownSession(
                 f"no session named {name!r} (running: {running}); a %%distributed cell starts one"
             )
         return session

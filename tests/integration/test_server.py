@@ -1,0 +1,228 @@
+"""The server extension through a real `jupyter server` process with token auth on."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from jupyter_dist.rendezvous import free_port
+
+pytestmark = pytest.mark.slow
+API = "/jupyter-dist/api/v1"
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+    process: subprocess.Popen[bytes]
+
+    def call(
+        self, method: str, path: str, body: Any = None, token: str | None = "default"
+    ) -> tuple[int, Any]:
+        token = self.token if token == "default" else token
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        if token is not None:
+            request.add_header("Authorization", f"token {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                raw = reply.read()
+                return reply.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            return err.code, json.loads(raw) if raw else None
+
+    def descendants(self) -> list[psutil.Process]:
+        """Our agents and ranks under the server (other extensions may start helpers)."""
+        found = []
+        for proc in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE and "jupyter_dist" in " ".join(
+                    proc.cmdline()
+                ):
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
+
+
+def start_server(root: Path, config_dir: Path) -> Server:
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_dist": True}}})
+    )
+    token, port = secrets.token_hex(16), free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config_dir)}
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
+         f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
+         f"--ServerApp.root_dir={root}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+    )  # fmt: skip
+    server = Server(f"http://127.0.0.1:{port}", token, process)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if server.call("GET", "/api/status")[0] == 200:
+                return server
+        except OSError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"jupyter server did not start:\n{(root / 'server.log').read_text()}")
+
+
+def stop_server(server: Server) -> None:
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("server")
+    running = start_server(root, root / "config")
+    yield running
+    stop_server(running)
+
+
+def test_extension_is_loaded(server: Server) -> None:
+    assert server.call("GET", f"{API}/sessions") == (200, [])
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_requests_without_a_valid_token_are_refused_and_start_nothing(
+    server: Server, token: str | None
+) -> None:
+    for method, path, body in (
+        ("GET", f"{API}/sessions", None),
+        ("POST", f"{API}/sessions", {"name": "intruder", "procs": 1}),
+        ("POST", f"{API}/sessions/intruder/restart", {}),
+        ("DELETE", f"{API}/sessions/intruder", None),
+    ):
+        status, _ = server.call(method, path, body, token=token)
+        assert status == 403, (method, path, status)
+    assert server.call("GET", f"{API}/sessions") == (200, [])
+    assert server.descendants() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"procs": "two"}, "procs: 'two' is not a int"),
+        ({"bogus": 1}, "unknown field 'bogus'"),
+        ({"procs": 0}, "--procs 0: expected a whole number"),
+        ({"name": "a b", "procs": 1}, "--session 'a b'"),
+        ({"procs": 1, "backend": "mpi"}, "--backend 'mpi'"),
+    ],
+)
+def test_bad_requests_are_400_and_name_the_value(
+    server: Server, body: dict[str, Any], fragment: str
+) -> None:
+    status, reply = server.call("POST", f"{API}/sessions", body)
+    assert status == 400
+    assert fragment in reply["message"]
+
+
+def test_unknown_session_is_404(server: Server) -> None:
+    status, reply = server.call("GET", f"{API}/sessions/nobody")
+    assert status == 404
+    assert "no session named 'nobody'" in reply["message"]
+    assert server.call("POST", f"{API}/sessions/nobody/interrupt", {})[0] == 404
+
+
+def test_session_round_trip(server: Server) -> None:
+    status, created = server.call("POST", f"{API}/sessions", {"name": "srv", "procs": 2})
+    assert status == 201, created
+    assert created["state"] == "ready"
+    assert [r["rank"] for r in created["ranks"]] == [0, 1]
+    pids = [r["pid"] for r in created["ranks"]]
+    assert all(psutil.pid_exists(p) for p in pids)
+
+    assert server.call("POST", f"{API}/sessions", {"name": "srv"})[0] == 200
+    status, conflict = server.call("POST", f"{API}/sessions", {"name": "srv", "procs": 3})
+    assert status == 409
+    assert "is running 2 CPU ranks" in conflict["message"]
+
+    status, listed = server.call("GET", f"{API}/sessions")
+    assert [s["name"] for s in listed] == ["srv"]
+    assert server.call("POST", f"{API}/sessions/srv/interrupt", {})[0] == 204
+
+    status, restarted = server.call("POST", f"{API}/sessions/srv/restart", {})
+    assert status == 200
+    new_pids = [r["pid"] for r in restarted["ranks"]]
+    assert set(new_pids).isdisjoint(pids)
+
+    assert server.call("DELETE", f"{API}/sessions/srv")[0] == 204
+    assert server.call("GET", f"{API}/sessions/srv")[0] == 404
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) for p in new_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in new_pids)
+
+
+def test_stopping_the_server_stops_its_sessions(tmp_path: Path) -> None:
+    own = start_server(tmp_path, tmp_path / "config")
+    try:
+        status, created = own.call("POST", f"{API}/sessions", {"name": "bye", "procs": 2})
+        assert status == 201, created
+        ours = [p.pid for p in own.descendants()]
+        assert len(ours) == 3  # the agent and two ranks
+    finally:
+        stop_server(own)
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) for p in ours) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in ours)
+    assert "stopping 1 session(s)" in (tmp_path / "server.log").read_text()
+
+
+def test_openapi_file_describes_every_route() -> None:
+    import yaml
+
+    from jupyter_dist.server_handlers import API_PREFIX, HANDLERS
+
+    spec = yaml.safe_load(
+        (Path(__file__).parents[2] / "jupyter_dist" / "rest-api.yaml").read_text()
+    )
+    assert spec["servers"][0]["url"] == API_PREFIX
+    documented = set(spec["paths"])
+    for pattern, _handler in HANDLERS:
+        path = pattern.removeprefix(API_PREFIX)
+        path = re.sub(r"\(\?P<name>[^)]*\)", "{name}", path)
+        for action in re.findall(r"\(\?P<action>([^)]*)\)", path):
+            for one in action.split("|"):
+                assert path.replace(f"(?P<action>{action})", one) in documented
+            break
+        else:
+            assert path in documented, path
+
+
+def test_installing_enables_the_extension() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "jupyter_server", "extension", "list"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    text = re.sub(r"\x1b\[[0-9;]*m", "", listed.stdout + listed.stderr)
+    assert re.search(r"jupyter_dist\s+enabled", text), text
+    assert re.search(r"jupyter_dist \S+ OK", text), text
