@@ -37,6 +37,7 @@ from jupyter_dist import objects
 from jupyter_dist.agent_protocol import describe_returncode
 from jupyter_dist.cell_run import CellRun
 from jupyter_dist.errors import (
+    AgentError,
     CellTimeout,
     NoGPUError,
     PushError,
@@ -46,7 +47,7 @@ from jupyter_dist.errors import (
 )
 from jupyter_dist.events import CellEvent, CellFinished, CellResult
 from jupyter_dist.launchers import launcher_for
-from jupyter_dist.node_agent import NodeAgent
+from jupyter_dist.node_agent import AgentInfo, NodeAgent
 from jupyter_dist.rank_client import RankClient
 from jupyter_dist.rendezvous import Rendezvous, check_reachable, plan_rendezvous
 from jupyter_dist.spec import SessionSpec
@@ -160,9 +161,31 @@ class Session:
             NodeAgent(launcher_for(self.spec, node), node, self._on_rank_exit, self._on_node_lost)
             for node in range(self.spec.nodes)
         ]
-        infos = await asyncio.gather(
-            *(n.start(self.name, agent_env, self.timeouts.start) for n in self.nodes)
-        )
+        remote = bool(self.spec.hosts)
+
+        async def start(node: NodeAgent) -> AgentInfo:
+            began = time.monotonic()
+            if remote:
+                progress(f"node {node.launcher.host}: connecting")
+            info = await node.start(self.name, agent_env, self.timeouts.start)
+            if remote:
+                gpus = f", {len(info.gpus)} GPUs" if info.gpus else ""
+                progress(f"node {info.host}: agent ready in {time.monotonic() - began:.1f} s{gpus}")
+            return info
+
+        results = await asyncio.gather(*(start(n) for n in self.nodes), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # cancelled, interrupted
+        failed = [r for r in results if isinstance(r, Exception)]
+        if len(failed) == 1:
+            raise failed[0]
+        if failed:
+            raise AgentError(
+                f"{len(failed)} of {len(self.nodes)} nodes failed to start:\n"
+                + "\n".join(f"  - {err}" for err in failed)
+            )
+        infos = [r for r in results if isinstance(r, AgentInfo)]
         for info in infos:
             have = len(info.gpus)
             if self.spec.device == "cuda" and have < self.spec.procs_per_node:
@@ -171,7 +194,8 @@ class Session:
                     f"device{'s' if have != 1 else ''}; use --procs {self.spec.procs_per_node} "
                     "for CPU ranks with the gloo backend"
                 )
-        progress(f"agents ready on {', '.join(i.host for i in infos)}")
+        if not remote:
+            progress(f"agent ready on {infos[0].host}")
 
     async def _start_ranks(self, progress: Progress) -> None:
         rdzv, self.node_env = await plan_rendezvous(self.spec, self.nodes, self.user_env)

@@ -168,3 +168,41 @@ def test_node_without_jupyter_dist_is_named(run: Run, cluster: Any, tmp_path: Pa
     assert isinstance(out.error, AgentError)
     assert "No module named 'jupyter_dist'" in str(out.error)
     assert "install jupyter_dist in that node's Python, or pass --python" in str(out.error)
+
+
+def test_progress_is_shown_per_node(run: Run, cluster: Any) -> None:
+    out = run(f"%%distributed --session progress {flags(cluster)} --procs 1\nx = 1")
+    try:
+        assert out.ok, out.stdout
+        for host in cluster.hosts:
+            assert f"[jupyter_dist] node {host}: connecting" in out.stdout
+            assert re.search(rf"\[jupyter_dist\] node {host}: agent ready in \d+\.\d s", out.stdout)
+    finally:
+        run("%dist shutdown --session progress")
+
+
+def test_every_failing_node_is_named_and_the_good_one_is_stopped(run: Run, cluster: Any) -> None:
+    out = run(
+        f"%%distributed --session partial --hosts {cluster.hosts[0]},nosuch-a,nosuch-b "
+        f"--ssh-config {cluster.config_path} --procs 1\nx = 1"
+    )
+    assert isinstance(out.error, AgentError)
+    message = str(out.error)
+    assert "2 of 3 nodes failed to start" in message
+    assert "node 'nosuch-a': cannot connect over SSH" in message
+    assert "node 'nosuch-b': cannot connect over SSH" in message
+    deadline = time.monotonic() + 10
+    while agents_on(cluster, 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert agents_on(cluster, 0) == []
+
+
+def agents_on(cluster: Any, node: int) -> list[int]:
+    found = []
+    for pid in netns_pids(cluster, node):
+        try:
+            if "jupyter_dist.agent" in Path(f"/proc/{pid}/cmdline").read_text():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
