@@ -26,6 +26,28 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.timeouts = timeouts or SessionTimeouts()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._watchers: set[asyncio.Queue[dict[str, Any]]] = set()
+
+    # -- change events, for UIs ------------------------------------------------------
+    def subscribe(self, maxsize: int = 1000) -> asyncio.Queue[dict[str, Any]]:
+        """A queue receiving ``{"type": "session", "session": status}`` on every change
+        and ``{"type": "removed", "name": ...}`` when a session goes away."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize)
+        self._watchers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        self._watchers.discard(queue)
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        for queue in self._watchers:
+            if queue.full():  # a slow reader loses the oldest news, never blocks us
+                queue.get_nowait()
+            queue.put_nowait(event)
+
+    def _session_changed(self, session: Session) -> None:
+        if self._watchers:
+            self._publish({"type": "session", "session": session.status()})
 
     def names(self) -> list[str]:
         return sorted(self.sessions)
@@ -54,6 +76,7 @@ class SessionManager:
                 return session, False
             spec = resolve_shape(name, request, len(discover_gpus()), socket.gethostname())
             session = Session(spec, timeouts=self.timeouts)
+            session.on_change = self._session_changed
             progress(f"starting session {name!r}: {spec.describe()}")
             await session.start(progress)
             self.sessions[name] = session
@@ -65,10 +88,13 @@ class SessionManager:
             await session.shutdown()
         finally:
             self.sessions.pop(name, None)
+            self._publish({"type": "removed", "name": name})
 
     async def shutdown_all(self) -> None:
         sessions = list(self.sessions.values())
         self.sessions.clear()
+        for session in sessions:
+            self._publish({"type": "removed", "name": session.name})
         await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
 
     def status(self) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
+from tornado.iostream import StreamClosedError
 
 from jupyter_dist.errors import (
     AgentError,
@@ -155,8 +156,40 @@ class SessionActionHandler(DistHandler):
         self.reply(session.status())
 
 
+class EventsHandler(DistHandler):
+    """``/events``: server-sent events, a snapshot first, then every change."""
+
+    keepalive_s = 15.0
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.set_header("Content-Type", "text/event-stream")
+        self.set_header("Cache-Control", "no-cache")
+        queue = self.manager.subscribe()
+        try:
+            await self._send({"type": "snapshot", "sessions": self.manager.status()})
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), self.keepalive_s)
+                except asyncio.TimeoutError:
+                    self.write(": keep-alive\n\n")
+                    await self.flush()
+                    continue
+                await self._send(event)
+        except (StreamClosedError, asyncio.CancelledError):
+            pass
+        finally:
+            self.manager.unsubscribe(queue)
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        self.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n")
+        await self.flush()
+
+
 _NAME = r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})"
 HANDLERS = [
+    (rf"{API_PREFIX}/events", EventsHandler),
     (rf"{API_PREFIX}/sessions", SessionsHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}", SessionHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/(?P<action>interrupt|restart)", SessionActionHandler),

@@ -118,7 +118,8 @@ class Session:
         self.timeouts = timeouts or SessionTimeouts()
         self.cwd = cwd or os.getcwd()
         self.user_env = dict(os.environ if env is None else env)
-        self.state = SessionState.STARTING
+        self.on_change: Callable[[Session], None] | None = None
+        self._state = SessionState.STARTING
         self.nodes: list[NodeAgent] = []
         self.ranks: dict[int, RankRecord] = {}
         self.key = secrets.token_hex(32)  # HMAC key of every kernel message in the session
@@ -135,6 +136,20 @@ class Session:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @state.setter
+    def state(self, value: SessionState) -> None:
+        self._state = value
+        self._changed()
+
+    def _changed(self) -> None:
+        """Tell whoever watches (the server's event stream) that something moved."""
+        if self.on_change is not None:
+            self.on_change(self)
 
     # -- start-up ---------------------------------------------------------------------
     async def start(self, progress: Progress = lambda _: None) -> None:
@@ -231,6 +246,7 @@ class Session:
             raise RanksFailed(self.name, self.spec.world_size, result.failures)
         for rec in self.ranks.values():
             rec.state = RankState.IDLE
+        self._changed()
 
     async def _spawn(self, rec: RankRecord) -> None:
         assert self.rendezvous is not None
@@ -254,6 +270,7 @@ class Session:
             return
         rec.state = RankState.DEAD
         rec.exit_code = returncode
+        self._changed()
         if rec.client:
             rec.client.fail_waiters(SessionError(f"rank {rank} {describe_returncode(returncode)}"))
         if self.state in (SessionState.READY, SessionState.STARTING):
@@ -332,6 +349,7 @@ class Session:
                     continue
                 rec.state = RankState.BUSY
                 sent[r] = rec.client.execute(code, run.handler(r), silent=silent)
+            self._changed()
             try:
                 await asyncio.wait_for(run.done.wait(), timeout)
             except asyncio.TimeoutError:
@@ -353,6 +371,7 @@ class Session:
                     rec.client.forget(msg_id)
                 if rec.state == RankState.BUSY:
                     rec.state = RankState.IDLE
+            self._changed()
         return run.result()
 
     def raise_for(self, result: CellResult, timeout: float | None = None) -> None:

@@ -226,3 +226,51 @@ def test_installing_enables_the_extension() -> None:
     text = re.sub(r"\x1b\[[0-9;]*m", "", listed.stdout + listed.stderr)
     assert re.search(r"jupyter_dist\s+enabled", text), text
     assert re.search(r"jupyter_dist \S+ OK", text), text
+
+
+def read_events(response: Any, until: Any, limit_s: float = 60) -> list[dict[str, Any]]:
+    """Parse server-sent events until ``until(event)`` holds."""
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        line = response.readline().decode()
+        if line.startswith("data: "):
+            events.append(json.loads(line[6:]))
+            if until(events[-1]):
+                return events
+    raise AssertionError(f"no matching event; got {[e['type'] for e in events]}")
+
+
+def test_event_stream_follows_sessions_and_ranks(server: Server) -> None:
+    import http.client
+
+    host, port = server.url.removeprefix("http://").split(":")
+    refused = http.client.HTTPConnection(host, int(port), timeout=30)
+    refused.request("GET", f"{API}/events")
+    assert refused.getresponse().status == 403
+    refused.close()
+
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", f"{API}/events", headers={"Authorization": f"token {server.token}"})
+    stream = conn.getresponse()
+    assert stream.status == 200
+    assert stream.getheader("Content-Type") == "text/event-stream"
+    first = read_events(stream, lambda e: True)
+    assert first[0]["type"] == "snapshot"
+
+    def ready(e: dict[str, Any]) -> bool:
+        return (
+            e["type"] == "session"
+            and e["session"]["name"] == "ev"
+            and (e["session"]["state"] == "ready")
+        )
+
+    assert server.call("POST", f"{API}/sessions", {"name": "ev", "procs": 2})[0] == 201
+    seen = read_events(stream, ready)
+    states = [e["session"]["state"] for e in seen if e["type"] == "session"]
+    assert states[0] == "starting"
+    assert {r["state"] for r in seen[-1]["session"]["ranks"]} == {"idle"}
+
+    assert server.call("DELETE", f"{API}/sessions/ev")[0] == 204
+    read_events(stream, lambda e: e == {"type": "removed", "name": "ev"})
+    conn.close()
