@@ -22,7 +22,7 @@ BENCH_ARGS ?=
 help:
 	@echo "make setup   create .venv/ and install jupyter_dist with its test and dev extras"
 	@echo "make demo    run notebooks/quickstart.ipynb headless and print its outputs"
-	@echo "make test    install the system packages the tests need, then run pytest"
+	@echo "make test    lint, install the system packages the tests need, then run pytest"
 	@echo "make lint    ruff check, ruff format --check, mypy"
 	@echo "make bench   run the benchmarks in bench/"
 
@@ -44,7 +44,7 @@ demo: setup
 	$(PY) notebooks/run_notebook.py notebooks/quickstart.ipynb
 
 # pytest's exit status is the target's: 5 ("no tests collected") fails like any other.
-test: setup
+test: setup lint
 	.ci/setup-system
 	$(PY) -m pytest $(PYTEST_ARGS)
 
