@@ -33,6 +33,7 @@ from jupyter_dist.spec import (
     check_positive,
     check_same_shape,
     check_session_name,
+    parse_counts,
     parse_names,
     parse_ranks,
 )
@@ -122,9 +123,16 @@ class DistMagics(Magics):
     )
     @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(
-        "--gpus", type=int, default=None, help="ranks per node, one per CUDA device, NCCL backend"
+        "--gpus",
+        default=None,
+        help="ranks per node, one per CUDA device, NCCL backend; one count, or one per node "
+        "like 4,2",
     )
-    @argument("--procs", type=int, default=None, help="CPU ranks per node, gloo backend")
+    @argument(
+        "--procs",
+        default=None,
+        help="CPU ranks per node, gloo backend; one count, or one per node like 2,1",
+    )
     @argument("--backend", default=None, help="process group backend: nccl or gloo")
     @argument("--ranks", default=None, help="run on these ranks only, e.g. 0,2-3")
     @argument(
@@ -174,12 +182,13 @@ class DistMagics(Magics):
             if args.hostfile
             else ()
         )
-        gpus = args.gpus
+        gpus = parse_counts("--gpus", args.gpus) if args.gpus else None
+        procs = parse_counts("--procs", args.procs) if args.procs else None
         detected = detect_skypilot(os.environ) if not hosts and args.nodes != 1 else None
         if detected is not None and name not in self.control.manager.sessions:
             hosts = detected.hosts
-            if gpus is None and args.procs is None:
-                gpus = detected.gpus_per_node
+            if gpus is None and procs is None and detected.gpus_per_node:
+                gpus = (detected.gpus_per_node,)
             print(
                 f"[jupyter_dist] using the {detected.source} cluster: "
                 f"{len(hosts)} nodes ({', '.join(str(h) for h in hosts)}); --nodes 1 for "
@@ -188,7 +197,7 @@ class DistMagics(Magics):
         request = ShapeRequest(
             nodes=args.nodes,
             gpus=gpus,
-            procs=args.procs,
+            procs=procs,
             backend=args.backend,
             init=False if args.no_init else None,
             hosts=hosts,

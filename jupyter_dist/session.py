@@ -171,7 +171,9 @@ class Session:
         )
 
     async def _start_nodes(self, progress: Progress) -> None:
-        agent_env = {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env)}
+        def agent_env(node: int) -> dict[str, str]:
+            return {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env, node)}
+
         self.nodes = [
             NodeAgent(launcher_for(self.spec, node), node, self._on_rank_exit, self._on_node_lost)
             for node in range(self.spec.nodes)
@@ -182,7 +184,7 @@ class Session:
             began = time.monotonic()
             if remote:
                 progress(f"node {node.launcher.host}: connecting")
-            info = await node.start(self.name, agent_env, self.timeouts.start)
+            info = await node.start(self.name, agent_env(node.node_rank), self.timeouts.start)
             if remote:
                 gpus = f", {len(info.gpus)} GPUs" if info.gpus else ""
                 progress(f"node {info.host}: agent ready in {time.monotonic() - began:.1f} s{gpus}")
@@ -201,12 +203,12 @@ class Session:
                 + "\n".join(f"  - {err}" for err in failed)
             )
         infos = [r for r in results if isinstance(r, AgentInfo)]
-        for info in infos:
-            have = len(info.gpus)
-            if self.spec.device == "cuda" and have < self.spec.procs_per_node:
+        for node, info in enumerate(infos):
+            have, want = len(info.gpus), self.spec.procs_on(node)
+            if self.spec.device == "cuda" and have < want:
                 raise NoGPUError(
-                    f"--gpus {self.spec.procs_per_node}: node {info.host!r} has {have} CUDA "
-                    f"device{'s' if have != 1 else ''}; use --procs {self.spec.procs_per_node} "
+                    f"--gpus {want}: node {info.host!r} has {have} CUDA "
+                    f"device{'s' if have != 1 else ''}; use --procs {want} "
                     "for CPU ranks with the gloo backend"
                 )
         if not remote:

@@ -20,13 +20,38 @@ _SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+Counts = tuple[int, ...]
+
+
+def as_counts(value: int | Counts | None) -> Counts | None:
+    """One count for every node (``4``) or one per node (``(4, 2)``), as a tuple."""
+    if value is None:
+        return None
+    return (value,) if isinstance(value, int) else tuple(value)
+
+
+def parse_counts(flag: str, text: str) -> Counts:
+    """``"4"`` -> ``(4,)``; ``"4,2"`` -> ``(4, 2)``: ranks per node."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(re.fullmatch(r"-?\d+", p) for p in parts):
+        raise SpecError(f"{flag} {text!r}: expected a whole number, or one per node like 4,2")
+    counts = tuple(int(p) for p in parts)
+    for count in counts:
+        check_positive(flag, count)
+    return counts
+
+
+def _show(counts: Counts) -> str:
+    return ",".join(map(str, counts))
+
+
 @dataclass(frozen=True)
 class ShapeRequest:
     """The shape a cell asks for; ``None`` means "not said"."""
 
     nodes: int | None = None
-    gpus: int | None = None
-    procs: int | None = None
+    gpus: int | Counts | None = None  # ranks per node: one count, or one per node
+    procs: int | Counts | None = None
     backend: str | None = None
     init: bool | None = None
 
@@ -49,26 +74,33 @@ class SessionSpec:
     hosts: tuple[HostSpec, ...] = ()  # empty: this machine, no SSH
     python: str | None = None  # the nodes' interpreter (default: the notebook's, else python3)
     ssh_config: str | None = None  # default: ~/.ssh/config
+    node_procs: Counts = ()  # ranks on each node when they differ; empty: procs_per_node
+
+    def procs_on(self, node: int) -> int:
+        """Ranks on node ``node``."""
+        return self.node_procs[node] if self.node_procs else self.procs_per_node
+
+    @property
+    def counts(self) -> Counts:
+        return tuple(self.procs_on(n) for n in range(self.nodes))
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.procs_per_node
+        return sum(self.counts)
 
     def describe(self) -> str:
-        """``"2 CPU ranks (gloo)"`` / ``"2 nodes x 4 GPUs (nccl)"``."""
+        """``"2 CPU ranks (gloo)"`` / ``"2 nodes x 4 GPUs (nccl)"`` / ``"2 nodes x 4,2 GPUs"``."""
         unit = "GPU" if self.device == "cuda" else "CPU rank"
-        per = f"{self.procs_per_node} {unit}{'s' if self.procs_per_node != 1 else ''}"
+        many = self.node_procs or self.procs_per_node != 1
+        per = f"{_show(self.node_procs) or self.procs_per_node} {unit}{'s' if many else ''}"
         where = f"{self.nodes} nodes x {per}" if self.nodes > 1 else per
         pg = self.backend if self.init_process_group else "no process group"
         return f"{where} ({pg})"
 
     def flags(self) -> str:
         """The magic flags that would ask for this shape."""
-        size = (
-            f"--gpus {self.procs_per_node}"
-            if self.device == "cuda"
-            else f"--procs {self.procs_per_node}"
-        )
+        counts = _show(self.node_procs) or str(self.procs_per_node)
+        size = f"--gpus {counts}" if self.device == "cuda" else f"--procs {counts}"
         nodes = f"--nodes {self.nodes} " if self.nodes != 1 else ""
         return f"{nodes}{size} --backend {self.backend}"
 
@@ -125,18 +157,25 @@ def parse_ranks(text: str, world_size: int | None = None) -> tuple[int, ...]:
 def validate_request(req: ShapeRequest) -> None:
     """Checks that need no knowledge of the machine."""
     check_positive("--nodes", req.nodes)
-    check_positive("--gpus", req.gpus)
-    check_positive("--procs", req.procs)
-    if req.gpus is not None and req.procs is not None:
+    gpus, procs = as_counts(req.gpus), as_counts(req.procs)
+    for flag, counts in (("--gpus", gpus), ("--procs", procs)):
+        for count in counts or ():
+            check_positive(flag, count)
+        if req.hosts and counts and len(counts) > 1 and len(counts) != len(req.hosts):
+            raise SpecError(
+                f"{flag} {_show(counts)}: {len(counts)} counts for {len(req.hosts)} "
+                "node(s); give one count for every node, or one per node"
+            )
+    if gpus is not None and procs is not None:
         raise SpecError(
-            f"--gpus {req.gpus} and --procs {req.procs}: give one; --gpus starts one rank per "
-            "CUDA device, --procs starts CPU ranks"
+            f"--gpus {_show(gpus)} and --procs {_show(procs)}: give one; --gpus starts one rank "
+            "per CUDA device, --procs starts CPU ranks"
         )
     if req.backend is not None and req.backend not in BACKENDS:
         raise SpecError(f"--backend {req.backend!r}: expected one of {', '.join(BACKENDS)}")
-    if req.backend == "nccl" and req.procs is not None:
+    if req.backend == "nccl" and procs is not None:
         raise SpecError(
-            f"--backend nccl with --procs {req.procs}: NCCL needs GPUs; use --gpus N, or "
+            f"--backend nccl with --procs {_show(procs)}: NCCL needs GPUs; use --gpus N, or "
             "--backend gloo for CPU ranks"
         )
     if req.hosts and req.nodes is not None and req.nodes != len(req.hosts):
@@ -159,16 +198,23 @@ def resolve_shape(name: str, req: ShapeRequest, local_gpus: int, host: str) -> S
         return _resolve_remote(name, req)
     nodes = req.nodes or 1
     init = True if req.init is None else req.init
-    if req.gpus is not None:
-        if req.gpus > local_gpus:
-            raise NoGPUError(
-                f"--gpus {req.gpus}: node {host!r} has {local_gpus} CUDA device"
-                f"{'s' if local_gpus != 1 else ''}; use --procs {req.gpus} for "
-                f"{req.gpus} CPU ranks with the gloo backend"
+    gpus, procs = as_counts(req.gpus), as_counts(req.procs)
+    for flag, counts in (("--gpus", gpus), ("--procs", procs)):
+        if counts and len(counts) > 1:
+            raise SpecError(
+                f"{flag} {_show(counts)}: one count per node needs the nodes, --hosts a,b or "
+                "--hostfile FILE; on this machine give one count"
             )
-        return SessionSpec(name, nodes, req.gpus, "cuda", req.backend or "nccl", init)
-    if req.procs is not None:
-        return SessionSpec(name, nodes, req.procs, "cpu", req.backend or "gloo", init)
+    if gpus is not None:
+        if gpus[0] > local_gpus:
+            raise NoGPUError(
+                f"--gpus {gpus[0]}: node {host!r} has {local_gpus} CUDA device"
+                f"{'s' if local_gpus != 1 else ''}; use --procs {gpus[0]} for "
+                f"{gpus[0]} CPU ranks with the gloo backend"
+            )
+        return SessionSpec(name, nodes, gpus[0], "cuda", req.backend or "nccl", init)
+    if procs is not None:
+        return SessionSpec(name, nodes, procs[0], "cpu", req.backend or "gloo", init)
     if req.backend == "nccl" or (req.backend is None and local_gpus > 0):
         if local_gpus == 0:
             raise NoGPUError(
@@ -184,28 +230,31 @@ def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
     init = True if req.init is None else req.init
     nodes = len(req.hosts)
 
-    def spec(procs: int, device: str, backend: str) -> SessionSpec:
+    def spec(counts: Counts, device: str, backend: str) -> SessionSpec:
+        per_node = counts * nodes if len(counts) == 1 else counts
+        uneven = per_node if len(set(per_node)) > 1 else ()
         return SessionSpec(
-            name, nodes, procs, device, backend, init,
-            hosts=req.hosts, python=req.python, ssh_config=req.ssh_config,
+            name, nodes, per_node[0], device, backend, init,
+            hosts=req.hosts, python=req.python, ssh_config=req.ssh_config, node_procs=uneven,
         )  # fmt: skip
 
-    if req.procs is not None:
-        return spec(req.procs, "cpu", req.backend or "gloo")
-    slots = {h.slots for h in req.hosts}
-    gpus = req.gpus
-    if gpus is None and len(slots) == 1 and None not in slots:
-        gpus = slots.pop()
+    procs = as_counts(req.procs)
+    if procs is not None:
+        return spec(procs, "cpu", req.backend or "gloo")
+    gpus = as_counts(req.gpus)
+    slots = [h.slots for h in req.hosts]
+    if gpus is None and all(s is not None for s in slots):
+        gpus = tuple(s for s in slots if s is not None)
     if gpus is None:
-        if len(slots) > 1:
+        if any(s is not None for s in slots):
+            missing = [str(h) for h in req.hosts if h.slots is None]
             raise SpecError(
-                f"hostfile slots differ between hosts ({sorted(s or 0 for s in slots)}); "
-                "this version runs the same number of ranks on every node: pass --gpus G or "
-                "--procs P"
+                f"hostfile: {', '.join(missing)} give no slots=N while others do; give every "
+                "host its slots, or pass --gpus G / --procs P"
             )
         raise SpecError(
             "say how many ranks each node runs: --gpus G (one per CUDA device) or --procs P "
-            "(CPU ranks), or slots=N in the hostfile"
+            "(CPU ranks), one count or one per node, or slots=N in the hostfile"
         )
     return spec(gpus, "cuda", req.backend or "nccl")
 
@@ -216,10 +265,13 @@ def check_same_shape(running: SessionSpec, req: ShapeRequest) -> None:
     said: list[str] = []
     if req.nodes is not None and req.nodes != running.nodes:
         said.append(f"--nodes {req.nodes}")
-    if req.gpus is not None and (running.device != "cuda" or req.gpus != running.procs_per_node):
-        said.append(f"--gpus {req.gpus}")
-    if req.procs is not None and (running.device != "cpu" or req.procs != running.procs_per_node):
-        said.append(f"--procs {req.procs}")
+    for flag, device, value in (("--gpus", "cuda", req.gpus), ("--procs", "cpu", req.procs)):
+        counts = as_counts(value)
+        if counts is None:
+            continue
+        same = counts == running.counts or (len(counts) == 1 and set(running.counts) == {counts[0]})
+        if running.device != device or not same:
+            said.append(f"{flag} {_show(counts)}")
     if req.backend is not None and req.backend != running.backend:
         said.append(f"--backend {req.backend}")
     if req.init is False and running.init_process_group:

@@ -25,17 +25,17 @@ class RankPlace:
 
 def places(spec: SessionSpec) -> list[RankPlace]:
     """Ranks in torchrun's order: node-major, local rank within the node."""
-    n = spec.procs_per_node
-    return [
-        RankPlace(node * n + local, local, node) for node in range(spec.nodes) for local in range(n)
-    ]
+    found: list[RankPlace] = []
+    for node, count in enumerate(spec.counts):
+        found.extend(RankPlace(len(found), local, node) for local in range(count))
+    return found
 
 
-def omp_threads(spec: SessionSpec, user_env: Mapping[str, str]) -> str:
+def omp_threads(spec: SessionSpec, user_env: Mapping[str, str], node: int = 0) -> str:
     """torchrun sets OMP_NUM_THREADS=1 when several ranks share a node and the user did not."""
     if "OMP_NUM_THREADS" in user_env:
         return user_env["OMP_NUM_THREADS"]
-    return "1" if spec.procs_per_node > 1 else str(os.cpu_count() or 1)
+    return "1" if spec.procs_on(node) > 1 else str(os.cpu_count() or 1)
 
 
 def rank_env(
@@ -50,7 +50,7 @@ def rank_env(
         "RANK": str(place.rank),
         "LOCAL_RANK": str(place.local_rank),
         "WORLD_SIZE": world,
-        "LOCAL_WORLD_SIZE": str(spec.procs_per_node),
+        "LOCAL_WORLD_SIZE": str(spec.procs_on(place.node_rank)),
         "GROUP_RANK": str(place.node_rank),
         "GROUP_WORLD_SIZE": str(spec.nodes),
         "NODE_RANK": str(place.node_rank),
@@ -64,7 +64,7 @@ def rank_env(
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_USE_AGENT_STORE": "True",  # rank 0 hosts the store
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": user_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "OMP_NUM_THREADS": omp_threads(spec, user_env),
+        "OMP_NUM_THREADS": omp_threads(spec, user_env, place.node_rank),
         "JUPYTER_DIST_SESSION": spec.name,
         "JUPYTER_DIST_DEVICE": spec.device,
         "JUPYTER_DIST_BACKEND": spec.backend,

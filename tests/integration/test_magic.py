@@ -109,7 +109,7 @@ def test_one_failing_rank_is_the_root_cause(run: Run) -> None:
     ("cell", "fragment"),
     [
         ("%%distributed --procs 0\nx", "--procs 0: expected a whole number of at least 1"),
-        ("%%distributed --procs two\nx", "invalid int value: 'two'"),
+        ("%%distributed --procs two\nx", "--procs 'two': expected a whole number"),
         ("%%distributed --ranks 1-x\nx", "'1-x' is not a rank or a range"),
         ("%%distributed --ranks 5\nx", "rank 5 does not exist"),
         ("%%distributed --backend mpi\nx", "--backend 'mpi': expected one of gloo, nccl"),

@@ -206,3 +206,20 @@ def agents_on(cluster: Any, node: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_uneven_nodes(run: Run, cluster: Any) -> None:
+    out = run(
+        f"%%distributed --session uneven {flags(cluster)} --procs 2,1\n"
+        "import os, socket, torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t)\n"
+        "print(socket.gethostname(), os.environ['LOCAL_RANK'], os.environ['LOCAL_WORLD_SIZE'], "
+        "os.environ['WORLD_SIZE'], t.item())"
+    )
+    try:
+        assert out.ok, out.stdout
+        assert "[rank 0] node0 0 2 3 3.0" in out.stdout
+        assert "[rank 1] node0 1 2 3 3.0" in out.stdout
+        assert "[rank 2] node1 0 1 3 3.0" in out.stdout
+    finally:
+        run("%dist shutdown --session uneven")

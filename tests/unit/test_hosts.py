@@ -64,7 +64,7 @@ def test_several_nodes_need_hosts() -> None:
         resolve_shape("s", ShapeRequest(nodes=2, procs=1), 0, "here")
 
 
-def test_remote_shapes() -> None:
+def test_remote_shapes_basic() -> None:
     spec = resolve_shape("s", ShapeRequest(procs=2, hosts=parse_hosts("a,b")), 0, "here")
     assert (spec.nodes, spec.world_size, spec.backend) == (2, 4, "gloo")
     slots = (HostSpec("a", slots=4), HostSpec("b", slots=4))
@@ -72,6 +72,7 @@ def test_remote_shapes() -> None:
     assert (spec.device, spec.procs_per_node, spec.world_size) == ("cuda", 4, 8)
     with pytest.raises(SpecError, match="say how many ranks each node runs"):
         resolve_shape("s", ShapeRequest(hosts=parse_hosts("a,b")), 0, "here")
+    assert spec.counts == (4, 4)
 
 
 def test_agent_command_falls_back_to_python3() -> None:
@@ -80,3 +81,63 @@ def test_agent_command_falls_back_to_python3() -> None:
     assert "exec env OMP_NUM_THREADS=1" in line
     assert "-m jupyter_dist.agent --session s" in line
     assert "python3" not in agent_command("s", {}, "/opt/py/bin/python")
+
+
+def test_counts_per_node() -> None:
+    from jupyter_dist.spec import parse_counts
+
+    assert parse_counts("--gpus", "4") == (4,)
+    assert parse_counts("--gpus", "4,2") == (4, 2)
+    with pytest.raises(SpecError, match="expected a whole number, or one per node"):
+        parse_counts("--gpus", "4,x")
+    with pytest.raises(SpecError, match="--gpus 0: expected a whole number of at least 1"):
+        parse_counts("--gpus", "4,0")
+
+
+def test_uneven_nodes_place_ranks_node_by_node() -> None:
+    from jupyter_dist.rendezvous import Rendezvous
+    from jupyter_dist.topology import places, rank_env
+
+    spec = resolve_shape("s", ShapeRequest(procs=(2, 1), hosts=parse_hosts("a,b")), 0, "here")
+    assert (spec.world_size, spec.counts, spec.describe()) == (
+        3, (2, 1), "2 nodes x 2,1 CPU ranks (gloo)"
+    )  # fmt: skip
+    assert [(p.rank, p.local_rank, p.node_rank) for p in places(spec)] == [
+        (0, 0, 0), (1, 1, 0), (2, 0, 1)
+    ]  # fmt: skip
+    last = rank_env(spec, places(spec)[2], Rendezvous("a", 1, "r"), {})
+    assert (last["LOCAL_WORLD_SIZE"], last["WORLD_SIZE"], last["OMP_NUM_THREADS"]) == (
+        "1", "3", str(__import__("os").cpu_count())
+    )  # fmt: skip
+
+
+def test_counts_must_match_the_nodes() -> None:
+    with pytest.raises(SpecError, match=r"--gpus 4,2,2: 3 counts for 2 node\(s\)"):
+        resolve_shape("s", ShapeRequest(gpus=(4, 2, 2), hosts=parse_hosts("a,b")), 0, "here")
+
+
+def test_hostfile_slots_may_differ() -> None:
+    hosts = (HostSpec("a", slots=4), HostSpec("b", slots=2))
+    spec = resolve_shape("s", ShapeRequest(hosts=hosts), 0, "here")
+    assert (spec.device, spec.counts, spec.flags()) == (
+        "cuda",
+        (4, 2),
+        "--nodes 2 --gpus 4,2 --backend nccl",
+    )
+    with pytest.raises(SpecError, match="b give no slots=N while others do"):
+        resolve_shape("s", ShapeRequest(hosts=(HostSpec("a", slots=4), HostSpec("b"))), 0, "h")
+
+
+def test_same_shape_with_counts() -> None:
+    from jupyter_dist.errors import ShapeMismatchError
+    from jupyter_dist.spec import check_same_shape
+
+    spec = resolve_shape("s", ShapeRequest(procs=(2, 1), hosts=parse_hosts("a,b")), 0, "here")
+    check_same_shape(spec, ShapeRequest(procs=(2, 1)))
+    with pytest.raises(ShapeMismatchError, match="--procs 2"):
+        check_same_shape(spec, ShapeRequest(procs=2))
+
+
+def test_counts_per_node_need_nodes() -> None:
+    with pytest.raises(SpecError, match="one count per node needs the nodes"):
+        resolve_shape("s", ShapeRequest(procs=(2, 1)), 0, "here")
