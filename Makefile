@@ -17,7 +17,7 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help setup demo test lint bench
+.PHONY: help setup demo test lint bench bench-multinode
 
 help:
 	@echo "make setup   create .venv/ and install jupyter_dist with its test and dev extras"
@@ -25,6 +25,7 @@ help:
 	@echo "make test    lint, install the system packages the tests need, then run pytest"
 	@echo "make lint    ruff check, ruff format --check, mypy"
 	@echo "make bench   run the benchmarks in bench/"
+	@echo "make bench-multinode  SSH sessions on two local sshd nodes (needs root)"
 
 setup: $(SETUP_STAMP)
 
@@ -55,3 +56,7 @@ lint: setup
 
 bench: $(BENCH_STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)
+
+bench-multinode: $(BENCH_STAMP)
+	.ci/setup-system
+	$(PY) bench/multinode.py
