@@ -137,6 +137,22 @@ class SessionHandler(DistHandler):
         self.finish()
 
 
+class ConnectionHandler(DistHandler):
+    """``/sessions/NAME/connection``: the key and sockets of the rank kernels.
+
+    Whoever holds these can run code on every rank, so the handler asks for the
+    ``execute`` permission, not just ``read``.
+    """
+
+    @web.authenticated
+    @authorized("execute")  # type: ignore[untyped-decorator]
+    async def get(self, name: str) -> None:
+        try:
+            self.reply(self.manager.get(name).connection_info())
+        except BaseException as err:
+            raise self.fail(err) from err
+
+
 class SessionActionHandler(DistHandler):
     """``/sessions/NAME/interrupt`` and ``/sessions/NAME/restart``."""
 
@@ -192,5 +208,6 @@ HANDLERS = [
     (rf"{API_PREFIX}/events", EventsHandler),
     (rf"{API_PREFIX}/sessions", SessionsHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}", SessionHandler),
+    (rf"{API_PREFIX}/sessions/{_NAME}/connection", ConnectionHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/(?P<action>interrupt|restart)", SessionActionHandler),
 ]

@@ -85,6 +85,7 @@ class RankRecord:
     client: RankClient | None = None
     exit_code: int | None = None
     log: str = ""
+    connection: dict[str, Any] | None = None  # reachable from this process (tunnelled)
 
     @property
     def rank(self) -> int:
@@ -257,8 +258,8 @@ class Session:
         spawned = await rec.node.spawn(rec.rank, rec.place.local_rank, env, self.key, self.cwd)
         rec.pid = spawned.pid
         rec.log = spawned.log
-        connection = await rec.node.launcher.tunnel(rec.rank, spawned.connection)
-        rec.client = RankClient(rec.rank, connection, self.key, self._context)
+        rec.connection = await rec.node.launcher.tunnel(rec.rank, spawned.connection)
+        rec.client = RankClient(rec.rank, rec.connection, self.key, self._context)
 
         def dead() -> str | None:
             return None if rec.state != RankState.DEAD else describe_returncode(rec.exit_code)
@@ -482,6 +483,26 @@ class Session:
         log.info("session %s shut down", self.name)
 
     # -- reporting ---------------------------------------------------------------------
+    def connection_info(self) -> dict[str, Any]:
+        """What another process on this machine needs to talk to the rank kernels itself:
+        the session's HMAC key and each rank's (local or forwarded) sockets. Secret."""
+        self._check_usable()
+        return {
+            "name": self.name,
+            "key": self.key,
+            "signature_scheme": "hmac-sha256",
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "local_rank": r.place.local_rank,
+                    "node_rank": r.place.node_rank,
+                    "host": r.host,
+                    "connection": r.connection,
+                }
+                for r in sorted(self.ranks.values(), key=lambda r: r.rank)
+            ],
+        }
+
     def status(self) -> dict[str, Any]:
         """A JSON-able picture of the session, for `%dist status` and the UI."""
         return {

@@ -277,3 +277,47 @@ def test_event_stream_follows_sessions_and_ranks(server: Server) -> None:
     assert server.call("DELETE", f"{API}/sessions/ev")[0] == 204
     read_events(stream, lambda e: e == {"type": "removed", "name": "ev"})
     conn.close()
+
+
+def test_connection_info_lets_a_client_run_code_on_the_ranks(server: Server) -> None:
+    from jupyter_client.blocking.client import BlockingKernelClient
+
+    assert server.call("POST", f"{API}/sessions", {"name": "conn", "procs": 2})[0] == 201
+    try:
+        assert server.call("GET", f"{API}/sessions/conn/connection", token=None)[0] == 403
+        status, info = server.call("GET", f"{API}/sessions/conn/connection")
+        assert status == 200
+        assert [r["rank"] for r in info["ranks"]] == [0, 1]
+        for rank in info["ranks"]:
+            client = BlockingKernelClient()
+            client.load_connection_info({**rank["connection"], "key": info["key"]})
+            client.start_channels()
+            printed: list[str] = []
+
+            def hook(msg: dict[str, Any], printed: list[str] = printed) -> None:
+                if msg["msg_type"] == "stream":
+                    printed.append(msg["content"]["text"])
+
+            try:
+                reply = client.execute_interactive(
+                    "import os, torch.distributed as dist\nprint(os.environ['RANK'], "
+                    "dist.is_initialized())",
+                    timeout=60,
+                    output_hook=hook,
+                )
+                assert reply["content"]["status"] == "ok"
+                assert "".join(printed).strip() == f"{rank['rank']} True"
+            finally:
+                client.stop_channels()
+        # a wrong key is refused by the kernel: no reply comes back
+        bad = BlockingKernelClient()
+        bad.load_connection_info({**info["ranks"][0]["connection"], "key": "not-the-key"})
+        bad.start_channels()
+        try:
+            bad.kernel_info()
+            with pytest.raises(Exception):  # noqa: B017 - queue.Empty on timeout
+                bad.get_shell_msg(timeout=3)
+        finally:
+            bad.stop_channels()
+    finally:
+        server.call("DELETE", f"{API}/sessions/conn")
