@@ -10,7 +10,7 @@ import asyncio
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from jupyter_dist.agent_protocol import describe_returncode
@@ -33,13 +33,11 @@ class RankProgress:
     host: str
     local_rank: int
     started: float
-    msg_id: str = ""
     reply: dict[str, Any] | None = None
     idle: bool = False
     finished: bool = False
     failure: RankFailure | None = None
     elapsed: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class CellRun:
@@ -52,7 +50,6 @@ class CellRun:
         self,
         ranks: dict[int, tuple[str, int]],
         sink: queue.SimpleQueue[CellEvent] | None,
-        silent: bool = False,
     ) -> None:
         now = time.monotonic()
         self.progress = {
@@ -60,7 +57,6 @@ class CellRun:
             for rank, (host, local_rank) in ranks.items()
         }
         self.sink = sink
-        self.silent = silent
         self.done = asyncio.Event()
         self.timed_out = False
         self.interrupted = False

@@ -48,9 +48,6 @@ class LoopThread:
             future.cancel()
             raise
 
-    def in_loop(self) -> bool:
-        return threading.current_thread() is self.thread
-
 
 _shared: LoopThread | None = None
 _lock = threading.Lock()

@@ -30,7 +30,6 @@ from jupyter_dist.session import Session, SessionState
 from jupyter_dist.spec import (
     DEFAULT_SESSION,
     ShapeRequest,
-    check_positive,
     check_same_shape,
     check_session_name,
     parse_counts,
@@ -170,7 +169,6 @@ class DistMagics(Magics):
 
     def _distributed(self, args: Any, cell: str) -> None:
         name = check_session_name(args.session)
-        check_positive("--timeout", None if args.timeout is None else max(1, int(args.timeout)))
         if args.timeout is not None and args.timeout <= 0:
             raise SpecError(f"--timeout {args.timeout}: expected a positive number of seconds")
         if args.hosts and args.hostfile:

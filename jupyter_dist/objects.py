@@ -29,6 +29,9 @@ from jupyter_dist.errors import PushError
 
 Frame = bytes | memoryview
 
+#: the comm target through which the notebook pushes and pulls objects (both sides use it)
+OBJECTS_TARGET = "jupyter_dist.objects"
+
 
 @dataclass(frozen=True)
 class Payload:

@@ -14,8 +14,6 @@ from typing import Any
 
 from jupyter_dist import objects
 
-OBJECTS_TARGET = "jupyter_dist.objects"
-
 
 def _user_ns() -> dict[str, Any]:
     from IPython import get_ipython
@@ -60,7 +58,7 @@ def _on_objects_open(comm: Any, _open_msg: dict[str, Any]) -> None:
 def register_objects_target() -> None:
     import comm
 
-    comm.get_comm_manager().register_target(OBJECTS_TARGET, _on_objects_open)
+    comm.get_comm_manager().register_target(objects.OBJECTS_TARGET, _on_objects_open)
 
 
 #: the rendezvous store this rank hosts (rank 0 only); kept alive with the kernel

@@ -18,10 +18,9 @@ import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from jupyter_dist.errors import PushError, SessionError
-from jupyter_dist.objects import Frame
+from jupyter_dist.objects import OBJECTS_TARGET, Frame
 
 log = logging.getLogger(__name__)
-OBJECTS_TARGET = "jupyter_dist.objects"
 #: how often kernel_info is repeated until the kernel's IOPub answers
 RETRY_S = 0.05
 

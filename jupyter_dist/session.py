@@ -340,7 +340,7 @@ class Session:
         silent: bool = False,
     ) -> CellResult:
         run = CellRun(
-            {r: (self.ranks[r].host, self.ranks[r].place.local_rank) for r in ranks}, sink, silent
+            {r: (self.ranks[r].host, self.ranks[r].place.local_rank) for r in ranks}, sink
         )
         self._current = run
         sent: dict[int, str] = {}
@@ -377,7 +377,7 @@ class Session:
             self._changed()
         return run.result()
 
-    def raise_for(self, result: CellResult, timeout: float | None = None) -> None:
+    def raise_for(self, result: CellResult) -> None:
         """Turn a failed `CellResult` into the exception the notebook cell raises."""
         if not result.failures:
             return

@@ -8,7 +8,7 @@ known; `check_same_shape` compares a request with a running session.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
 from jupyter_dist.hosts import HostSpec
@@ -70,7 +70,6 @@ class SessionSpec:
     device: str = "cpu"  # "cpu" or "cuda"
     backend: str = "gloo"
     init_process_group: bool = True
-    env: tuple[tuple[str, str], ...] = field(default=())
     hosts: tuple[HostSpec, ...] = ()  # empty: this machine, no SSH
     python: str | None = None  # the nodes' interpreter (default: the notebook's, else python3)
     ssh_config: str | None = None  # default: ~/.ssh/config

@@ -69,5 +69,4 @@ def rank_env(
         "JUPYTER_DIST_DEVICE": spec.device,
         "JUPYTER_DIST_BACKEND": spec.backend,
     }
-    env.update(dict(spec.env))
     return env
