@@ -104,6 +104,7 @@ class Agent:
     def ready(self) -> None:
         from jupyter_dist._version import __version__
         from jupyter_dist.gpus import discover_gpus
+        from jupyter_dist.rendezvous import free_port
 
         torch_mod = sys.modules.get("torch")
         self.emit(
@@ -115,7 +116,7 @@ class Agent:
                 "python": sys.executable,
                 "dir": self.dir,
                 "gpus": [g.to_json() for g in discover_gpus()],
-                "free_port": _free_port(),
+                "free_port": free_port(""),  # any interface: other nodes connect here
                 "versions": {
                     "jupyter_dist": __version__,
                     "torch": getattr(torch_mod, "__version__", None),
@@ -358,13 +359,6 @@ def _tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
         if err.errno == errno.ENOENT:
             return ""
         raise
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def route_to(addr: str) -> dict[str, Any]:

@@ -39,7 +39,11 @@ class Rendezvous:
 
 
 def free_port(host: str = "localhost") -> int:
-    """A TCP port nobody listens on right now (the usual bind-to-0 approach)."""
+    """A TCP port nobody listens on right now (the usual bind-to-0 approach).
+
+    ``host`` is where it will be listened on: ``localhost``, an address, or ``""`` for
+    every interface.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1" if host == "localhost" else host, 0))
