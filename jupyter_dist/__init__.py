@@ -94,6 +94,6 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext jupyter_dist``: stop this kernel's sessions."""
-    from jupyter_dist.inprocess import control
+    from jupyter_dist.control_plane import control_plane
 
-    control().close()
+    control_plane().close()

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from jupyter_dist.control_plane import ControlPlane
 from jupyter_dist.errors import ranks_label
 from jupyter_dist.events import CallDone, CellEvent, CellFinished, CellResult, Notice
-from jupyter_dist.inprocess import InProcessControl
-from jupyter_dist.session import Session
+from jupyter_dist.rank_group import RankGroup
 
 #: seconds to keep drawing after an interrupt before giving control back
 INTERRUPT_WAIT_S = 10.0
@@ -67,8 +67,8 @@ def drive(
 
 
 def run_cell(
-    control: InProcessControl,
-    session: Session,
+    control: ControlPlane,
+    session: RankGroup,
     code: str,
     ranks: list[int] | None,
     timeout: float | None,

@@ -129,6 +129,14 @@ class FailureGroup:
 
     first: RankFailure
     ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+
+    def where(self) -> str:
+        """``host a, local rank 1`` for one rank; ``host a`` / ``hosts a, b`` for several."""
+        if len(self.ranks) == 1:
+            return f"host {self.first.host}, local rank {self.first.local_rank}"
+        hosts = list(dict.fromkeys(self.hosts or [self.first.host]))
+        return f"host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)}"
 
 
 def group_failures(failures: Sequence[RankFailure]) -> list[FailureGroup]:
@@ -143,6 +151,7 @@ def group_failures(failures: Sequence[RankFailure]) -> list[FailureGroup]:
     for failure in ordered:
         group = groups.setdefault(failure.group_key(), FailureGroup(first=failure))
         group.ranks.append(failure.rank)
+        group.hosts.append(failure.host)
     for group in groups.values():
         group.ranks.sort()
     return list(groups.values())
@@ -186,10 +195,7 @@ class RanksFailed(DistError):
             first = group.first
             label = ranks_label(group.ranks)
             lines.append("")
-            lines.append(
-                f"{bold}--- {label} (host {first.host}, local rank {first.local_rank}): "
-                f"{first.headline()}{reset}"
-            )
+            lines.append(f"{bold}--- {label} ({group.where()}): {first.headline()}{reset}")
             lines.extend(first.traceback or ())
         rest = self.groups[self.shown_groups :]
         if rest:

@@ -18,15 +18,15 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import publish_display_data
 
-from jupyter_dist import objects
+from jupyter_dist import cluster_env, objects
+from jupyter_dist import control_plane as planes
 from jupyter_dist.cell_driver import run_cell, wait_with_notices
-from jupyter_dist.cluster_env import detect_skypilot
+from jupyter_dist.control_plane import ControlPlane, control_plane
 from jupyter_dist.errors import DistError, SpecError
 from jupyter_dist.events import CellEvent, Notice
 from jupyter_dist.hosts import parse_hosts, read_hostfile
-from jupyter_dist.inprocess import InProcessControl, control
+from jupyter_dist.rank_group import RankGroup, SessionState
 from jupyter_dist.render_text import TextRenderer
-from jupyter_dist.session import Session, SessionState
 from jupyter_dist.spec import (
     DEFAULT_SESSION,
     ShapeRequest,
@@ -37,7 +37,7 @@ from jupyter_dist.spec import (
     parse_ranks,
 )
 
-DIST_COMMANDS = ("status", "shutdown", "restart", "interrupt", "push", "pull")
+DIST_COMMANDS = ("status", "attach", "shutdown", "restart", "interrupt", "push", "pull")
 
 
 def _display(data: dict[str, Any], metadata: dict[str, Any]) -> None:
@@ -66,15 +66,23 @@ def _check_syntax(shell: Any, cell: str) -> None:
 class DistMagics(Magics):
     """The jupyter_dist magics."""
 
-    def __init__(self, shell: Any, control_plane: InProcessControl | None = None) -> None:
+    def __init__(self, shell: Any, plane: ControlPlane | None = None) -> None:
         super().__init__(shell)
-        self._control = control_plane
+        self._control = plane
+        self._default_session: str | None = None  # set by %dist attach
 
     @property
-    def control(self) -> InProcessControl:
+    def control(self) -> ControlPlane:
         if self._control is None:
-            self._control = control()
+            self._control = control_plane()
         return self._control
+
+    def _name(self, given: str | None) -> str:
+        """The session a command means: ``--session``, else the one attached to, else the
+        default (``default``; under a server, named after the notebook)."""
+        return check_session_name(
+            given or self._default_session or self.control.manager.default_name
+        )
 
     # -- helpers ------------------------------------------------------------------------
     def _call(self, make: Callable[[queue.SimpleQueue[CellEvent]], Any]) -> Any:
@@ -83,8 +91,8 @@ class DistMagics(Magics):
         future = self.control.loop.submit(make(sink))
         return wait_with_notices(future, sink, _renderer([]))
 
-    def _session(self, name: str) -> Session:
-        return self.control.manager.get(check_session_name(name))
+    def _session(self, name: str | None) -> RankGroup:
+        return self.control.run(self.control.manager.find(self._name(name)))
 
     def _user_values(self, names: list[str]) -> dict[str, Any]:
         ns = self.shell.user_ns if self.shell is not None else {}
@@ -120,6 +128,11 @@ class DistMagics(Magics):
         help="the Python on the nodes (default: the notebook's path if the node has "
         "it, else python3)",
     )
+    @argument(
+        "--slurm",
+        action="store_true",
+        help="inside a Slurm allocation: its nodes (SLURM_JOB_NODELIST), agents started with srun",
+    )
     @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(
         "--gpus",
@@ -136,8 +149,9 @@ class DistMagics(Magics):
     @argument("--ranks", default=None, help="run on these ranks only, e.g. 0,2-3")
     @argument(
         "--session",
-        default=DEFAULT_SESSION,
-        help="session name; several sessions can run side by side",
+        default=None,
+        help=f"session name; several sessions can run side by side (default: {DEFAULT_SESSION!r}, "
+        "or under a Jupyter server the notebook's name)",
     )
     @argument("--push", default=None, help="notebook variables to send to the ranks first: a,b")
     @argument(
@@ -168,11 +182,13 @@ class DistMagics(Magics):
             raise
 
     def _distributed(self, args: Any, cell: str) -> None:
-        name = check_session_name(args.session)
+        name = self._name(args.session)
         if args.timeout is not None and args.timeout <= 0:
             raise SpecError(f"--timeout {args.timeout}: expected a positive number of seconds")
-        if args.hosts and args.hostfile:
-            raise SpecError("--hosts and --hostfile: give one of them")
+        given = [f for f, v in (("--hosts", args.hosts), ("--hostfile", args.hostfile),
+                                ("--slurm", args.slurm)) if v]  # fmt: skip
+        if len(given) > 1:
+            raise SpecError(f"{' and '.join(given)}: give one of them")
         hosts = (
             parse_hosts(args.hosts)
             if args.hosts
@@ -182,17 +198,31 @@ class DistMagics(Magics):
         )
         gpus = parse_counts("--gpus", args.gpus) if args.gpus else None
         procs = parse_counts("--procs", args.procs) if args.procs else None
-        detected = detect_skypilot(os.environ) if not hosts and args.nodes != 1 else None
-        if detected is not None and name not in self.control.manager.sessions:
+        fresh = name not in self.control.manager.sessions
+        if args.slurm:
+            detected = cluster_env.detect_slurm(os.environ)
+            if detected is None:
+                raise SpecError(
+                    "--slurm: not inside a Slurm allocation (no SLURM_JOB_ID / "
+                    "SLURM_JOB_NODELIST); start the notebook server under salloc or sbatch, "
+                    "or give the nodes with --hosts"
+                )
+        else:
+            detected = (
+                cluster_env.detect_skypilot(os.environ) if not hosts and args.nodes != 1 else None
+            )
+        if detected is not None and (fresh or args.slurm):
             hosts = detected.hosts
             if gpus is None and procs is None and detected.gpus_per_node:
                 gpus = (detected.gpus_per_node,)
-            print(
-                f"[jupyter_dist] using the {detected.source} cluster: "
-                f"{len(hosts)} nodes ({', '.join(str(h) for h in hosts)}); --nodes 1 for "
-                "this machine only"
-            )
+            if fresh:
+                hint = "" if args.slurm else "; --nodes 1 for this machine only"
+                print(
+                    f"[jupyter_dist] using the {detected.source} cluster: "
+                    f"{len(hosts)} nodes ({', '.join(str(h) for h in hosts)}){hint}"
+                )
         request = ShapeRequest(
+            launcher="slurm" if args.slurm else None,
             nodes=args.nodes,
             gpus=gpus,
             procs=procs,
@@ -208,7 +238,7 @@ class DistMagics(Magics):
 
         manager = self.control.manager
 
-        async def start(sink: queue.SimpleQueue[CellEvent]) -> Session:
+        async def start(sink: queue.SimpleQueue[CellEvent]) -> RankGroup:
             session, started = await manager.get_or_start(
                 name, request, lambda text: sink.put(Notice(text))
             )
@@ -217,7 +247,7 @@ class DistMagics(Magics):
             return session
 
         running = manager.sessions.get(name)
-        if running is not None and running.state != SessionState.STOPPED:
+        if running is not None and running.state != SessionState.STOPPED and not running.stale:
             check_same_shape(running.spec, request)  # the common case: no loop round trip
             session = running
         else:
@@ -232,12 +262,20 @@ class DistMagics(Magics):
     @magic_arguments()
     @argument("command", help=f"one of: {', '.join(DIST_COMMANDS)}")
     @argument("names", nargs="*", help="variable names, for push and pull")
-    @argument("--session", default=DEFAULT_SESSION, help="which session")
+    @argument("--session", default=None, help="which session (default: the current one)")
     @argument("--ranks", default=None, help="only these ranks (push, pull, interrupt)")
-    @argument("--all", action="store_true", help="shutdown: every session of this kernel")
+    @argument(
+        "--all",
+        action="store_true",
+        help="shutdown: every session (of this kernel, or of the Jupyter server that owns them)",
+    )
     @line_magic
     def dist(self, line: str) -> Any:
-        """Manage sessions: status, shutdown, restart, interrupt, push NAMES, pull NAME.
+        """Manage sessions: status, attach NAME, shutdown, restart, interrupt, push NAMES,
+        pull NAME.
+
+        ``%dist attach NAME`` makes NAME this notebook's session (under a Jupyter server,
+        any notebook can attach to any session the server runs).
 
         ``%dist pull x`` returns a list with one value per rank; ``%dist push a b``
         sends notebook variables to every rank (cloudpickle, binary buffers).
@@ -252,14 +290,19 @@ class DistMagics(Magics):
         except SpecError as err:
             raise UsageError(str(err)) from None
 
-    def _ranks_arg(self, args: Any, session: Session) -> list[int] | None:
+    def _ranks_arg(self, args: Any, session: RankGroup) -> list[int] | None:
         return list(parse_ranks(args.ranks, session.spec.world_size)) if args.ranks else None
 
     def _dist_status(self, args: Any) -> None:
-        sessions = self.control.manager.status()
+        manager = self.control.manager
+        sessions = self.control.run(manager.list_status())
+        owner = f"sessions run in {manager.where}"
+        if planes.fallback_reason:
+            owner += f": {planes.fallback_reason}"
         if not sessions:
-            print("no jupyter_dist sessions are running")
+            print(f"no jupyter_dist sessions are running ({owner})")
             return
+        print(f"{owner}; this notebook's session: {self._name(None)!r}")
         for s in sessions:
             master = f", master {s['master']}" if s["master"] else ""
             print(
@@ -281,19 +324,34 @@ class DistMagics(Magics):
             self.control.run(manager.shutdown_all())
             print("[jupyter_dist] every session shut down")
             return
-        name = check_session_name(args.session)
-        manager.get(name)
+        name = self._name(args.session)
         self.control.run(manager.shutdown(name))
         print(f"[jupyter_dist] session {name!r} shut down")
 
     def _dist_restart(self, args: Any) -> None:
-        session = self._session(args.session)
+        name = self._name(args.session)
+        manager = self.control.manager
 
-        async def restart(sink: queue.SimpleQueue[CellEvent]) -> None:
-            await session.restart(lambda text: sink.put(Notice(text)))
+        async def restart(sink: queue.SimpleQueue[CellEvent]) -> RankGroup:
+            return await manager.restart(name, lambda text: sink.put(Notice(text)))
 
-        self._call(restart)
-        print(f"[jupyter_dist] session {session.name!r} restarted: {session.spec.describe()}")
+        session: RankGroup = self._call(restart)
+        print(f"[jupyter_dist] session {name!r} restarted: {session.spec.describe()}")
+
+    def _dist_attach(self, args: Any) -> None:
+        if len(args.names) != 1:
+            raise SpecError(
+                f"%dist attach: expected one session name, got {len(args.names)}; "
+                "`%dist status` lists them"
+            )
+        name = check_session_name(args.names[0])
+        session = self._session(name)
+        self._default_session = name
+        print(
+            f"[jupyter_dist] attached to session {name!r} ({session.spec.describe()}, "
+            f"{session.state.value}) in {self.control.manager.where}; %%distributed cells "
+            "without --session run there"
+        )
 
     def _dist_interrupt(self, args: Any) -> None:
         session = self._session(args.session)

@@ -1,7 +1,7 @@
 """The registry of named sessions: find one, or start it, and stop them all.
 
 Runs wherever the control plane runs: inside the notebook kernel (the embedded default)
-or, later, inside the Jupyter server. It imports nothing of IPython or tornado.
+or inside the Jupyter server (the server extension). It imports nothing of IPython or tornado.
 """
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from jupyter_dist.errors import UnknownSession
 from jupyter_dist.gpus import discover_gpus
+from jupyter_dist.rank_group import RankGroup
 from jupyter_dist.session import Progress, Session, SessionState, SessionTimeouts
-from jupyter_dist.spec import ShapeRequest, check_same_shape, resolve_shape
+from jupyter_dist.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape, resolve_shape
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +24,10 @@ log = logging.getLogger(__name__)
 class SessionManager:
     """Named sessions, started on demand."""
 
+    default_name = DEFAULT_SESSION
+
     def __init__(self, timeouts: SessionTimeouts | None = None) -> None:
+        self.where = "this process"
         self.sessions: dict[str, Session] = {}
         self.timeouts = timeouts or SessionTimeouts()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -45,8 +50,8 @@ class SessionManager:
                 queue.get_nowait()
             queue.put_nowait(event)
 
-    def _session_changed(self, session: Session) -> None:
-        if self._watchers:
+    def _session_changed(self, session: RankGroup) -> None:
+        if self._watchers and isinstance(session, Session):
             self._publish({"type": "session", "session": session.status()})
 
     def names(self) -> list[str]:
@@ -61,13 +66,41 @@ class SessionManager:
             )
         return session
 
+    def _progress(self, name: str, progress: Progress) -> Progress:
+        """``progress`` that also tells the watchers (a notebook waiting on the server)."""
+
+        def report(text: str) -> None:
+            progress(text)
+            if self._watchers:
+                self._publish({"type": "progress", "name": name, "text": text})
+
+        return report
+
+    async def find(self, name: str) -> Session:
+        return self.get(name)
+
+    async def list_status(self) -> list[dict[str, Any]]:
+        return self.status()
+
+    async def restart(self, name: str, progress: Progress = lambda _: None) -> Session:
+        session = self.get(name)
+        await session.restart(self._progress(name, progress))
+        return session
+
     async def get_or_start(
-        self, name: str, request: ShapeRequest, progress: Progress = lambda _: None
+        self,
+        name: str,
+        request: ShapeRequest,
+        progress: Progress = lambda _: None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> tuple[Session, bool]:
-        """The session ``name``, started with ``request`` if it does not exist.
+        """The session ``name``, started with ``request`` if it does not exist; its ranks
+        run in ``cwd`` with ``env`` (default: this process's).
 
         Returns the session and whether it was started now.
         """
+        progress = self._progress(name, progress)
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             session = self.sessions.get(name)
@@ -75,7 +108,7 @@ class SessionManager:
                 check_same_shape(session.spec, request)
                 return session, False
             spec = resolve_shape(name, request, len(discover_gpus()), socket.gethostname())
-            session = Session(spec, timeouts=self.timeouts)
+            session = Session(spec, timeouts=self.timeouts, cwd=cwd, env=env)
             session.on_change = self._session_changed
             progress(f"starting session {name!r}: {spec.describe()}")
             await session.start(progress)

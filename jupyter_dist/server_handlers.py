@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
@@ -21,7 +22,7 @@ from jupyter_dist.errors import (
     SpecError,
     UnknownSession,
 )
-from jupyter_dist.hosts import parse_hosts
+from jupyter_dist.hosts import HostSpec, parse_host, parse_hosts
 from jupyter_dist.manager import SessionManager
 from jupyter_dist.spec import DEFAULT_SESSION, ShapeRequest, check_session_name
 
@@ -39,42 +40,85 @@ STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (DistError, 409),
 )
 
-REQUEST_FIELDS = {
-    "name": str,
-    "nodes": int,
-    "gpus": int,
-    "procs": int,
-    "backend": str,
-    "hosts": str,
-    "python": str,
-    "ssh_config": str,
-    "init": bool,
+#: field -> the JSON types it may have
+REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "nodes": (int,),
+    "gpus": (int, list),  # one count, or one per node
+    "procs": (int, list),
+    "backend": (str,),
+    "hosts": (str, list),  # "a,b" or [{"name": "a", "user": ..., "port": ..., "slots": ...}]
+    "python": (str,),
+    "ssh_config": (str,),
+    "launcher": (str,),
+    "init": (bool,),
+    "cwd": (str,),  # where the ranks run (default: the server's folder)
+    "env": (dict,),  # the ranks' environment (default: the server's)
 }
 
 
-def shape_from_json(body: Any) -> tuple[str, ShapeRequest]:
-    """A POST body -> (session name, shape request); refuses unknown or mistyped fields."""
+@dataclass(frozen=True)
+class CreateRequest:
+    name: str
+    shape: ShapeRequest
+    cwd: str | None
+    env: dict[str, str] | None
+
+
+def _counts(key: str, value: Any) -> int | tuple[int, ...] | None:
+    if value is None or isinstance(value, int):
+        return value
+    if not value or not all(type(v) is int for v in value):
+        raise SpecError(f"{key}: {value!r} is not a count or a list of counts")
+    return tuple(value)
+
+
+def _hosts(value: Any) -> tuple[HostSpec, ...]:
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return parse_hosts(value)
+    hosts = []
+    for entry in value:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise SpecError(f"hosts: {entry!r} is not a host; expected {{'name': ...}}")
+        host = parse_host(entry["name"], "hosts")
+        extra = {k: entry.get(k) for k in ("user", "port", "slots")}
+        for key, val in extra.items():
+            if val is not None and type(val) is not (str if key == "user" else int):
+                raise SpecError(f"hosts: {key} {val!r} of {entry['name']!r} has the wrong type")
+        hosts.append(HostSpec(host.name, extra["user"], extra["port"], extra["slots"]))
+    return tuple(hosts)
+
+
+def shape_from_json(body: Any) -> CreateRequest:
+    """A POST body -> what to start, and where; refuses unknown or mistyped fields."""
     if not isinstance(body, dict):
         raise SpecError("expected a JSON object with the session's name and shape")
     unknown = sorted(set(body) - set(REQUEST_FIELDS))
     if unknown:
         raise SpecError(f"unknown field {unknown[0]!r}; expected some of {sorted(REQUEST_FIELDS)}")
-    for key, kind in REQUEST_FIELDS.items():
+    for key, kinds in REQUEST_FIELDS.items():
         value = body.get(key)
-        if value is not None and (type(value) is not kind):
-            raise SpecError(f"{key}: {value!r} is not a {kind.__name__}")
-    name = check_session_name(body.get("name") or DEFAULT_SESSION)
-    hosts = parse_hosts(body["hosts"]) if body.get("hosts") else ()
-    return name, ShapeRequest(
+        if value is not None and type(value) not in kinds:
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise SpecError(f"{key}: {value!r} is not a {expected}")
+    env = body.get("env")
+    if env is not None and not all(isinstance(v, str) for v in env.values()):
+        raise SpecError("env: expected an object of strings")
+    shape = ShapeRequest(
         nodes=body.get("nodes"),
-        gpus=body.get("gpus"),
-        procs=body.get("procs"),
+        gpus=_counts("gpus", body.get("gpus")),
+        procs=_counts("procs", body.get("procs")),
         backend=body.get("backend"),
         init=body.get("init"),
-        hosts=hosts,
+        hosts=_hosts(body.get("hosts")),
         python=body.get("python"),
         ssh_config=body.get("ssh_config"),
+        launcher=body.get("launcher"),
     )
+    name = check_session_name(body.get("name") or DEFAULT_SESSION)
+    return CreateRequest(name, shape, body.get("cwd"), env)
 
 
 class DistHandler(APIHandler):
@@ -88,7 +132,10 @@ class DistHandler(APIHandler):
     def fail(self, err: BaseException) -> web.HTTPError:
         for kind, status in STATUS_OF:
             if isinstance(err, kind):
-                return web.HTTPError(status, str(err) or type(err).__name__)
+                # the reason phrase names the error, so a client can raise the same one
+                return web.HTTPError(
+                    status, str(err) or type(err).__name__, reason=type(err).__name__
+                )
         raise err
 
     def reply(self, data: Any, status: int = 200) -> None:
@@ -105,11 +152,15 @@ class SessionsHandler(DistHandler):
         self.reply(self.manager.status())
 
     @web.authenticated
-    @authorized
+    @authorized("execute")  # type: ignore[untyped-decorator]
     async def post(self) -> None:
+        """Starting ranks runs programs (``python``, ``env``): as for kernels, that needs
+        the ``execute`` permission."""
         try:
-            name, request = shape_from_json(self.get_json_body())
-            session, started = await self.manager.get_or_start(name, request)
+            req = shape_from_json(self.get_json_body())
+            session, started = await self.manager.get_or_start(
+                req.name, req.shape, cwd=req.cwd, env=req.env
+            )
         except BaseException as err:
             raise self.fail(err) from err
         self.reply(session.status(), 201 if started else 200)
@@ -166,7 +217,7 @@ class SessionActionHandler(DistHandler):
                 self.set_status(204)
                 self.finish()
                 return
-            await session.restart()
+            await self.manager.restart(name)
         except BaseException as err:
             raise self.fail(err) from err
         self.reply(session.status())

@@ -7,13 +7,17 @@ known; `check_same_shape` compares a request with a running session.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
 from jupyter_dist.hosts import HostSpec
 
 BACKENDS = ("gloo", "nccl")
+REMOTE_LAUNCHERS = ("ssh", "slurm")
 DEFAULT_SESSION = "default"
 DEFAULT_CPU_PROCS = 2
 _SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -58,6 +62,20 @@ class ShapeRequest:
     hosts: tuple[HostSpec, ...] = ()
     python: str | None = None
     ssh_config: str | None = None
+    launcher: str | None = None  # how agents start on the hosts: "ssh" (default) or "slurm"
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as the server's ``POST /sessions`` takes it (unsaid fields left out)."""
+        data = {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, ())}
+        for key in ("gpus", "procs"):
+            if isinstance(data.get(key), tuple):
+                data[key] = list(data[key])
+        if self.hosts:
+            data["hosts"] = [
+                {k: v for k, v in dataclasses.asdict(h).items() if v is not None}
+                for h in self.hosts
+            ]
+        return data
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,19 @@ class SessionSpec:
     python: str | None = None  # the nodes' interpreter (default: the notebook's, else python3)
     ssh_config: str | None = None  # default: ~/.ssh/config
     node_procs: Counts = ()  # ranks on each node when they differ; empty: procs_per_node
+    launcher: str = "local"  # "local" (this machine), "ssh", "slurm" (srun in an allocation)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SessionSpec:
+        """The inverse of `to_json`; unknown keys (a newer peer's) are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in data.items() if k in known}
+        fields["hosts"] = tuple(HostSpec(**h) for h in fields.get("hosts", ()))
+        fields["node_procs"] = tuple(fields.get("node_procs", ()))
+        return cls(**fields)
 
     def procs_on(self, node: int) -> int:
         """Ranks on node ``node``."""
@@ -177,6 +208,10 @@ def validate_request(req: ShapeRequest) -> None:
             f"--backend nccl with --procs {_show(procs)}: NCCL needs GPUs; use --gpus N, or "
             "--backend gloo for CPU ranks"
         )
+    if req.launcher is not None and req.launcher not in REMOTE_LAUNCHERS:
+        raise SpecError(f"launcher {req.launcher!r}: expected one of {', '.join(REMOTE_LAUNCHERS)}")
+    if req.launcher is not None and not req.hosts:
+        raise SpecError(f"launcher {req.launcher!r}: no hosts to start agents on")
     if req.hosts and req.nodes is not None and req.nodes != len(req.hosts):
         names = ",".join(str(h) for h in req.hosts)
         raise SpecError(
@@ -235,6 +270,7 @@ def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
         return SessionSpec(
             name, nodes, per_node[0], device, backend, init,
             hosts=req.hosts, python=req.python, ssh_config=req.ssh_config, node_procs=uneven,
+            launcher=req.launcher or "ssh",
         )  # fmt: skip
 
     procs = as_counts(req.procs)

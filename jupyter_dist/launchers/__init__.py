@@ -32,10 +32,13 @@ def launcher_class(kind: str) -> type[Launcher]:
 
 
 def launcher_for(spec: SessionSpec, node: int) -> Launcher:
-    """The launcher of node ``node`` of a session: ``ssh`` for listed hosts, else ``local``."""
+    """The launcher of node ``node`` of a session: the spec's kind for listed hosts
+    (``ssh`` or ``slurm``), else ``local``."""
     if spec.hosts:
-        ssh: Any = launcher_class("ssh")
-        launcher: Launcher = ssh(spec.hosts[node], python=spec.python, ssh_config=spec.ssh_config)
+        remote: Any = launcher_class(spec.launcher)
+        launcher: Launcher = remote(
+            spec.hosts[node], python=spec.python, ssh_config=spec.ssh_config
+        )
         return launcher
     return launcher_class("local")()
 

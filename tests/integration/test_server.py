@@ -3,99 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import secrets
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from jupyter_dist.rendezvous import free_port
+from .server_process import API, Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
-API = "/jupyter-dist/api/v1"
-
-
-@dataclass
-class Server:
-    url: str
-    token: str
-    process: subprocess.Popen[bytes]
-
-    def call(
-        self, method: str, path: str, body: Any = None, token: str | None = "default"
-    ) -> tuple[int, Any]:
-        token = self.token if token == "default" else token
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
-        if token is not None:
-            request.add_header("Authorization", f"token {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=120) as reply:
-                raw = reply.read()
-                return reply.status, json.loads(raw) if raw else None
-        except urllib.error.HTTPError as err:
-            raw = err.read()
-            return err.code, json.loads(raw) if raw else None
-
-    def descendants(self) -> list[psutil.Process]:
-        """Our agents and ranks under the server (other extensions may start helpers)."""
-        found = []
-        for proc in psutil.Process(self.process.pid).children(recursive=True):
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE and "jupyter_dist" in " ".join(
-                    proc.cmdline()
-                ):
-                    found.append(proc)
-            except psutil.Error:
-                continue
-        return found
-
-
-def start_server(root: Path, config_dir: Path) -> Server:
-    config_dir.mkdir(parents=True, exist_ok=True)
-    (config_dir / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_dist": True}}})
-    )
-    token, port = secrets.token_hex(16), free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config_dir)}
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed with the process
-    process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
-         f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
-         f"--ServerApp.root_dir={root}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-    )  # fmt: skip
-    server = Server(f"http://127.0.0.1:{port}", token, process)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if server.call("GET", "/api/status")[0] == 200:
-                return server
-        except OSError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"jupyter server did not start:\n{(root / 'server.log').read_text()}")
-
-
-def stop_server(server: Server) -> None:
-    server.process.send_signal(signal.SIGTERM)
-    try:
-        server.process.wait(30)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +135,10 @@ def test_openapi_file_describes_every_route() -> None:
             break
         else:
             assert path in documented, path
+    from jupyter_dist.server_handlers import REQUEST_FIELDS
+
+    fields = spec["components"]["schemas"]["SessionRequest"]["properties"]
+    assert set(fields) == set(REQUEST_FIELDS)
 
 
 def test_installing_enables_the_extension() -> None:

@@ -46,7 +46,7 @@ def test_render_shows_root_cause_and_more() -> None:
 def test_merged_group_names_all_its_ranks() -> None:
     error = RanksFailed("s", 4, [fail(r) for r in range(4)])
     text = strip_ansi("\n".join(error._render_traceback_()))
-    assert "--- ranks 0-3 (host host-a, local rank 0): ValueError: boom" in text
+    assert "--- ranks 0-3 (host host-a): ValueError: boom" in text
     assert text.count("tb line") == 1
 
 

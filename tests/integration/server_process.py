@@ -1,0 +1,103 @@
+"""A real `jupyter server` process with jupyter_dist enabled and token auth on, for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from jupyter_dist.rendezvous import free_port
+
+API = "/jupyter-dist/api/v1"
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+    process: subprocess.Popen[bytes]
+    runtime_dir: Path
+
+    def call(
+        self, method: str, path: str, body: Any = None, token: str | None = "default"
+    ) -> tuple[int, Any]:
+        token = self.token if token == "default" else token
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        if token is not None:
+            request.add_header("Authorization", f"token {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                raw = reply.read()
+                return reply.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            return err.code, json.loads(raw) if raw else None
+
+    def descendants(self) -> list[psutil.Process]:
+        """Our agents and ranks under the server (other extensions may start helpers)."""
+        found = []
+        for proc in psutil.Process(self.process.pid).children(recursive=True):
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE and "jupyter_dist" in " ".join(
+                    proc.cmdline()
+                ):
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
+
+
+def start_server(root: Path, config_dir: Path, extension: bool = True) -> Server:
+    """A server in ``root``, with its own config and runtime folders; its kernels
+    inherit them, so they find the server as they would anywhere."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_dist": extension}}})
+    )
+    token, port = secrets.token_hex(16), free_port()
+    runtime_dir = root / "runtime"
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(config_dir),
+        "JUPYTER_RUNTIME_DIR": str(runtime_dir),
+    }
+    env.pop("JUPYTER_DIST_SERVER", None)
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
+         f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
+         f"--ServerApp.root_dir={root}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+    )  # fmt: skip
+    server = Server(f"http://127.0.0.1:{port}", token, process, runtime_dir)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if server.call("GET", "/api/status")[0] == 200:
+                return server
+        except OSError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"jupyter server did not start:\n{(root / 'server.log').read_text()}")
+
+
+def stop_server(server: Server) -> None:
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
