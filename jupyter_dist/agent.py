@@ -104,9 +104,10 @@ class Agent:
     def ready(self) -> None:
         from jupyter_dist._version import __version__
         from jupyter_dist.gpus import discover_gpus
-        from jupyter_dist.rendezvous import free_port
+        from jupyter_dist.rendezvous import PORTS_VAR, free_port, parse_port_range
 
         torch_mod = sys.modules.get("torch")
+        ports = os.environ.get(PORTS_VAR, "")
         self.emit(
             {
                 "event": "ready",
@@ -116,7 +117,8 @@ class Agent:
                 "python": sys.executable,
                 "dir": self.dir,
                 "gpus": [g.to_json() for g in discover_gpus()],
-                "free_port": free_port(""),  # any interface: other nodes connect here
+                # any interface: other nodes connect here
+                "free_port": free_port("", parse_port_range(ports) if ports else None),
                 "versions": {
                     "jupyter_dist": __version__,
                     "torch": getattr(torch_mod, "__version__", None),

@@ -7,18 +7,45 @@ or inside the Jupyter server (the server extension). It imports nothing of IPyth
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from jupyter_dist.errors import UnknownSession
+from jupyter_dist.errors import SpecError, UnknownSession
 from jupyter_dist.gpus import discover_gpus
+from jupyter_dist.hosts import HostSpec
 from jupyter_dist.rank_group import RankGroup
+from jupyter_dist.rendezvous import PORTS_VAR
 from jupyter_dist.session import Progress, Session, SessionState, SessionTimeouts
 from jupyter_dist.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape, resolve_shape
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionDefaults:
+    """What a session gets when its request does not say (the server's options)."""
+
+    hosts: tuple[HostSpec, ...] = ()  # nodes for requests that name none (but --nodes 1)
+    ssh_config: str | None = None
+    master_ports: str | None = None  # "lo-hi": where MASTER_PORT may be
+
+    def apply(self, request: ShapeRequest) -> ShapeRequest:
+        if self.hosts and not request.hosts and request.nodes != 1:
+            count = request.nodes or len(self.hosts)
+            if count > len(self.hosts):
+                raise SpecError(
+                    f"--nodes {count}: the server knows {len(self.hosts)} hosts "
+                    f"({', '.join(map(str, self.hosts))}); give --hosts, or fewer nodes"
+                )
+            request = dataclasses.replace(request, hosts=self.hosts[:count], nodes=count)
+        if self.ssh_config and request.ssh_config is None:
+            request = dataclasses.replace(request, ssh_config=self.ssh_config)
+        return request
 
 
 class SessionManager:
@@ -26,7 +53,10 @@ class SessionManager:
 
     default_name = DEFAULT_SESSION
 
-    def __init__(self, timeouts: SessionTimeouts | None = None) -> None:
+    def __init__(
+        self, timeouts: SessionTimeouts | None = None, defaults: SessionDefaults | None = None
+    ) -> None:
+        self.defaults = defaults or SessionDefaults()
         self.where = "this process"
         self.sessions: dict[str, Session] = {}
         self.timeouts = timeouts or SessionTimeouts()
@@ -101,6 +131,9 @@ class SessionManager:
         Returns the session and whether it was started now.
         """
         progress = self._progress(name, progress)
+        request = self.defaults.apply(request)
+        if self.defaults.master_ports:
+            env = {PORTS_VAR: self.defaults.master_ports, **(os.environ if env is None else env)}
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             session = self.sessions.get(name)

@@ -11,13 +11,14 @@ and every other node must reach it before anyone waits in ``init_process_group``
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jupyter_dist.errors import AgentError
+from jupyter_dist.errors import AgentError, SpecError
 from jupyter_dist.spec import SessionSpec
 
 if TYPE_CHECKING:
@@ -33,22 +34,50 @@ class Rendezvous:
     run_id: str
 
     @classmethod
-    def local(cls) -> Rendezvous:
+    def local(cls, ports: PortRange | None = None) -> Rendezvous:
         """A rendezvous on this machine, on a port free right now."""
-        return cls("localhost", free_port("localhost"), str(uuid.uuid4()))
+        return cls("localhost", free_port("localhost", ports), str(uuid.uuid4()))
 
 
-def free_port(host: str = "localhost") -> int:
-    """A TCP port nobody listens on right now (the usual bind-to-0 approach).
+#: ``lo-hi``: the ports MASTER_PORT may take (a firewall may open only those)
+PORTS_VAR = "JUPYTER_DIST_MASTER_PORTS"
+PortRange = tuple[int, int]
+
+
+def parse_port_range(text: str, where: str = PORTS_VAR) -> PortRange:
+    """``"29500-29599"`` -> (29500, 29599); ``"29500"`` -> (29500, 29500)."""
+    lo, _, hi = text.strip().partition("-")
+    try:
+        first, last = int(lo), int(hi or lo)
+    except ValueError:
+        raise SpecError(f"{where} {text!r}: expected a port range like 29500-29599") from None
+    if not 0 < first <= last < 65536:
+        raise SpecError(f"{where} {text!r}: expected 1 <= first port <= last port <= 65535")
+    return first, last
+
+
+def free_port(host: str = "localhost", ports: PortRange | None = None) -> int:
+    """A TCP port nobody listens on right now: any (bind to 0), or one of ``ports``
+    tried in random order; 0 if every port of the range is taken.
 
     ``host`` is where it will be listened on: ``localhost``, an address, or ``""`` for
     every interface.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1" if host == "localhost" else host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    address = "127.0.0.1" if host == "localhost" else host
+    candidates = [0]
+    if ports is not None:
+        candidates = list(range(ports[0], ports[1] + 1))
+        random.shuffle(candidates)
+    for candidate in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((address, candidate))
+            except OSError:
+                continue
+            port: int = s.getsockname()[1]
+            return port
+    return 0
 
 
 async def plan_rendezvous(
@@ -60,10 +89,19 @@ async def plan_rendezvous(
     connection landed on); gloo and NCCL are told which interface routes there
     (without it gloo advertises 127.0.0.1 to its peers), unless the user chose one.
     """
+    ports = parse_port_range(user_env[PORTS_VAR]) if user_env.get(PORTS_VAR) else None
     if not spec.hosts:
-        return Rendezvous.local(), {}
+        local = Rendezvous.local(ports)
+        if not local.master_port:
+            raise AgentError(f"{PORTS_VAR}={user_env[PORTS_VAR]}: every port is taken here")
+        return local, {}
     head = nodes[0]
     assert head.info is not None
+    if not head.info.free_port:
+        raise AgentError(
+            f"node {head.host!r}: no free port for the rendezvous in "
+            f"{PORTS_VAR}={user_env.get(PORTS_VAR)}; widen the range"
+        )
     addr = head.launcher.peer_address() or head.host
     rdzv = Rendezvous(addr, head.info.free_port, str(uuid.uuid4()))
     routes = await asyncio.gather(*(n.route(addr) for n in nodes))

@@ -23,7 +23,13 @@ from jupyter_dist.launchers import launcher_for
 from jupyter_dist.node_agent import AgentInfo, NodeAgent
 from jupyter_dist.rank_client import RankClient
 from jupyter_dist.rank_group import RankGroup, RankRecord, RankState, SessionState
-from jupyter_dist.rendezvous import Rendezvous, check_reachable, plan_rendezvous
+from jupyter_dist.rendezvous import (
+    PORTS_VAR,
+    Rendezvous,
+    check_reachable,
+    parse_port_range,
+    plan_rendezvous,
+)
 from jupyter_dist.spec import SessionSpec
 from jupyter_dist.topology import omp_threads, places, rank_env
 
@@ -78,8 +84,13 @@ class Session(RankGroup):
         )
 
     async def _start_nodes(self, progress: Progress) -> None:
+        ports = self.user_env.get(PORTS_VAR, "")
+        if ports:
+            parse_port_range(ports)  # a bad range is named before any node starts
+
         def agent_env(node: int) -> dict[str, str]:
-            return {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env, node)}
+            env = {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env, node)}
+            return {**env, PORTS_VAR: ports} if ports else env
 
         self.nodes = [
             NodeAgent(launcher_for(self.spec, node), node, self._on_rank_exit, self._on_node_lost)

@@ -59,7 +59,9 @@ class Server:
         return found
 
 
-def start_server(root: Path, config_dir: Path, extension: bool = True) -> Server:
+def start_server(
+    root: Path, config_dir: Path, extension: bool = True, args: tuple[str, ...] = ()
+) -> Server:
     """A server in ``root``, with its own config and runtime folders; its kernels
     inherit them, so they find the server as they would anywhere."""
     config_dir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +80,7 @@ def start_server(root: Path, config_dir: Path, extension: bool = True) -> Server
     process = subprocess.Popen(
         [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
          f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
-         f"--ServerApp.root_dir={root}"],
+         f"--ServerApp.root_dir={root}", *args],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
     )  # fmt: skip
     server = Server(f"http://127.0.0.1:{port}", token, process, runtime_dir)

@@ -216,3 +216,23 @@ def test_help_is_a_real_manual(shell: Any) -> None:
     ):
         assert flag in doc
     assert "status" in shell.find_line_magic("dist").__doc__
+
+
+def test_master_port_comes_from_the_allowed_range(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jupyter_dist.rendezvous import PORTS_VAR, free_port
+
+    lo = free_port()
+    monkeypatch.setenv(PORTS_VAR, f"{lo}-{lo + 2}")
+    out = run(
+        "%%distributed --session ports --procs 1\n"
+        "import os\nprint('port', os.environ['MASTER_PORT'])"
+    )
+    assert out.ok, out.stdout
+    port = int(out.stdout.split("port ")[1].split()[0])
+    assert lo <= port <= lo + 2
+    assert run("%dist shutdown --session ports").ok
+    monkeypatch.setenv(PORTS_VAR, "9-x")
+    out = run("%%distributed --session ports --procs 1\nprint(1)")
+    assert not out.ok and "JUPYTER_DIST_MASTER_PORTS '9-x'" in out.stderr + out.stdout

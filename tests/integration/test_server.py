@@ -12,6 +12,8 @@ from typing import Any
 import psutil
 import pytest
 
+from jupyter_dist.rendezvous import free_port
+
 from .server_process import API, Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -100,11 +102,17 @@ def test_session_round_trip(server: Server) -> None:
     assert not any(psutil.pid_exists(p) for p in new_pids)
 
 
-def test_stopping_the_server_stops_its_sessions(tmp_path: Path) -> None:
-    own = start_server(tmp_path, tmp_path / "config")
+def test_server_options_apply_and_stopping_the_server_stops_its_sessions(
+    tmp_path: Path,
+) -> None:
+    lo = free_port()
+    own = start_server(
+        tmp_path, tmp_path / "config", args=(f"--DistServerApp.master_port_range={lo}-{lo + 3}",)
+    )
     try:
         status, created = own.call("POST", f"{API}/sessions", {"name": "bye", "procs": 2})
         assert status == 201, created
+        assert lo <= int(created["master"].rsplit(":", 1)[1]) <= lo + 3, created["master"]
         ours = [p.pid for p in own.descendants()]
         assert len(ours) == 3  # the agent and two ranks
     finally:

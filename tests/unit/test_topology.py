@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from jupyter_dist.rendezvous import Rendezvous, free_port
 from jupyter_dist.spec import SessionSpec
 from jupyter_dist.topology import places, rank_env
@@ -43,3 +45,43 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_port_ranges_are_parsed_and_bad_ones_named() -> None:
+    from jupyter_dist.errors import SpecError
+    from jupyter_dist.rendezvous import parse_port_range
+
+    assert parse_port_range("29500-29599") == (29500, 29599)
+    assert parse_port_range(" 29500 ") == (29500, 29500)
+    for bad in ("a-b", "29600-29500", "0-10", "70000"):
+        with pytest.raises(SpecError, match=repr(bad)):
+            parse_port_range(bad)
+
+
+def test_free_port_stays_in_its_range_and_says_when_all_are_taken() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        assert free_port("localhost", (port, port)) == 0
+        other = free_port("localhost", (port, port + 1))
+        assert other in (0, port + 1)  # port + 1 may belong to someone else
+    assert free_port("localhost", (port, port)) == port
+
+
+def test_server_defaults_fill_in_hosts_and_ssh_config() -> None:
+    from jupyter_dist.errors import SpecError
+    from jupyter_dist.hosts import parse_hosts
+    from jupyter_dist.manager import SessionDefaults
+    from jupyter_dist.spec import ShapeRequest
+
+    defaults = SessionDefaults(hosts=parse_hosts("a,b,c"), ssh_config="/etc/cfg")
+    every = defaults.apply(ShapeRequest(procs=2))
+    assert [h.name for h in every.hosts] == ["a", "b", "c"] and every.ssh_config == "/etc/cfg"
+    assert [h.name for h in defaults.apply(ShapeRequest(nodes=2)).hosts] == ["a", "b"]
+    assert defaults.apply(ShapeRequest(nodes=1)).hosts == ()  # this machine
+    assert defaults.apply(ShapeRequest(hosts=parse_hosts("x"))).hosts == parse_hosts("x")
+    with pytest.raises(SpecError, match="--nodes 4: the server knows 3 hosts"):
+        defaults.apply(ShapeRequest(nodes=4))
