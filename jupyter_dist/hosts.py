@@ -3,7 +3,8 @@
 A host is written like ssh takes it: ``name``, ``user@name``, ``name:port`` or
 ``user@name:port``, where ``name`` may be an alias of ``~/.ssh/config`` (resolved by the SSH
 launcher exactly as ssh would). A hostfile has one host a line, optionally followed by
-``slots=N`` (ranks on that node, as in MPI hostfiles); ``#`` starts a comment.
+``slots=N`` (ranks on that node, as in MPI hostfiles) and ``python=PATH`` (that node's
+interpreter, over ``--python``); ``#`` starts a comment.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class HostSpec:
     user: str | None = None
     port: int | None = None
     slots: int | None = None
+    python: str | None = None  # this node's interpreter (hostfile ``python=PATH``)
 
     def __str__(self) -> str:
         user = f"{self.user}@" if self.user else ""
@@ -71,13 +73,18 @@ def read_hostfile(path: str | Path) -> tuple[HostSpec, ...]:
         words = line.split()
         where = f"--hostfile {file.name} line {number}"
         host = parse_host(words[0], where)
-        slots = None
+        slots, python = None, None
         for word in words[1:]:
             key, _, value = word.partition("=")
-            if key != "slots" or not value.isdigit() or int(value) < 1:
-                raise SpecError(f"{where}: {word!r}: expected slots=N with N at least 1")
-            slots = int(value)
-        hosts.append(HostSpec(host.name, host.user, host.port, slots))
+            if key == "python" and value:
+                python = value
+            elif key != "slots" or not value.isdigit() or int(value) < 1:
+                raise SpecError(
+                    f"{where}: {word!r}: expected slots=N with N at least 1, or python=PATH"
+                )
+            else:
+                slots = int(value)
+        hosts.append(HostSpec(host.name, host.user, host.port, slots, python))
     if not hosts:
         raise SpecError(f"--hostfile {str(path)!r} lists no hosts")
     result = tuple(hosts)

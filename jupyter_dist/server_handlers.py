@@ -83,11 +83,13 @@ def _hosts(value: Any) -> tuple[HostSpec, ...]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise SpecError(f"hosts: {entry!r} is not a host; expected {{'name': ...}}")
         host = parse_host(entry["name"], "hosts")
-        extra = {k: entry.get(k) for k in ("user", "port", "slots")}
+        extra = {k: entry.get(k) for k in ("user", "port", "slots", "python")}
         for key, val in extra.items():
-            if val is not None and type(val) is not (str if key == "user" else int):
+            if val is not None and type(val) is not (str if key in ("user", "python") else int):
                 raise SpecError(f"hosts: {key} {val!r} of {entry['name']!r} has the wrong type")
-        hosts.append(HostSpec(host.name, extra["user"], extra["port"], extra["slots"]))
+        hosts.append(
+            HostSpec(host.name, extra["user"], extra["port"], extra["slots"], extra["python"])
+        )
     return tuple(hosts)
 
 

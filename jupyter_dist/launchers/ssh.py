@@ -56,7 +56,7 @@ class SSHLauncher(Launcher):
         connect_timeout: float = 30.0,
     ) -> None:
         self.spec = host
-        self.python = python
+        self.python = host.python or python  # the hostfile's word for this node wins
         self.ssh_config = ssh_config
         self.connect_timeout = connect_timeout
         self.conn: asyncssh.SSHClientConnection | None = None

@@ -42,6 +42,11 @@ def test_hostfile(tmp_path: Path) -> None:
     f = tmp_path / "hosts"
     f.write_text("# cluster\nnode0 slots=4\n\nalice@node1:2200   slots=4  # second\n")
     assert read_hostfile(f) == (HostSpec("node0", slots=4), HostSpec("node1", "alice", 2200, 4))
+    f.write_text("node0 python=/opt/py/bin/python slots=2\nnode1\n")
+    assert read_hostfile(f) == (
+        HostSpec("node0", slots=2, python="/opt/py/bin/python"),
+        HostSpec("node1"),
+    )
 
 
 def test_bad_hostfile(tmp_path: Path) -> None:
@@ -141,3 +146,12 @@ def test_same_shape_with_counts() -> None:
 def test_counts_per_node_need_nodes() -> None:
     with pytest.raises(SpecError, match="one count per node needs the nodes"):
         resolve_shape("s", ShapeRequest(procs=(2, 1)), 0, "here")
+
+
+def test_a_hosts_own_python_wins_over_the_flag() -> None:
+    from jupyter_dist.launchers.ssh import SSHLauncher
+
+    assert SSHLauncher(HostSpec("a", python="/opt/py"), python="/usr/bin/python3").python == (
+        "/opt/py"
+    )
+    assert SSHLauncher(HostSpec("a"), python="/usr/bin/python3").python == "/usr/bin/python3"
