@@ -108,7 +108,12 @@ def _scontrol_hostnames(nodelist: str, variable: str) -> list[str]:
             f"{where}: scontrol is not on PATH; load the Slurm client (module load slurm) or "
             "pass --hosts"
         ) from None
-    except (OSError, subprocess.TimeoutExpired) as err:
+    except subprocess.TimeoutExpired:
+        raise SpecError(
+            f"{where}: no answer within {SCONTROL_TIMEOUT:.0f} s; can scontrol read the "
+            "cluster's slurm.conf (SLURM_CONF)?"
+        ) from None
+    except OSError as err:
         raise SpecError(f"{where}: {err}") from None
     if result.returncode != 0:
         detail = result.stderr.strip().splitlines()[-1:] or [f"exit status {result.returncode}"]

@@ -70,7 +70,8 @@ class SSHLauncher(Launcher):
     def host(self) -> str:
         return self.spec.name
 
-    async def _connect(self) -> asyncssh.SSHClientConnection:
+    async def connect(self) -> asyncssh.SSHClientConnection:
+        """An SSH connection to the node, host key verified, with errors that say what to do."""
         kwargs: dict[str, Any] = {}
         if self.spec.port:
             kwargs["port"] = self.spec.port
@@ -103,7 +104,7 @@ class SSHLauncher(Launcher):
             raise AgentError(f"{where}: cannot connect over SSH: {err}") from None
 
     async def start(self, session: str, env: Mapping[str, str]) -> AgentStreams:
-        self.conn = await self._connect()
+        self.conn = await self.connect()
         command = agent_command(session, env, self.python)
         log.debug("node %s: starting agent: %s", self.spec, command)
         self.process = await self.conn.create_process(command, encoding=None)

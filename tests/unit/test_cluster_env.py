@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from jupyter_dist.cluster_env import detect_skypilot
+from jupyter_dist.cluster_env import detect_skypilot, detect_slurm, slurm_gpus_per_node
 from jupyter_dist.errors import AgentError, SpecError
 from jupyter_dist.hosts import HostSpec
 from jupyter_dist.node_agent import AgentInfo, check_versions
@@ -53,3 +55,51 @@ def torch_local() -> str:
     import torch
 
     return str(torch.__version__).split("+")[0]
+
+
+def test_slurm_nodes_and_gpus_on_node() -> None:
+    found = detect_slurm(
+        {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu1,gpu2", "SLURM_GPUS_ON_NODE": "4"}
+    )
+    assert found is not None
+    assert found.source == "Slurm"
+    assert found.hosts == (HostSpec("gpu1"), HostSpec("gpu2"))
+    assert found.gpus_per_node == 4
+
+
+def test_slurm_old_nodelist_name_and_no_gpus() -> None:
+    found = detect_slurm({"SLURM_NODELIST": "cpu7"})
+    assert found is not None
+    assert found.hosts == (HostSpec("cpu7"),)
+    assert found.gpus_per_node is None
+
+
+@pytest.mark.parametrize(
+    ("value", "gpus"),
+    [("4", 4), ("a100:4", 4), ("gpu:a100:2", 2), ("a100:2,v100:2", 4), ("0", None)],
+)
+def test_slurm_gpus_per_node_forms(value: str, gpus: int | None) -> None:
+    assert slurm_gpus_per_node({"SLURM_GPUS_PER_NODE": value}) == gpus
+
+
+def test_slurm_gpus_on_node_wins_over_per_node() -> None:
+    env = {"SLURM_GPUS_ON_NODE": "2", "SLURM_GPUS_PER_NODE": "a100:8"}
+    assert slurm_gpus_per_node(env) == 2
+
+
+def test_bad_slurm_gpu_count_names_the_variable() -> None:
+    with pytest.raises(SpecError, match=r"SLURM_GPUS_PER_NODE='a100:x'.*like a100:4"):
+        slurm_gpus_per_node({"SLURM_GPUS_PER_NODE": "a100:x"})
+
+
+def test_no_slurm() -> None:
+    assert detect_slurm({}) is None
+    assert detect_slurm({"SLURM_JOB_NODELIST": ""}) is None
+
+
+def test_slurm_ranges_without_scontrol_say_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol there
+    with pytest.raises(SpecError, match=r"SLURM_JOB_NODELIST='n\[1-2\]'.*scontrol is not on"):
+        detect_slurm({"SLURM_JOB_NODELIST": "n[1-2]"})
