@@ -46,6 +46,7 @@ __all__ = [
     "_jupyter_server_extension_points",
     "info",
     "load_ipython_extension",
+    "log",
     "shard",
     "unload_ipython_extension",
 ]
@@ -53,6 +54,7 @@ __all__ = [
 _LAZY = {
     "info": "jupyter_dist.runtime",
     "shard": "jupyter_dist.runtime",
+    "log": "jupyter_dist.rank_metrics",
     "RankInfo": "jupyter_dist.runtime",
     "DistributedSampler": "torch.utils.data.distributed",
     "CellTimeout": "jupyter_dist.errors",

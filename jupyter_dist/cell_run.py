@@ -19,12 +19,17 @@ from jupyter_dist.events import (
     CellEvent,
     CellResult,
     ClearOut,
+    MetricsOut,
     RankFinished,
+    RankStarted,
     RichOut,
     StreamOut,
+    WidgetComm,
 )
+from jupyter_dist.rank_metrics import MSG_TYPE as METRICS_MSG_TYPE
 
 RICH_TYPES = ("display_data", "execute_result", "update_display_data")
+COMM_TYPES = ("comm_open", "comm_msg", "comm_close")
 
 
 @dataclass
@@ -91,9 +96,20 @@ class CellRun:
         if channel != "iopub":
             return
         if kind == "status":
-            if content.get("execution_state") == "idle":
+            state = content.get("execution_state")
+            if state == "idle":
                 prog.idle = True
                 self._maybe_finish(prog)
+            elif state == "busy":
+                self._emit(RankStarted(rank))
+        elif kind == METRICS_MSG_TYPE:
+            points = tuple((str(n), float(x), float(y)) for n, x, y in content.get("points", ()))
+            self._emit(MetricsOut(rank, points, dict(content.get("process") or {})))
+        elif kind in COMM_TYPES:
+            is_widget = content.get("target_name", "jupyter.widget") == "jupyter.widget"
+            if is_widget or kind != "comm_open":
+                buffers = tuple(bytes(b) for b in msg.get("buffers") or ())
+                self._emit(WidgetComm(rank, kind, content, buffers))
         elif kind == "stream":
             self._emit(StreamOut(rank, content.get("name", "stdout"), content.get("text", "")))
         elif kind in RICH_TYPES:

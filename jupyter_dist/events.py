@@ -39,6 +39,32 @@ class ClearOut:
 
 
 @dataclass(frozen=True)
+class MetricsOut:
+    """Scalars a rank logged (``jupyter_dist.log``) and/or a sample of its process."""
+
+    rank: int
+    points: tuple[tuple[str, float, float], ...]  # (metric, step, value)
+    process: dict[str, float] = field(default_factory=dict)  # cpu_percent, rss_mb, gpu_...
+
+
+@dataclass(frozen=True)
+class WidgetComm:
+    """A widget message from a rank (``comm_open``/``comm_msg``/``comm_close``), relayed."""
+
+    rank: int
+    msg_type: str
+    content: dict[str, Any]
+    buffers: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    """A rank began running the cell (its kernel said busy)."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
 class RankFinished:
     """One rank is done with the cell: ``status`` is ok, error, died, timeout or interrupted."""
 
@@ -76,4 +102,15 @@ class CallDone:
     """A control-plane call finished (wakes the notebook thread at once)."""
 
 
-CellEvent = StreamOut | RichOut | ClearOut | RankFinished | Notice | CellFinished | CallDone
+CellEvent = (
+    StreamOut
+    | RichOut
+    | ClearOut
+    | MetricsOut
+    | WidgetComm
+    | RankStarted
+    | RankFinished
+    | Notice
+    | CellFinished
+    | CallDone
+)

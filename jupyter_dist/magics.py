@@ -20,7 +20,7 @@ from IPython.display import publish_display_data
 
 from jupyter_dist import cluster_env, objects
 from jupyter_dist import control_plane as planes
-from jupyter_dist.cell_driver import run_cell, wait_with_notices
+from jupyter_dist.cell_driver import Renderer, run_cell, wait_with_notices
 from jupyter_dist.control_plane import ControlPlane, control_plane
 from jupyter_dist.errors import DistError, SpecError
 from jupyter_dist.events import CellEvent, Notice
@@ -37,6 +37,8 @@ from jupyter_dist.spec import (
     parse_ranks,
 )
 
+OUTPUT_VAR = "JUPYTER_DIST_OUTPUT"
+OUTPUT_MODES = ("auto", "widget", "text")
 DIST_COMMANDS = ("status", "attach", "shutdown", "restart", "interrupt", "push", "pull")
 
 
@@ -44,8 +46,20 @@ def _display(data: dict[str, Any], metadata: dict[str, Any]) -> None:
     publish_display_data(data=data, metadata=metadata)
 
 
-def _renderer(ranks: list[int]) -> TextRenderer:
-    return TextRenderer(ranks, sys.stdout, sys.stderr, _display)
+def _renderer(ranks: list[int], summary: bool = False) -> TextRenderer:
+    return TextRenderer(ranks, sys.stdout, sys.stderr, _display, summary=summary)
+
+
+def output_mode(shell: Any, asked: str | None) -> str:
+    """``widget`` in a notebook kernel (a frontend that can draw widgets may be there),
+    ``text`` in a terminal; ``--output`` or ``JUPYTER_DIST_OUTPUT`` decide first."""
+    mode = (asked or os.environ.get(OUTPUT_VAR) or "auto").strip().lower()
+    if mode not in OUTPUT_MODES:
+        where = f"--output {asked!r}" if asked else f"{OUTPUT_VAR}={mode!r}"
+        raise SpecError(f"{where}: expected one of {', '.join(OUTPUT_MODES)}")
+    if mode == "auto":
+        return "widget" if getattr(shell, "kernel", None) is not None else "text"
+    return mode
 
 
 def _check_syntax(shell: Any, cell: str) -> None:
@@ -70,6 +84,8 @@ class DistMagics(Magics):
         super().__init__(shell)
         self._control = plane
         self._default_session: str | None = None  # set by %dist attach
+        self._cells = 0
+        self.last_view: Any = None  # the latest cell view (tests and debugging look at it)
 
     @property
     def control(self) -> ControlPlane:
@@ -163,6 +179,12 @@ class DistMagics(Magics):
     @argument(
         "--no-init", action="store_true", help="do not create the torch.distributed process group"
     )
+    @argument(
+        "--output",
+        default=None,
+        help="how output is shown: widget (a view per rank, status, charts), text (prefixed "
+        "lines), or auto (widget in a notebook, text in a terminal; JUPYTER_DIST_OUTPUT)",
+    )
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
         """Run the cell on every rank of a session (started on first use).
@@ -232,6 +254,7 @@ class DistMagics(Magics):
             python=args.python,
             ssh_config=args.ssh_config,
         )
+        mode = output_mode(self.shell, args.output)
         _check_syntax(self.shell, cell)
         ranks = parse_ranks(args.ranks) if args.ranks else None
         payload = objects.dump(self._user_values(parse_names(args.push))) if args.push else None
@@ -256,7 +279,23 @@ class DistMagics(Magics):
         if payload is not None:
             self.control.run(session.push(payload, chosen))
         sink: queue.SimpleQueue[CellEvent] = queue.SimpleQueue()
-        run_cell(self.control, session, cell, chosen, args.timeout, _renderer(chosen), sink)
+        renderer: Renderer
+        if mode == "widget":
+            renderer = self._cell_view(session, chosen)
+        else:
+            renderer = _renderer(chosen, summary=True)
+        run_cell(self.control, session, cell, chosen, args.timeout, renderer, sink)
+
+    def _cell_view(self, session: RankGroup, ranks: list[int]) -> Renderer:
+        from jupyter_dist.cell_view import CellView
+        from jupyter_dist.widget_relay import relay_for_this_kernel
+
+        self._cells += 1
+        places = {r: (session.ranks[r].host, session.ranks[r].place.node_rank) for r in ranks}
+        view = CellView(session.name, self._cells, places, relay_for_this_kernel())
+        view.show()
+        self.last_view = view
+        return view
 
     # -- %dist ------------------------------------------------------------------------------
     @magic_arguments()

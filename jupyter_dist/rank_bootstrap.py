@@ -89,6 +89,7 @@ def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
 def bootstrap(init_process_group: bool, timeout_s: float) -> None:
     """Prepare this rank; called once, silently, before the first cell."""
     register_objects_target()
+    _install_metrics()
     import torch
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
@@ -103,3 +104,14 @@ def bootstrap(init_process_group: bool, timeout_s: float) -> None:
             backend=os.environ.get("JUPYTER_DIST_BACKEND", "gloo"),
             timeout=timedelta(seconds=timeout_s),
         )
+
+
+def _install_metrics() -> None:
+    from IPython import get_ipython
+
+    from jupyter_dist import rank_metrics
+
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None:
+        rank_metrics.install(kernel, shell)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, Protocol
 
+from jupyter_dist.cell_status import STATE_OF_FINISH, RankStatus, cell_summary
 from jupyter_dist.errors import ranks_label
 from jupyter_dist.events import (
     CellEvent,
@@ -28,16 +29,23 @@ STREAMS = ("stdout", "stderr")
 DisplayFn = Callable[[dict[str, Any], dict[str, Any]], None]
 
 
+class TextSink(Protocol):
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class TextRenderer:
     """Turns `CellEvent` values into prefixed text on ``out`` / ``err``."""
 
     def __init__(
         self,
         ranks: Sequence[int],
-        out: TextIO,
-        err: TextIO,
+        out: TextSink,
+        err: TextSink,
         display: DisplayFn | None = None,
         fold: bool = True,
+        summary: bool = False,
     ) -> None:
         self.ranks = sorted(ranks)
         self.files = {"stdout": out, "stderr": err}
@@ -50,6 +58,8 @@ class TextRenderer:
         }
         self.results: list[RichOut] = []
         self.lines_written = 0
+        self.summary = summary
+        self.finished: dict[int, RankStatus] = {}
 
     # -- events -----------------------------------------------------------------------
     def handle(self, event: CellEvent) -> None:
@@ -64,6 +74,8 @@ class TextRenderer:
         elif isinstance(event, RankFinished):
             self._end_partial(event.rank)
             self.running.discard(event.rank)
+            state = STATE_OF_FINISH.get(event.status, "error")
+            self.finished[event.rank] = RankStatus(event.rank, "", 0, state, elapsed=event.elapsed)
         elif isinstance(event, Notice):
             self.flush(final=True)
             self.files["stdout"].write(f"[jupyter_dist] {event.text}\n")
@@ -81,6 +93,11 @@ class TextRenderer:
         self.running.clear()
         self.flush(final=True)
         self._show_results()
+        if self.summary and self.finished:
+            self.files["stdout"].write(
+                f"[jupyter_dist] {cell_summary(list(self.finished.values()))}\n"
+            )
+            self.finished.clear()
         for f in self.files.values():
             f.flush()
 

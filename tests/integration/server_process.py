@@ -60,7 +60,11 @@ class Server:
 
 
 def start_server(
-    root: Path, config_dir: Path, extension: bool = True, args: tuple[str, ...] = ()
+    root: Path,
+    config_dir: Path,
+    extension: bool = True,
+    args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> Server:
     """A server in ``root``, with its own config and runtime folders; its kernels
     inherit them, so they find the server as they would anywhere."""
@@ -76,6 +80,7 @@ def start_server(
         "JUPYTER_RUNTIME_DIR": str(runtime_dir),
     }
     env.pop("JUPYTER_DIST_SERVER", None)
+    env.update(extra_env or {})
     log = open(root / "server.log", "wb")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen(
         [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",

@@ -43,7 +43,8 @@ def test_state_lives_across_cells(run: Run) -> None:
 def test_ranks_subset_runs_only_there(run: Run) -> None:
     out = run("%%distributed --ranks 1\nonly_one = True\nprint('here', dist.get_rank())")
     assert out.ok
-    assert out.stdout.strip().endswith("[rank 1] here 1")
+    assert out.stdout.splitlines()[-2:] == ["[rank 1] here 1", out.stdout.splitlines()[-1]]
+    assert out.stdout.splitlines()[-1].startswith("[jupyter_dist] done on rank 1 in ")
     assert "[rank 0]" not in out.stdout
     out = run("%%distributed\nprint('only_one' in globals())")
     assert "[rank 0] False" in out.stdout

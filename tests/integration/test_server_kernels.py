@@ -83,7 +83,8 @@ class ServerKernel:
 def server(tmp_path_factory: pytest.TempPathFactory, kernel_name: str) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("server-kernels")
     (root / "exp").mkdir()
-    running = start_server(root, root / "config")
+    # the kernels print text (these tests read streams; the widget view has its own tests)
+    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
     yield running
     stop_server(running)
     gone = [p for p in psutil.process_iter(["cmdline"]) if "jupyter_dist.agent" in str(p.info)]
@@ -228,7 +229,9 @@ def test_killed_kernel_leaves_the_session_for_the_next_one(
 def test_a_server_without_the_extension_leaves_sessions_in_the_kernel(
     tmp_path: Path, kernel_name: str
 ) -> None:
-    plain = start_server(tmp_path, tmp_path / "config", extension=False)
+    plain = start_server(
+        tmp_path, tmp_path / "config", extension=False, extra_env={"JUPYTER_DIST_OUTPUT": "text"}
+    )
     try:
         kernel = ServerKernel(plain, "nb.ipynb", kernel_name)
         kernel.ok("%load_ext jupyter_dist")

@@ -1,0 +1,128 @@
+"""The header of a cell view: one status chip per rank, grouped by node, as HTML.
+
+A chip shows the rank, its state (queued, running, done, error, dead), its time on the
+cell as a bar against the slowest rank (stragglers stand out), and the latest process
+sample (CPU, memory, GPU) in its tooltip and under it.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+
+STATE_OF_FINISH = {
+    "ok": "done",
+    "error": "error",
+    "died": "dead",
+    "timeout": "error",
+    "interrupted": "error",
+    "aborted": "error",
+}
+
+STYLE = """<style>
+.jd-cell-view .jd-node{display:flex;flex-wrap:wrap;align-items:center;gap:4px;margin:2px 0}
+.jd-cell-view .jd-node-label{font-size:11px;color:var(--jp-ui-font-color2,#666);min-width:9em}
+.jd-cell-view .jd-chip{display:inline-flex;flex-direction:column;min-width:5.5em;padding:2px 6px;
+ border-radius:10px;font-size:11px;line-height:1.3;border:1px solid #bbb;background:#f4f4f4;
+ color:#222}
+.jd-cell-view .jd-chip[data-state=running]{background:#e3efff;border-color:#5b9bd5}
+.jd-cell-view .jd-chip[data-state=done]{background:#e6f4e6;border-color:#5cb85c}
+.jd-cell-view .jd-chip[data-state=error]{background:#fde2e1;border-color:#d9534f;color:#8a1f1b}
+.jd-cell-view .jd-chip[data-state=dead]{background:#3b3b3b;border-color:#000;color:#fff}
+.jd-cell-view .jd-bar{height:3px;background:#5b9bd5;border-radius:2px;margin-top:1px}
+.jd-cell-view .jd-chip[data-state=error] .jd-bar{background:#d9534f}
+.jd-cell-view .jd-proc{font-size:10px;opacity:.75}
+.jd-cell-view .jd-footer{font-size:11px;color:var(--jp-ui-font-color2,#666)}
+</style>"""
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    host: str
+    node: int
+    state: str = "queued"
+    started: float | None = None
+    elapsed: float | None = None
+    process: dict[str, float] = field(default_factory=dict)
+
+    def seconds(self, now: float) -> float:
+        if self.elapsed is not None:
+            return self.elapsed
+        return now - self.started if self.started is not None else 0.0
+
+
+def chips_html(statuses: list[RankStatus], now: float | None = None) -> str:
+    """The header's HTML: chips in rank order, one row per node when there are several."""
+    now = time.monotonic() if now is None else now
+    slowest = max((s.seconds(now) for s in statuses), default=0.0) or 1.0
+    nodes: dict[int, list[RankStatus]] = {}
+    for status in statuses:
+        nodes.setdefault(status.node, []).append(status)
+    rows = []
+    for node, members in sorted(nodes.items()):
+        label = (
+            f'<span class="jd-node-label">node {node} · {html.escape(members[0].host)}</span>'
+            if len(nodes) > 1
+            else ""
+        )
+        chips = "".join(_chip(s, now, slowest) for s in members)
+        rows.append(f'<div class="jd-node" data-node="{node}">{label}{chips}</div>')
+    return STYLE + "".join(rows)
+
+
+def _chip(status: RankStatus, now: float, slowest: float) -> str:
+    seconds = status.seconds(now)
+    width = 100.0 * seconds / slowest
+    proc = _process_text(status.process)
+    title = f"rank {status.rank} on {status.host}: {status.state}, {seconds:.1f} s"
+    if proc:
+        title += f"; {proc}"
+    return (
+        f'<span class="jd-chip" data-rank="{status.rank}" data-state="{status.state}" '
+        f'title="{html.escape(title)}"><span>{status.rank} · {status.state} '
+        f"{seconds:.1f}s</span>"
+        f'<span class="jd-bar" style="width:{width:.0f}%"></span>'
+        + (f'<span class="jd-proc">{html.escape(proc)}</span>' if proc else "")
+        + "</span>"
+    )
+
+
+def _process_text(sample: dict[str, float]) -> str:
+    parts = []
+    if "cpu_percent" in sample:
+        parts.append(f"CPU {sample['cpu_percent']:.0f}%")
+    if "rss_mb" in sample:
+        parts.append(f"{sample['rss_mb']:.0f} MB")
+    if "gpu_percent" in sample:
+        parts.append(f"GPU {sample['gpu_percent']:.0f}%")
+    if "gpu_mem_mb" in sample:
+        parts.append(f"{sample['gpu_mem_mb']:.0f} MB GPU")
+    return " · ".join(parts)
+
+
+def cell_summary(statuses: list[RankStatus]) -> str:
+    """One line per cell: ``done on ranks 0-1 in 0.31 s (rank 0 0.30 s, rank 1 0.31 s)``;
+    failed ranks are named first."""
+    from jupyter_dist.errors import ranks_label
+
+    if not statuses:
+        return "no ranks ran"
+    now = time.monotonic()
+    by_state: dict[str, list[int]] = {}
+    for s in statuses:
+        by_state.setdefault(s.state, []).append(s.rank)
+    seconds = {s.rank: s.seconds(now) for s in statuses}
+    slowest = max(seconds, key=lambda r: seconds[r])
+    if len(statuses) <= 8:
+        times = ", ".join(f"rank {r} {t:.2f} s" for r, t in sorted(seconds.items()))
+    else:
+        fastest = min(seconds.values())
+        times = f"fastest {fastest:.2f} s, slowest rank {slowest} {seconds[slowest]:.2f} s"
+    done = by_state.pop("done", [])
+    parts = [f"{state} on {ranks_label(ranks)}" for state, ranks in sorted(by_state.items())]
+    if done:
+        parts.append(f"done on {ranks_label(done)}")
+    spread = f" ({times})" if len(statuses) > 1 else ""
+    return f"{'; '.join(parts)} in {seconds[slowest]:.2f} s{spread}"

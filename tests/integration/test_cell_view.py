@@ -1,0 +1,133 @@
+"""The widget view of a cell, in a real notebook kernel: what each part shows after real
+cells on 2 and 8 ranks (routing, folding, error chips, metrics, bounds, relayed widgets)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.manager import KernelManager
+
+pytestmark = pytest.mark.slow
+STATE = (
+    "import json as _j\n"
+    "print('STATE', _j.dumps(get_ipython().magics_manager.registry['DistMagics']"
+    ".last_view.state(), default=str))"
+)
+
+
+class Kernel:
+    def __init__(self, km: KernelManager) -> None:
+        self.km = km
+        self.kc = km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+        self.messages: list[dict[str, Any]] = []
+
+    def run(self, code: str, timeout: float = 180) -> dict[str, Any]:
+        self.messages = []
+        reply = self.kc.execute_interactive(code, output_hook=self.messages.append, timeout=timeout)
+        return dict(reply["content"])
+
+    def state(self) -> dict[str, Any]:
+        assert self.run(STATE)["status"] == "ok"
+        text = "".join(m["content"]["text"] for m in self.messages if m["msg_type"] == "stream")
+        line = next(t for t in text.splitlines() if t.startswith("STATE "))
+        return dict(json.loads(line[6:]))
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["msg_type"] == kind]
+
+
+@pytest.fixture(scope="module")
+def kernel(kernel_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    km = KernelManager(kernel_name=kernel_name)
+    km.start_kernel(cwd=str(tmp_path_factory.mktemp("cell-view")))
+    kernel = Kernel(km)
+    assert kernel.run("%load_ext jupyter_dist")["status"] == "ok"
+    yield kernel
+    kernel.run("%dist shutdown --all")
+    kernel.kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def test_two_ranks_route_fold_chart_and_mark_the_failing_rank(kernel: Kernel) -> None:
+    reply = kernel.run(
+        "%%distributed --procs 2\n"
+        "import sys, jupyter_dist, torch.distributed as dist\n"
+        "me = dist.get_rank()\n"
+        "for step in range(40):\n"
+        "    jupyter_dist.log(loss=1 / (step + 1), lr=0.1)\n"
+        "print('same on both')\n"
+        "print('mine', me)\n"
+        "print('careful', file=sys.stderr)\n"
+        "if me == 1:\n"
+        "    raise ValueError('rank one is unhappy')\n"
+    )
+    assert reply["status"] == "error" and reply["ename"] == "RanksFailed"
+    # the view went out as a widget, and its final text/plain copy folds the ranks
+    shown = kernel.of_type("display_data")[-1]["content"]["data"]
+    assert "application/vnd.jupyter.widget-view+json" in shown
+    final = kernel.of_type("update_display_data")[-1]["content"]["data"]["text/plain"]
+    assert "[ranks 0-1] same on both" in final and "[rank 1] mine 1" in final
+    assert "error on rank 1; done on rank 0" in final
+    # ... and the aggregated error is still the cell's error
+    assert kernel.of_type("error")[-1]["content"]["ename"] == "RanksFailed"
+
+    state = kernel.state()
+    assert state["chips"] == {"0": "done", "1": "error"}
+    assert state["views"] == ["rank 0", "rank 1", "all ranks"]
+    assert "mine 0" in state["lines"]["0"] and "mine 1" not in state["lines"]["0"]
+    assert (
+        "mine 1" in state["lines"]["1"]
+        and "ValueError: rank one is unhappy" in (state["lines"]["1"])
+    )
+    assert "[ranks 0-1] same on both" in state["all"]
+    assert "[ranks 0-1] careful" in state["all"]
+    assert state["metrics"] == {"loss": {"0": 40, "1": 40}, "lr": {"0": 40, "1": 40}}
+
+
+def test_output_is_bounded_and_the_full_log_is_on_disk(kernel: Kernel) -> None:
+    reply = kernel.run("%%distributed --procs 2\nfor i in range(3000):\n    print('line', i)")
+    assert reply["status"] == "ok"
+    state = kernel.state()
+    assert state["hidden"]["0"] >= 3000 - 400
+    kept = state["lines"]["0"].splitlines()
+    assert kept[-1] == "line 2999" and len(kept) <= 400
+    logs = Path(state["logs"])
+    assert str(logs) in state["footer"]
+    assert (logs / "rank-0.log").read_text().count("\n") == 3000
+    assert oct((logs / "rank-0.log").stat().st_mode & 0o777) == "0o600"
+
+
+def test_eight_ranks_get_a_dropdown_and_one_folded_block(kernel: Kernel) -> None:
+    reply = kernel.run(
+        "%%distributed --procs 8 --session wide --no-init\n"
+        "import jupyter_dist\nprint('hello from everyone')\n"
+        "for s in range(5):\n    jupyter_dist.log(step=s * 10, acc=0.5)\n"
+    )
+    assert reply["status"] == "ok", reply
+    state = kernel.state()
+    assert state["chips"] == {str(r): "done" for r in range(8)}
+    assert state["views"][-1] == "all ranks" and len(state["views"]) == 9
+    assert "[ranks 0-7] hello from everyone" in state["all"]
+    assert state["metrics"] == {"acc": {str(r): 5 for r in range(8)}}
+    kernel.run("%dist shutdown --session wide")
+
+
+def test_widgets_made_in_a_rank_are_relayed(kernel: Kernel) -> None:
+    reply = kernel.run(
+        "%%distributed --procs 2 --ranks 0\n"
+        "from tqdm.auto import tqdm\nimport ipywidgets\n"
+        "for _ in tqdm(range(3), desc='epoch'):\n    pass\n"
+        "ipywidgets.IntSlider()\n"
+    )
+    assert reply["status"] == "ok", reply
+    opened = [m["content"] for m in kernel.of_type("comm_open")]
+    relayed = {c["data"]["state"].get("_model_name") for c in opened}
+    assert {"FloatProgressModel", "IntSliderModel"} <= relayed
+    state = kernel.state()
+    assert any("IntSlider widget" in n and "does not reach the rank" in n for n in state["notices"])

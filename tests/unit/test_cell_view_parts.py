@@ -1,0 +1,75 @@
+"""The parts of the cell view that need no kernel: bounds, chips, summaries, charts."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_dist.cell_status import RankStatus, cell_summary, chips_html
+from jupyter_dist.errors import SpecError
+from jupyter_dist.magics import output_mode
+from jupyter_dist.metrics_view import MetricsView
+from jupyter_dist.output_store import LineWriter, ViewOutput
+
+
+def test_a_view_keeps_its_last_lines_and_counts_the_rest() -> None:
+    view = ViewOutput(limit=3)
+    out, err = LineWriter(view, "stdout"), LineWriter(view, "stderr")
+    out.write("a\nb\n")
+    err.write("oops\n")
+    view.add_rich({"output_type": "display_data", "data": {"text/plain": "fig"}})
+    out.write("tail without newline")
+    out.flush()
+    assert view.hidden == 2
+    assert view.as_outputs() == [
+        {"output_type": "stream", "name": "stderr", "text": "oops\n"},
+        {"output_type": "display_data", "data": {"text/plain": "fig"}},
+        {"output_type": "stream", "name": "stdout", "text": "tail without newline\n"},
+    ]
+
+
+def test_chips_carry_state_rank_and_a_time_bar_per_node() -> None:
+    statuses = [
+        RankStatus(0, "a", 0, "done", started=0.0, elapsed=2.0),
+        RankStatus(1, "b", 1, "error", started=0.0, elapsed=1.0, process={"cpu_percent": 99}),
+    ]
+    html = chips_html(statuses, now=5.0)
+    assert 'data-rank="0" data-state="done"' in html
+    assert 'data-rank="1" data-state="error"' in html
+    assert "node 1 · b" in html and "CPU 99%" in html
+    assert 'style="width:100%"' in html and 'style="width:50%"' in html
+
+
+def test_summaries_name_failures_first_and_the_slowest_rank() -> None:
+    few = [RankStatus(r, "h", 0, "done", elapsed=0.5 + r) for r in range(2)]
+    assert cell_summary(few) == "done on ranks 0-1 in 1.50 s (rank 0 0.50 s, rank 1 1.50 s)"
+    many = [RankStatus(r, "h", 0, "done", elapsed=1.0) for r in range(16)]
+    many[5] = RankStatus(5, "h", 0, "dead", elapsed=9.0)
+    assert cell_summary(many) == (
+        "dead on rank 5; done on ranks 0-4,6-15 in 9.00 s (fastest 1.00 s, slowest rank 5 9.00 s)"
+    )
+
+
+def test_many_ranks_chart_a_mean_and_a_band() -> None:
+    view = MetricsView(list(range(12)))
+    for rank in range(12):
+        view.add(rank, tuple(("loss", float(s), float(rank)) for s in range(3)))
+    view.render()
+    chart = view.charts["loss"]
+    assert chart.many and list(chart.mean.y) == [5.5, 5.5, 5.5]
+    assert [list(row) for row in chart.band.y] == [[0.0] * 3, [11.0] * 3]
+    assert view.summary() == ["loss: 0 at step 2 (rank 0)"]
+
+
+def test_output_mode_defaults_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JUPYTER_DIST_OUTPUT", raising=False)
+
+    class InKernel:
+        kernel = object()
+
+    assert output_mode(InKernel(), None) == "widget"
+    assert output_mode(object(), None) == "text"
+    assert output_mode(InKernel(), "text") == "text"
+    monkeypatch.setenv("JUPYTER_DIST_OUTPUT", "text")
+    assert output_mode(InKernel(), None) == "text"
+    with pytest.raises(SpecError, match="--output 'fancy': expected one of auto, widget, text"):
+        output_mode(InKernel(), "fancy")
