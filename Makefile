@@ -47,6 +47,7 @@ demo: setup
 # pytest's exit status is the target's: 5 ("no tests collected") fails like any other.
 test: setup lint
 	.ci/setup-system
+	.ci/setup-browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup

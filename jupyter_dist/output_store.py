@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,12 +121,37 @@ class RankLogs:
 _root: str | None = None
 
 
+LOGS_PREFIX = "jupyter_dist-logs-"
+
+
 def _logs_root() -> str:
-    """One private folder per notebook process for every cell's logs."""
+    """One private folder per notebook process for every cell's logs. The folders of
+    processes that are gone are removed then: their logs outlive a crash until the next
+    notebook process starts."""
     global _root
     if _root is None:
-        _root = tempfile.mkdtemp(prefix="jupyter_dist-logs-")
+        _prune(Path(tempfile.gettempdir()))
+        _root = tempfile.mkdtemp(prefix=f"{LOGS_PREFIX}{os.getpid()}-")
     return _root
+
+
+def _prune(base: Path) -> None:
+    for folder in base.glob(f"{LOGS_PREFIX}*-*"):
+        pid = folder.name.removeprefix(LOGS_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or folder.owner() != _me():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
+def _me() -> str:
+    import getpass
+
+    return getpass.getuser()
 
 
 def _stream(name: str, lines: list[str]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ keeps sessions in the kernel even under a server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -61,13 +62,18 @@ def find_server(env: Mapping[str, str], runtime_dir: str | None = None) -> Serve
     )
 
 
-def notebook_session_name(env: Mapping[str, str]) -> str | None:
+def notebook_session_name(env: Mapping[str, str], root_dir: str = "") -> str | None:
     """A default session name for the notebook this kernel runs, from the path the server
-    gave it (``JPY_SESSION_NAME``): ``runs/train.ipynb`` -> ``runs-train``. The same
-    notebook gets the same name after a kernel restart, so it finds its session again."""
+    gave it (``JPY_SESSION_NAME``, relative to the server's ``root_dir`` when it is an
+    absolute path): ``runs/train.ipynb`` -> ``runs-train``. The same notebook gets the same
+    name after a kernel restart, so it finds its session again."""
     path = env.get("JPY_SESSION_NAME", "").strip()
     if not path:
         return None
-    parts = Path(path).with_suffix("").parts[-2:]
+    notebook = Path(path)
+    if notebook.is_absolute() and root_dir:
+        with contextlib.suppress(ValueError):
+            notebook = notebook.relative_to(Path(root_dir).expanduser())
+    parts = notebook.with_suffix("").parts[-2:]
     name = _UNSAFE.sub("-", "-".join(p for p in parts if p not in ("/", ""))).strip("-._")
     return name[:64] or None

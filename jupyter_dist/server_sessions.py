@@ -36,7 +36,8 @@ class ServerSessions:
         env = os.environ if env is None else env
         self.client = client
         self.where = f"the Jupyter server at {client.server.url}"
-        self.default_name = notebook_session_name(env) or DEFAULT_SESSION
+        root = client.server.root_dir
+        self.default_name = notebook_session_name(env, root) or DEFAULT_SESSION
         self.sessions: dict[str, AttachedSession] = {}
         self._env = dict(env)
         self._progress: dict[str, Progress] = {}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from jupyter_dist.cell_status import RankStatus, cell_summary, chips_html
@@ -73,3 +76,18 @@ def test_output_mode_defaults_and_refusals(monkeypatch: pytest.MonkeyPatch) -> N
     assert output_mode(InKernel(), None) == "text"
     with pytest.raises(SpecError, match="--output 'fancy': expected one of auto, widget, text"):
         output_mode(InKernel(), "fancy")
+
+
+def test_log_folders_of_gone_processes_are_pruned(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from jupyter_dist.output_store import LOGS_PREFIX, _prune
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    (tmp_path / f"{LOGS_PREFIX}{gone}-abc").mkdir()
+    mine = tmp_path / f"{LOGS_PREFIX}{os.getpid()}-def"
+    mine.mkdir()
+    _prune(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [mine.name]

@@ -99,3 +99,10 @@ def test_a_session_spec_survives_the_trip_through_json() -> None:
         node_procs=(4, 2), launcher="ssh",
     )  # fmt: skip
     assert SessionSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+
+
+def test_absolute_notebook_paths_are_named_from_the_server_root() -> None:
+    env = {"JPY_SESSION_NAME": "/srv/lab/exp/train.ipynb"}
+    assert notebook_session_name(env, "/srv/lab") == "exp-train"
+    assert notebook_session_name({"JPY_SESSION_NAME": "/srv/lab/t.ipynb"}, "/srv/lab") == "t"
+    assert notebook_session_name(env, "/elsewhere") == "exp-train"

@@ -1,0 +1,59 @@
+"""The harness end to end: a notebook run in a real JupyterLab renders text, ipywidgets and
+a ``%%distributed`` cell's output from both ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from .lab import OpenNotebook
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+
+#: the first render of a widget or of a cell's output may lag behind the kernel's reply
+RENDER_TIMEOUT_MS = 60_000
+
+CELLS = [
+    "print('hello')",
+    "import ipywidgets as widgets\n"
+    "slider = widgets.IntSlider(value=3, max=10, description='smoke')\n"
+    "note = widgets.HTML('<b data-test=\"smoke-note\">widgets render</b>')\n"
+    "note.add_class('smoke-html')\n"
+    "widgets.VBox([slider, note])",
+    "%load_ext jupyter_dist",
+    "%%distributed --procs 2\n"
+    "import jupyter_dist\n"
+    "me = jupyter_dist.info()\n"
+    "print(f'rank {me.rank} of {me.world_size}')",
+]
+
+
+def test_notebook_renders_text_widgets_and_ranks(open_lab_notebook: OpenNotebook) -> None:
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook("smoke", CELLS)
+    assert nb.run_all(), "a cell failed"
+
+    expect(nb.output(0)).to_contain_text("hello")
+
+    slider = nb.output(1).locator(".widget-slider")
+    expect(slider).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(slider.locator(".widget-readout")).to_contain_text("3")
+    note = nb.output(1).locator(".smoke-html [data-test=smoke-note]")
+    expect(note).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(note).to_have_text("widgets render")
+
+    # as text every rank's lines are there; the widget view shows one rank until its
+    # "all ranks" button is pressed
+    ranks = nb.output(3)
+    all_ranks = ranks.get_by_role("button", name="all ranks")
+    rank1 = ranks.get_by_text("rank 1 of 2")
+    expect(rank1.or_(all_ranks).first).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    if all_ranks.is_visible():
+        all_ranks.click()
+    expect(ranks.get_by_text("rank 0 of 2").first).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(rank1.first).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+
+    shot = nb.screenshot("lab-smoke")
+    assert shot.stat().st_size > 0
+    assert nb.external_requests == []
+    assert nb.console_errors == []
