@@ -33,7 +33,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_dist.agent_protocol import PROTOCOL_VERSION, decode, encode
+from jupyter_dist.agent_protocol import PROTOCOL_VERSION, STACKS_SIGNAL, decode, encode
 
 PRELOAD = (
     "torch",
@@ -47,6 +47,7 @@ PRELOAD = (
 )
 _PR_SET_PDEATHSIG = 1
 LOG_TAIL_BYTES = 16384
+STACKS_READ_LIMIT = 256 * 1024
 
 
 def set_parent_death_signal(sig: int) -> None:
@@ -193,6 +194,13 @@ class Agent:
             elif op == "probe":
                 reply = probe(str(cmd["addr"]), int(cmd["port"]), float(cmd.get("timeout_s", 5)))
                 self.emit({"event": "reply", "id": cmd["id"], **reply})
+            elif op == "stacks":
+                ranks = cmd.get("ranks")
+                offsets = self.dump_stacks(None if ranks is None else set(ranks))
+                self.emit({"event": "reply", "id": cmd["id"], "offsets": offsets})
+            elif op == "read_log":
+                text = _read_from(self._log_of(int(cmd["rank"])), int(cmd["offset"]))
+                self.emit({"event": "reply", "id": cmd["id"], "text": text})
             elif op == "shutdown":
                 self.stopping = True
             else:
@@ -283,6 +291,27 @@ class Agent:
         run_rank_kernel(conn_path, self.pid, log_fd)
         return 0
 
+    def _log_of(self, rank: int) -> str:
+        for child in self.children.values():
+            if child.rank == rank:
+                return child.log
+        raise RuntimeError(f"rank {rank} does not run on this node")
+
+    def dump_stacks(self, ranks: set[int] | None) -> dict[str, int]:
+        """Ask each rank's faulthandler for every thread's Python stack; it writes them to
+        the rank's log at once, even while the main thread is stuck in C code. Returns where
+        each log ended before the dump (read it back with ``read_log``)."""
+        offsets: dict[str, int] = {}
+        for pid, child in self.children.items():
+            if ranks is not None and child.rank not in ranks:
+                continue
+            try:
+                offsets[str(child.rank)] = os.path.getsize(child.log)
+                os.kill(pid, STACKS_SIGNAL)  # the process only, not its workers
+            except (OSError, ProcessLookupError):
+                continue
+        return offsets
+
     def signal_rank(self, rank: int, name: str) -> None:
         pid = self._pid_of(rank)
         if pid is None:
@@ -349,6 +378,12 @@ class Agent:
             self._reap()
             time.sleep(0.01)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _read_from(path: str, offset: int, limit: int = STACKS_READ_LIMIT) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(limit).decode(errors="replace")
 
 
 def _tail(path: str, size: int = LOG_TAIL_BYTES) -> str:

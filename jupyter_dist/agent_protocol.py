@@ -12,6 +12,8 @@ Commands (launcher -> agent)::
     {"op": "kill", "ranks": [0, 1] | null, "grace": 2.0}
     {"op": "route", "id": "r1", "addr": "10.0.0.1"}
     {"op": "probe", "id": "r2", "addr": "10.0.0.1", "port": 29500, "timeout": 5}
+    {"op": "stacks", "id": "r3", "ranks": [0, 1] | null}   (reply: offsets of the logs)
+    {"op": "read_log", "id": "r4", "rank": 0, "offset": 1234}   (reply: text)
     {"op": "shutdown"}
 
 Events (agent -> launcher)::
@@ -29,7 +31,9 @@ import json
 import signal
 from typing import Any
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
+#: makes a rank's faulthandler write every thread's Python stack to its log
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 def encode(message: dict[str, Any]) -> bytes:

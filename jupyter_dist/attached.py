@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from jupyter_dist.rank_client import RankClient
@@ -42,6 +42,7 @@ class AttachedSession(RankGroup):
                 pid=pids.get(place.rank),
                 connection=dict(entry["connection"]),
             )
+        self.fetch_stacks: Callable[[list[int] | None], Awaitable[dict[int, str]]] | None = None
         self._state = SessionState(status["state"])
         self.broken_reason = str(status.get("broken_reason") or "")
 
@@ -74,6 +75,12 @@ class AttachedSession(RankGroup):
         if state != self._state:
             self.broken_reason = str(status.get("broken_reason") or self.broken_reason)
             self.state = state
+
+    async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
+        """Asked of the server, whose agents can signal the ranks."""
+        if self.fetch_stacks is None:
+            return await super().stacks(ranks)
+        return await self.fetch_stacks(list(ranks) if ranks is not None else None)
 
     def server_lost(self, reason: str) -> None:
         """The server went away; its ranks went with it (it stops them, or their agents

@@ -204,8 +204,13 @@ class CellView:
                 renderer.handle(event)
 
     def _notice(self, text: str) -> None:
+        """Notes about the cell (a straggler, where ranks hung) go in the footer, where
+        they are seen whichever view is shown, and in the all-ranks view."""
         self.notices.append(text)
         self._all_text.handle(Notice(text))
+        self.footer.value = "<br>".join(
+            f"<pre style='margin:0'>{_escape(n)}</pre>" for n in self.notices
+        )
 
     def _rank_finished(self, event: RankFinished) -> None:
         status = self.statuses[event.rank]
@@ -264,7 +269,8 @@ class CellView:
         self.logs.close()
         summary = cell_summary(list(self.statuses.values()))
         lines = [summary, *self.metrics.summary(), f"logs: {self.logs.folder}"]
-        self.footer.value = "<br>".join(_escape(line) for line in lines)
+        notes = "".join(f"<pre style='margin:0'>{_escape(n)}</pre>" for n in self.notices)
+        self.footer.value = notes + "<br>".join(_escape(line) for line in lines)
         self.render()
         if self._handle is not None:
             text = (

@@ -39,7 +39,16 @@ from jupyter_dist.spec import (
 
 OUTPUT_VAR = "JUPYTER_DIST_OUTPUT"
 OUTPUT_MODES = ("auto", "widget", "text")
-DIST_COMMANDS = ("status", "attach", "shutdown", "restart", "interrupt", "push", "pull")
+DIST_COMMANDS = (
+    "status",
+    "stacks",
+    "attach",
+    "shutdown",
+    "restart",
+    "interrupt",
+    "push",
+    "pull",
+)
 
 
 def _display(data: dict[str, Any], metadata: dict[str, Any]) -> None:
@@ -302,7 +311,7 @@ class DistMagics(Magics):
     @argument("command", help=f"one of: {', '.join(DIST_COMMANDS)}")
     @argument("names", nargs="*", help="variable names, for push and pull")
     @argument("--session", default=None, help="which session (default: the current one)")
-    @argument("--ranks", default=None, help="only these ranks (push, pull, interrupt)")
+    @argument("--ranks", default=None, help="only these ranks (push, pull, interrupt, stacks)")
     @argument(
         "--all",
         action="store_true",
@@ -310,8 +319,11 @@ class DistMagics(Magics):
     )
     @line_magic
     def dist(self, line: str) -> Any:
-        """Manage sessions: status, attach NAME, shutdown, restart, interrupt, push NAMES,
-        pull NAME.
+        """Manage sessions: status, stacks, attach NAME, shutdown, restart, interrupt,
+        push NAMES, pull NAME.
+
+        ``%dist stacks`` shows where every rank is (its Python stack, grouped: "ranks 0,1
+        in all_reduce ..., cell line 4"), also while ranks hang in a collective.
 
         ``%dist attach NAME`` makes NAME this notebook's session (under a Jupyter server,
         any notebook can attach to any session the server runs).
@@ -376,6 +388,14 @@ class DistMagics(Magics):
 
         session: RankGroup = self._call(restart)
         print(f"[jupyter_dist] session {name!r} restarted: {session.spec.describe()}")
+
+    def _dist_stacks(self, args: Any) -> None:
+        from jupyter_dist import stacks
+
+        session = self._session(args.session)
+        dumps = self.control.run(session.stacks(self._ranks_arg(args, session)))
+        print(f"[jupyter_dist] where the ranks of session {session.name!r} are:")
+        print(stacks.describe(dumps))
 
     def _dist_attach(self, args: Any) -> None:
         if len(args.names) != 1:

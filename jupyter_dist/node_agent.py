@@ -207,6 +207,21 @@ class NodeAgent:
             "probe", timeout=timeout + 10, addr=addr, port=port, timeout_s=timeout
         )
 
+    async def stacks(self, ranks: list[int], settle: float = 0.3) -> dict[int, str]:
+        """Every thread's Python stack of each of ``ranks`` on this node (faulthandler's
+        text), read back from the ranks' logs once the dumps had ``settle`` seconds."""
+        reply = await self.request("stacks", ranks=ranks)
+        offsets = {int(r): int(o) for r, o in reply.get("offsets", {}).items()}
+        await asyncio.sleep(settle)
+        texts = await asyncio.gather(
+            *(self.request("read_log", rank=r, offset=o) for r, o in offsets.items()),
+            return_exceptions=True,
+        )
+        return {
+            r: t.get("text", "") if isinstance(t, dict) else f"(no dump: {t})"
+            for r, t in zip(offsets, texts, strict=True)
+        }
+
     async def signal_rank(self, rank: int, signal_name: str) -> None:
         await self._send({"op": "signal", "rank": rank, "signal": signal_name})
 

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import queue
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,8 +36,15 @@ import zmq.asyncio
 from jupyter_dist import objects
 from jupyter_dist.agent_protocol import describe_returncode
 from jupyter_dist.cell_run import CellRun
-from jupyter_dist.errors import CellTimeout, PushError, RanksFailed, SessionError, SpecError
-from jupyter_dist.events import CellEvent, CellFinished, CellResult
+from jupyter_dist.errors import (
+    CellTimeout,
+    PushError,
+    RanksFailed,
+    SessionError,
+    SpecError,
+    ranks_label,
+)
+from jupyter_dist.events import CellEvent, CellFinished, CellResult, Notice
 from jupyter_dist.rank_client import RankClient
 from jupyter_dist.spec import SessionSpec
 from jupyter_dist.topology import RankPlace
@@ -48,6 +56,11 @@ log = logging.getLogger(__name__)
 
 #: how long ranks get to answer an interrupt before a cell is given up on
 INTERRUPT_GRACE_S = 5.0
+#: how often a running cell is looked at (stragglers)
+WATCH_TICK_S = 1.0
+#: default seconds a rank may run on after the others finished before it is named
+STRAGGLER_S = 30.0
+STACKS_TIMEOUT_S = 10.0
 
 
 class SessionState(str, enum.Enum):
@@ -101,6 +114,7 @@ class RankGroup:
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
         self._current: CellRun | None = None
         self.stale = False  # its ranks were replaced behind this object's back
+        self.straggler_s = float(os.environ.get("JUPYTER_DIST_STRAGGLER_S") or STRAGGLER_S)
 
     @property
     def name(self) -> str:
@@ -200,11 +214,15 @@ class RankGroup:
                 sent[r] = rec.client.execute(code, run.handler(r), silent=silent)
             self._changed()
             try:
-                await asyncio.wait_for(run.done.wait(), timeout)
+                await asyncio.wait_for(self._watch(run, sink), timeout)
             except asyncio.TimeoutError:
                 run.timed_out = True
                 log.info("session %s: cell timed out after %s s", self.name, timeout)
-                await self.interrupt(run.busy_ranks)
+                busy = run.busy_ranks
+                where = await self._stacks_text(busy)
+                if sink is not None and where:
+                    sink.put(Notice(f"still running after {timeout} s; where ranks are:\n{where}"))
+                await self.interrupt(busy)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(run.done.wait(), INTERRUPT_GRACE_S)
                 run.give_up(
@@ -222,6 +240,47 @@ class RankGroup:
                     rec.state = RankState.IDLE
             self._changed()
         return run.result()
+
+    async def _watch(self, run: CellRun, sink: queue.SimpleQueue[CellEvent] | None) -> None:
+        """Wait for the cell; say once which ranks are still busy when the others have
+        been done for `straggler_s` (a rank stuck in a collective the others left)."""
+        first_done: float | None = None
+        said = False
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(run.done.wait()), WATCH_TICK_S)
+                return
+            except asyncio.TimeoutError:
+                pass
+            busy = run.busy_ranks
+            if not busy or len(busy) == len(run.progress) or said or sink is None:
+                continue
+            first_done = first_done or loop.time()
+            if loop.time() - first_done >= self.straggler_s:
+                said = True
+                where = await self._stacks_text(busy, frames=False)
+                sink.put(
+                    Notice(
+                        f"{ranks_label(busy)} still running {self.straggler_s:.0f} s after "
+                        f"the other ranks finished" + (f": {where}" if where else "")
+                        + f"; `%dist stacks --session {self.name}` shows where"
+                    )
+                )  # fmt: skip
+
+    async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
+        """Each rank's stack dump (faulthandler text of every thread)."""
+        raise SessionError(f"session {self.name!r}: stack dumps are not available here")
+
+    async def _stacks_text(self, ranks: Sequence[int], frames: bool = True) -> str:
+        from jupyter_dist import stacks
+
+        try:
+            dumps = await asyncio.wait_for(self.stacks(ranks), STACKS_TIMEOUT_S)
+        except Exception as err:
+            log.info("session %s: no stack dumps: %s", self.name, err)
+            return ""
+        return stacks.describe(dumps) if frames else stacks.one_line(dumps)
 
     def raise_for(self, result: CellResult) -> None:
         """Turn a failed `CellResult` into the exception the notebook cell raises."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import IO
 
+from jupyter_dist.agent_protocol import STACKS_SIGNAL
+
 RANK_KERNEL_ARGS = (
     "--HistoryManager.hist_file=:memory:",
     "--IPKernelApp.quiet=True",
@@ -30,6 +32,9 @@ def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
 
     _crash_log = os.fdopen(log_fd, "w", buffering=1)
     faulthandler.enable(file=_crash_log, all_threads=False)
+    # `%dist stacks`: a dump of every thread on demand, even with the main thread stuck
+    # in a C++ collective (faulthandler writes from its C signal handler)
+    faulthandler.register(STACKS_SIGNAL, file=_crash_log, all_threads=True, chain=False)
 
     from ipykernel.kernelapp import IPKernelApp
 

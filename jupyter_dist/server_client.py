@@ -114,6 +114,11 @@ class ServerClient:
         found: dict[str, Any] = await self.call("GET", f"sessions/{quote(name)}/connection")
         return found
 
+    async def stacks(self, name: str, ranks: list[int] | None) -> dict[int, str]:
+        query = f"?ranks={','.join(map(str, ranks))}" if ranks else ""
+        found = await self.call("GET", f"sessions/{quote(name)}/stacks{query}")
+        return {int(r): str(d) for r, d in found["stacks"].items()}
+
     async def restart(self, name: str) -> dict[str, Any]:
         found: dict[str, Any] = await self.call("POST", f"sessions/{quote(name)}/restart")
         return found

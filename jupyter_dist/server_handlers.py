@@ -24,7 +24,7 @@ from jupyter_dist.errors import (
 )
 from jupyter_dist.hosts import HostSpec, parse_host, parse_hosts
 from jupyter_dist.manager import SessionManager
-from jupyter_dist.spec import DEFAULT_SESSION, ShapeRequest, check_session_name
+from jupyter_dist.spec import DEFAULT_SESSION, ShapeRequest, check_session_name, parse_ranks
 
 API_PREFIX = "/jupyter-dist/api/v1"
 AUTH_RESOURCE = "jupyter_dist"
@@ -206,6 +206,23 @@ class ConnectionHandler(DistHandler):
             raise self.fail(err) from err
 
 
+class StacksHandler(DistHandler):
+    """``/sessions/NAME/stacks?ranks=0,2-3``: every rank's Python stacks, as dumped by
+    faulthandler (works while a rank is stuck in a collective)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, name: str) -> None:
+        try:
+            session = self.manager.get(name)
+            text = self.get_query_argument("ranks", "")
+            ranks = parse_ranks(text, session.spec.world_size) if text else None
+            dumps = await session.stacks(ranks)
+        except BaseException as err:
+            raise self.fail(err) from err
+        self.reply({"stacks": {str(r): d for r, d in dumps.items()}})
+
+
 class SessionActionHandler(DistHandler):
     """``/sessions/NAME/interrupt`` and ``/sessions/NAME/restart``."""
 
@@ -262,5 +279,6 @@ HANDLERS = [
     (rf"{API_PREFIX}/sessions", SessionsHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}", SessionHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/connection", ConnectionHandler),
+    (rf"{API_PREFIX}/sessions/{_NAME}/stacks", StacksHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/(?P<action>interrupt|restart)", SessionActionHandler),
 ]

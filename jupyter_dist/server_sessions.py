@@ -104,6 +104,7 @@ class ServerSessions:
         if old is not None:
             await old.close_clients()
         session = AttachedSession(status, connection)
+        session.fetch_stacks = lambda ranks: self.client.stacks(name, ranks)
         try:
             await session.connect(CONNECT_TIMEOUT_S)
         except BaseException:

@@ -13,7 +13,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +198,22 @@ class Session(RankGroup):
                 self._on_rank_exit(
                     rec.rank, -9, f"the agent of node {node.host!r} exited\n{tail}".strip()
                 )
+
+    async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
+        """Each rank's stack dump, asked of the agents of the ranks' nodes."""
+        chosen = self.check_ranks(ranks)
+        by_node: dict[NodeAgent, list[int]] = {}
+        for r in chosen:
+            rec = self.ranks[r]
+            if rec.node is not None and not rec.node.lost and rec.state != RankState.DEAD:
+                by_node.setdefault(rec.node, []).append(r)
+        found: dict[int, str] = {}
+        for dumps in await asyncio.gather(*(n.stacks(rs) for n, rs in by_node.items())):
+            found.update(dumps)
+        for r in chosen:
+            if r not in found:
+                found[r] = ""
+        return found
 
     # -- restart and shutdown -------------------------------------------------------------
     async def _stop_ranks(self, grace: float) -> None:

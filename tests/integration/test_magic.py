@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -237,3 +238,32 @@ def test_master_port_comes_from_the_allowed_range(
     monkeypatch.setenv(PORTS_VAR, "9-x")
     out = run("%%distributed --session ports --procs 1\nprint(1)")
     assert not out.ok and "JUPYTER_DIST_MASTER_PORTS '9-x'" in out.stderr + out.stdout
+
+
+def test_stacks_show_idle_ranks_and_where_a_hang_is(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = run("%dist stacks")
+    assert out.ok, out.stdout
+    assert "ranks 0-1: idle (waiting for a cell)" in out.stdout
+
+    monkeypatch.setenv("JUPYTER_DIST_STRAGGLER_S", "1")
+    assert run("%%distributed --session hang --procs 3\nimport torch, torch.distributed as dist").ok
+    out = run(
+        "%%distributed --session hang --timeout 5\n"
+        "if dist.get_rank() != 2:\n"
+        "    dist.all_reduce(torch.ones(1))  # rank 2 never joins\n"
+    )
+    assert not out.ok
+    text = out.stdout + out.stderr
+    # the watchdog names the stragglers and where they wait, before the timeout
+    assert re.search(
+        r"ranks 0-1 still running 1 s after the other ranks finished: "
+        r"ranks 0-1: in all_reduce \(distributed_c10d\.py:\d+\), cell line 2",
+        text,
+    )
+    # the timeout dumps the stacks before interrupting, frames included
+    assert "still running after 5.0 s; where ranks are:" in text
+    assert re.search(r'File ".*distributed_c10d\.py", line \d+, in all_reduce', text)
+    assert "CellTimeout" in text
+    assert run("%dist shutdown --session hang").ok

@@ -205,6 +205,8 @@ def test_interrupt_from_the_notebook_reaches_server_owned_ranks(
     assert time.monotonic() - began < 20
     out = notebook.ok("%%distributed --session slow\nprint('alive')")
     assert "[ranks 0-1] alive" in out, out
+    out = notebook.ok("%dist stacks --session slow")  # asked of the server's agents
+    assert "ranks 0-1: idle (waiting for a cell)" in out, out
     notebook.ok("%dist shutdown --session slow")
 
 

@@ -1,0 +1,109 @@
+"""Where each rank is: faulthandler's stack dumps, parsed, grouped and written for people.
+
+A dump lists every thread, most recent call first. The rank's main thread (the one that
+runs cells; its oldest frame is not ``threading``'s bootstrap) tells where the rank is.
+Ranks stopped at the same place are grouped: ``ranks 0,1,3: in all_reduce
+(distributed_c10d.py:2806), cell line 4``; a rank waiting for its next cell is "idle".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jupyter_dist.errors import ranks_label
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+)')
+_CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-[^>]*>|<cell>)$")
+#: where a kernel waits for its next message
+_IDLE_FILES = ("selectors.py", "base_events.py", "zmq/", "ioloop", "threading.py")
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+    @property
+    def in_cell(self) -> bool:
+        return bool(_CELL_FILE.search(self.file))
+
+    def short(self) -> str:
+        return f"{self.func} ({os.path.basename(self.file)}:{self.line})"
+
+
+def parse_dump(text: str) -> list[list[Frame]]:
+    """Each thread's frames, most recent first, in the order the dump lists them."""
+    threads: list[list[Frame]] = []
+    for line in text.splitlines():
+        if _THREAD.match(line):
+            threads.append([])
+            continue
+        m = _FRAME.match(line)
+        if m and threads:
+            threads[-1].append(Frame(m["file"], int(m["line"]), m["func"]))
+    return threads
+
+
+def main_thread(threads: list[list[Frame]]) -> list[Frame]:
+    """The thread that runs cells: its oldest frame is not a thread bootstrap."""
+    for frames in threads:
+        if frames and frames[-1].func not in ("_bootstrap", "_bootstrap_inner"):
+            return frames
+    return threads[0] if threads else []
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank is, as a grouping key and a sentence."""
+
+    key: tuple[str, ...]
+    text: str
+    frames: tuple[Frame, ...]  # from the cell's frame to the innermost, oldest first
+
+
+def place_of(dump: str) -> Place:
+    frames = main_thread(parse_dump(dump))
+    if not frames:
+        return Place(("unknown",), "no stack dump (the process may be gone)", ())
+    cell = next((f for f in frames if f.in_cell), None)
+    top = frames[0]
+    if cell is None:
+        if any(part in top.file for part in _IDLE_FILES):
+            return Place(("idle",), "idle (waiting for a cell)", ())
+        return Place((top.file, str(top.line)), f"in {top.short()}", tuple(reversed(frames)))
+    start = frames.index(cell)
+    shown = tuple(reversed(frames[: start + 1]))
+    where = f"cell line {cell.line}"
+    if top is cell:
+        return Place(("cell", str(cell.line)), f"at {where}", shown)
+    return Place((top.file, str(top.line), str(cell.line)), f"in {top.short()}, {where}", shown)
+
+
+def group_places(dumps: Mapping[int, str]) -> list[tuple[list[int], Place]]:
+    """Ranks at the same place together, the biggest group first."""
+    groups: dict[tuple[str, ...], tuple[list[int], Place]] = {}
+    for rank in sorted(dumps):
+        place = place_of(dumps[rank])
+        groups.setdefault(place.key, ([], place))[0].append(rank)
+    return sorted(groups.values(), key=lambda g: (-len(g[0]), g[0][0]))
+
+
+def describe(dumps: Mapping[int, str], frames: bool = True) -> str:
+    """``ranks 0,1,3: in all_reduce (...), cell line 4`` per group, with the frames."""
+    lines = []
+    for ranks, place in group_places(dumps):
+        lines.append(f"{ranks_label(ranks)}: {place.text}")
+        if frames:
+            for frame in place.frames:
+                lines.append(f'    File "{frame.file}", line {frame.line}, in {frame.func}')
+    return "\n".join(lines)
+
+
+def one_line(dumps: Mapping[int, str]) -> str:
+    """All groups on one line: ``ranks 0,1: in all_reduce (...); rank 2: at cell line 7``."""
+    return "; ".join(f"{ranks_label(r)}: {p.text}" for r, p in group_places(dumps))
