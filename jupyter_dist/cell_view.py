@@ -295,6 +295,10 @@ class CellView:
             "views": [v.label for v in self.views],
             "lines": {r: v.output.plain_text() for r, v in self.rank_views.items()},
             "hidden": {r: v.output.hidden for r, v in self.rank_views.items()},
+            "rich": {
+                r: [sorted(e[1].get("data", {})) for e in v.output.entries if e[0] == "rich"]
+                for r, v in self.rank_views.items()
+            },
             "all": self.all_view.output.plain_text(),
             "metrics": self.metrics.state(),
             "notices": list(self.notices),

@@ -59,6 +59,9 @@ def test_two_ranks_route_fold_chart_and_mark_the_failing_rank(kernel: Kernel) ->
         "%%distributed --procs 2\n"
         "import sys, jupyter_dist, torch.distributed as dist\n"
         "me = dist.get_rank()\n"
+        "from IPython.display import HTML, display\n"
+        "if me == 0:\n"
+        "    display(HTML('<b>table of rank 0</b>'))\n"
         "for step in range(40):\n"
         "    jupyter_dist.log(loss=1 / (step + 1), lr=0.1)\n"
         "print('same on both')\n"
@@ -88,6 +91,9 @@ def test_two_ranks_route_fold_chart_and_mark_the_failing_rank(kernel: Kernel) ->
     assert "[ranks 0-1] same on both" in state["all"]
     assert "[ranks 0-1] careful" in state["all"]
     assert state["metrics"] == {"loss": {"0": 40, "1": 40}, "lr": {"0": 40, "1": 40}}
+    # rich output shows in the view of the rank that made it, and only there
+    assert state["rich"]["0"] == [["text/html", "text/plain"]]
+    assert [kinds for kinds in state["rich"]["1"] if "text/html" in kinds] == []
 
 
 def test_output_is_bounded_and_the_full_log_is_on_disk(kernel: Kernel) -> None:
