@@ -38,12 +38,14 @@ ALLREDUCE = (
 )
 SCRIPT = 'import torch.distributed as dist\ndist.init_process_group("gloo")\n' + ALLREDUCE
 RUNS, REPEATS = 30, 3
+# rank output as prefixed text on the notebook kernel's stdout, where the marker is looked for
+TEXT_MODE = {"JUPYTER_DIST_OUTPUT": "text"}
 
 
 def jupyter_dist_ssh(cluster: Cluster, work: Path) -> tuple[float, float]:
     """Cold start to the all_reduce, then the warm round trip, over SSH."""
     hosts = ",".join(cluster.hosts)
-    with notebook_kernel(work, "%dist shutdown --all") as nk:
+    with notebook_kernel(work, "%dist shutdown --all", extra_env=TEXT_MODE) as nk:
         first = nk.run("%load_ext jupyter_dist")
         cell = f"%%distributed --hosts {hosts} --ssh-config {cluster.config_path} --procs 2\n"
         res = nk.run(cell + ALLREDUCE, timeout=300, marker="allreduce=10.0")
@@ -54,7 +56,7 @@ def jupyter_dist_ssh(cluster: Cluster, work: Path) -> tuple[float, float]:
 
 
 def jupyter_dist_local(work: Path) -> float:
-    with notebook_kernel(work, "%dist shutdown --all") as nk:
+    with notebook_kernel(work, "%dist shutdown --all", extra_env=TEXT_MODE) as nk:
         nk.run("%load_ext jupyter_dist")
         nk.run("%%distributed --procs 4\nx = 0", timeout=300).check()
         return warm_round_trip(nk)

@@ -92,6 +92,10 @@ class CellResult:
 
 # says, from what arrived so far, whether all expected output is in
 Done = Callable[[CellResult], bool]
+# sees every IOPub message with its arrival time (time.perf_counter()), whatever its type
+# or parent; returns True when the message counts as output for `grace` (a frontend that
+# follows widgets, say)
+IopubHook = Callable[[Message, float], bool]
 DONE_CHECK_EVERY_S = 0.05
 
 
@@ -212,6 +216,33 @@ class NotebookKernel:
         return self
 
     @property
+    def connection_file(self) -> str:
+        """Where a second client (another process) finds this kernel's ports and key."""
+        if self.km is None:
+            raise RuntimeError("kernel not started")
+        return str(self.km.connection_file)
+
+    def cpu_seconds(self, precise: bool = True) -> float:
+        """CPU time (user + system, all its threads, not its children) the kernel process
+        used so far.
+
+        precise: from the process's CPU-time clock (Linux, nanoseconds); psutil's
+        `cpu_times()` (user + system) counts in clock ticks, 10 ms, about what a whole
+        W4 flood costs the notebook kernel. Falls back on psutil where the clock is
+        unavailable.
+        """
+        pid = self.pid
+        if pid is None:
+            raise RuntimeError("kernel not started")
+        if precise and sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError):
+                # the process-wide CPUCLOCK_SCHED clock of another pid, as glibc's
+                # clock_getcpuclockid() makes it
+                return time.clock_gettime(((~pid) << 3) | 2)
+        times = psutil.Process(pid).cpu_times()
+        return float(times.user + times.system)
+
+    @property
     def pid(self) -> int | None:
         if self.km is None or self.km.provisioner is None:
             return None
@@ -273,13 +304,15 @@ class NotebookKernel:
         done: Done | None = None,
         grace: float = 0.0,
         track: bool = True,
+        on_iopub: IopubHook | None = None,
     ) -> CellResult:
         """Run one cell; return when reply + idle arrived (and `done` or `grace` allows).
 
         marker: record when an output containing this text first arrives (`marker_at`).
         done / grace: after reply + idle, keep reading IOPub until `done(result)` is true
         or no output arrived for `grace` seconds; `last_output_at` then says when the last
-        output came. Raises `CellTimeout` when the cell does not finish in `timeout`.
+        output came. on_iopub: see `IopubHook`. Raises `CellTimeout` when the cell does not
+        finish in `timeout`.
         """
         kc = self.kc
         if kc is None:
@@ -333,6 +366,8 @@ class NotebookKernel:
                 while kc.iopub_channel.msg_ready():
                     msg = kc.iopub_channel.get_msg(timeout=0)
                     t = time.perf_counter()
+                    if on_iopub is not None and on_iopub(msg, t):
+                        last_output = t
                     if self._on_iopub(msg, msg_id, res):
                         last_output = t
                         res.last_output_at = t - t0
@@ -412,10 +447,13 @@ def _msg_text(msg: Message) -> str:
 
 @contextlib.contextmanager
 def notebook_kernel(
-    cwd: Path, cleanup_code: str | None = None, log_path: Path | None = None
+    cwd: Path,
+    cleanup_code: str | None = None,
+    log_path: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[NotebookKernel]:
     """A started kernel that is always shut down (peer teardown cell first)."""
-    nk = NotebookKernel(cwd=cwd, log_path=log_path)
+    nk = NotebookKernel(cwd=cwd, log_path=log_path, extra_env=extra_env)
     try:
         nk.start()
         yield nk

@@ -25,7 +25,17 @@ from typing import Any
 from drivers import DRIVERS
 from drivers.base import Config, Results, keys_of
 from noise import ForeignLoad
-from workloads import METRICS, W1_RUNS, W1_WARMUP, WORKLOADS, Metric, MetricSpec, ratio_target
+from workloads import (
+    METRICS,
+    W1_RUNS,
+    W1_WARMUP,
+    WORKLOADS,
+    ZERO_LOST,
+    Metric,
+    MetricSpec,
+    absolute_target,
+    ratio_target,
+)
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -52,7 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--push-repeats", type=int, default=defaults.push_repeats, help="W3 pushes per peer"
     )
     p.add_argument(
-        "--w4-repeats", type=int, default=defaults.w4_repeats, help="W4/W4b cells per peer"
+        "--w4-repeats",
+        type=int,
+        default=defaults.w4_repeats,
+        help="W4/W4b/W4w cells per peer (W4w: per phase)",
     )
     p.add_argument(
         "--w5-repeats", type=int, default=defaults.w5_repeats, help="W5 training runs per peer"
@@ -124,6 +137,8 @@ def fmt_value(m: Metric | None, unit: str) -> str:
         return f"{v:.1f}"
     if unit == "lines":
         return f"{v:.0f}"
+    if unit == "cpu_s":
+        return f"{v:.3f} s CPU"
     return f"{v:.3g}"
 
 
@@ -141,10 +156,19 @@ def _value(results: dict[str, Results], peer: str, key: str) -> float | None:
 
 def target_cells(spec: MetricSpec, results: dict[str, Results]) -> tuple[str, str]:
     """(target text, verdict text) for one metric row."""
-    if spec.key in ("w4.lost", "w4b.lost"):
+    if spec.key in ZERO_LOST:
         mine = _value(results, SUBJECT, spec.key)
         verdict = "-" if mine is None else ("PASS" if mine == 0 else f"FAIL ({mine:.0f} lost)")
         return "0 lost", verdict
+    limit = absolute_target(spec.key)
+    if limit is not None:
+        bound, at_most = limit
+        text = f"{'<=' if at_most else '>='} {bound:g} {spec.unit}"
+        mine = _value(results, SUBJECT, spec.key)
+        if mine is None:
+            return text, "-"
+        ok = mine <= bound if at_most else mine >= bound
+        return text, "PASS" if ok else "FAIL"
     target = ratio_target(spec.key)
     if target is None:
         return "", ""
@@ -154,6 +178,8 @@ def target_cells(spec: MetricSpec, results: dict[str, Results]) -> tuple[str, st
     )
     mine = _value(results, SUBJECT, spec.key)
     ref = _value(results, ref_peer, ref_key)
+    if mine is not None and ref is None and ref_peer == SUBJECT:
+        return text, f"- (no {ref_key} in this run)"
     if mine is None or ref is None or ref == 0:
         return text, "-"
     ratio = mine / ref

@@ -22,7 +22,16 @@ N_LINES = 10_000
 W5_WARMUP = 20
 W5_STEPS = 200
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W4w", "W5")
+
+#: a flood costs the notebook kernel this much CPU per so many printed lines (cpu_per_10k)
+CPU_PER_LINES = 10_000
+#: W4w: the last line each rank prints in PRINT_BODY
+W4W_LAST_LINE = str(N_LINES - 1)
+#: W4w: what the other notebook kernel runs again and again during the flood
+OTHER_KERNEL_CELL = "1+1"
+#: W4w: seconds between two of those cells (so the probe itself stays light)
+OTHER_KERNEL_PAUSE_S = 0.01
 
 ALLREDUCE_MARKER = "allreduce="
 ALLREDUCE_BODY = """\
@@ -140,6 +149,41 @@ METRICS: tuple[MetricSpec, ...] = (
         "w4b.seconds", "W4", "W4b (extra) distinct lines per rank, time to all received", "s", False
     ),
     MetricSpec("w4b.lost", "W4", "W4b (extra) lines lost (of 20,000)", "lines", False),
+    MetricSpec(
+        "w4.cpu_per_10k",
+        "W4",
+        "W4 notebook kernel CPU per 10,000 lines printed (text path for jupyter_dist)",
+        "cpu_s",
+        False,
+    ),
+    MetricSpec(
+        "w4w.seconds",
+        "W4w",
+        "W4w cell view (widget), 10,000 lines per rank, time to each rank's last line drawn",
+        "s",
+        False,
+    ),
+    MetricSpec(
+        "w4w.lost", "W4w", "W4w lines missing from the rank logs (of 20,000)", "lines", False
+    ),
+    MetricSpec(
+        "w4w.cpu_per_10k", "W4w", "W4w notebook kernel CPU per 10,000 lines printed", "cpu_s", False
+    ),
+    MetricSpec(
+        "w4w.other_kernel_ms",
+        "W4w",
+        "W4w another session during the flood: a second notebook kernel (no jupyter_dist) "
+        "answering `1+1`, max round trip",
+        "ms",
+        False,
+    ),
+    MetricSpec(
+        "w4w.other_kernel_median_ms",
+        "W4w",
+        "W4w another session during the flood, median round trip",
+        "ms",
+        False,
+    ),
     MetricSpec("w5.steps_per_s", "W5", "W5 DDP MLP steps/s", "steps/s", True),
 )
 
@@ -265,6 +309,20 @@ def ratio_target(
         "w3.mb_per_s": ("ipyparallel", "w3.mb_per_s", 3.0, False),
         "w4.seconds": ("ipyparallel", "w4.seconds", 1.0, True),
         "w4b.seconds": ("ipyparallel", "w4b.seconds", 1.0, True),
+        # the cell view under the same flood, against jupyter_dist's own text path
+        "w4w.seconds": ("jupyter_dist", "w4.seconds", 1.5, True),
         "w5.steps_per_s": ("torchrun", "w5.steps_per_s", 0.98, False),
+    }
+    return targets.get(key)
+
+
+#: metrics whose target is that nothing is lost
+ZERO_LOST = ("w4.lost", "w4b.lost", "w4w.lost")
+
+
+def absolute_target(key: str) -> tuple[float, bool] | None:
+    """(limit, jupyter_dist must be <=) for a metric with a fixed target, in its unit."""
+    targets: dict[str, tuple[float, bool]] = {
+        "w4w.other_kernel_ms": (50.0, True),
     }
     return targets.get(key)

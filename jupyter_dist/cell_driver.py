@@ -41,11 +41,17 @@ def drive(
     """Render events until ``future`` is done; return whether the user interrupted."""
     interrupted_at: float | None = None
     future.add_done_callback(lambda _: sink.put(CallDone()))
+    last_tick = time.monotonic()
     while True:
         try:
+            now = time.monotonic()
+            if now - last_tick >= POLL_S:  # steady output must not starve the redraws
+                last_tick = now
+                renderer.tick()
             try:
                 event = sink.get(timeout=POLL_S)
             except queue.Empty:
+                last_tick = time.monotonic()
                 renderer.tick()
                 if future.done() and sink.empty():
                     return interrupted_at is not None

@@ -31,18 +31,19 @@ class MetricsChannel:
         self.last_flush = time.monotonic()
         self.parent: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._busy = threading.Event()
+        self._busy_since: float | None = None
         self._sampler = ProcessSampler()
         threading.Thread(target=self._sample_loop, name="jupyter-dist-metrics", daemon=True).start()
 
     # -- cell boundaries (IPython events) ---------------------------------------------------
     def pre_execute(self) -> None:
         self.parent = dict(self.kernel.get_parent() or {})
-        self._busy.set()
+        self._busy_since = time.monotonic()
 
     def post_execute(self) -> None:
-        self._busy.clear()
-        self.flush()
+        self._busy_since = None
+        if self.points:
+            self.flush()
 
     # -- points -------------------------------------------------------------------------
     def log(self, step: float | None, scalars: dict[str, Any]) -> None:
@@ -69,12 +70,16 @@ class MetricsChannel:
             )
 
     def _sample_loop(self) -> None:
+        """A sample every `SAMPLE_S` while a cell runs. The thread only wakes on its own
+        clock (never when a cell starts), and cells shorter than `SAMPLE_S` get no
+        sample, so quick cells pay nothing for it."""
         while True:
-            self._busy.wait()
-            sample = self._sampler.sample()
-            if sample and self._busy.is_set():
-                self.flush(sample)
             time.sleep(SAMPLE_S)
+            since = self._busy_since
+            if since is not None and time.monotonic() - since >= SAMPLE_S:
+                sample = self._sampler.sample()
+                if sample and self._busy_since is not None:
+                    self.flush(sample)
 
 
 class ProcessSampler:

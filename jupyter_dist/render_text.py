@@ -24,6 +24,8 @@ from jupyter_dist.events import (
 )
 
 HOLD_S = 0.5
+#: cells at least this long always end with a summary line of per-rank times
+SUMMARY_AFTER_S = 1.0
 STREAMS = ("stdout", "stderr")
 
 DisplayFn = Callable[[dict[str, Any], dict[str, Any]], None]
@@ -57,6 +59,7 @@ class TextRenderer:
             name: {r: collections.deque() for r in self.ranks} for name in STREAMS
         }
         self.results: list[RichOut] = []
+        self.results_shown = 0
         self.lines_written = 0
         self.summary = summary
         self.finished: dict[int, RankStatus] = {}
@@ -93,13 +96,21 @@ class TextRenderer:
         self.running.clear()
         self.flush(final=True)
         self._show_results()
-        if self.summary and self.finished:
+        if self.summary and self.finished and self._summary_worth_it():
             self.files["stdout"].write(
                 f"[jupyter_dist] {cell_summary(list(self.finished.values()))}\n"
             )
-            self.finished.clear()
+        self.finished.clear()
         for f in self.files.values():
             f.flush()
+
+    def _summary_worth_it(self) -> bool:
+        """A silent cell that was quick and ran fine gets no summary line: it would be the
+        cell's only output, and one more message costs a quick cell a third of its time."""
+        statuses = self.finished.values()
+        slow = max(s.seconds(0.0) for s in statuses) >= SUMMARY_AFTER_S
+        failed = any(s.state != "done" for s in statuses)
+        return slow or failed or self.lines_written > 0 or bool(self.results_shown)
 
     # -- streams ------------------------------------------------------------------------
     def _stream(self, event: StreamOut) -> None:
@@ -198,4 +209,5 @@ class TextRenderer:
             ranks.append(event.rank)
         for ranks, event in groups.values():
             self._show_rich(ranks, event)
+            self.results_shown += 1
         self.results.clear()

@@ -4,12 +4,13 @@ A driver measures the workloads it can and returns one `Metric` per metric key; 
 workload it cannot run is `Metric(na=reason)`, one that failed is `Metric(error=reason)`,
 so one broken peer never stops the run. `KernelPeer` is the base of the peers driven from
 a real notebook kernel (jupyter_dist, ipyparallel, nbdistributed): one warm session for
-W1/W3/W4/W5, fresh kernels for W2, and teardown (the peer's own, then the reaper) in
+W1/W3/W4/W4w/W5, fresh kernels for W2, and teardown (the peer's own, then the reaper) in
 `finally`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import statistics
@@ -26,7 +27,9 @@ from notebook_kernel import CellResult, NotebookKernel
 from workloads import (
     ALLREDUCE_BODY,
     ALLREDUCE_MARKER,
+    CPU_PER_LINES,
     METRICS,
+    N_LINES,
     N_RANKS,
     PRINT_BODY,
     PRINT_DISTINCT_BODY,
@@ -45,6 +48,15 @@ from workloads import (
 )
 
 Results = dict[str, Metric]
+
+CPU_WHAT = (
+    "notebook kernel process CPU seconds (user + system, all threads; from its CPU-time "
+    "clock, psutil cpu_times in psutil_cpu_times_samples, 10 ms ticks) during the cell "
+    f"({{window}}), per {CPU_PER_LINES} of the {N_RANKS * N_LINES} lines printed"
+)
+
+# W4w measures jupyter_dist's widget cell view; the other peers have nothing like it
+W4W_NA = "jupyter_dist only: W4w measures its widget cell view"
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,39 @@ def keys_of(workload: str) -> list[str]:
     return [m.key for m in METRICS if m.workload == workload]
 
 
+def kernel_cpu(nk: NotebookKernel, precise: bool = True) -> float | None:
+    """CPU seconds the notebook kernel process used so far, None if it cannot be read."""
+    with contextlib.suppress(Exception):
+        return nk.cpu_seconds(precise)
+    return None
+
+
+class KernelCpu:
+    """The notebook kernel's CPU time over one cell: precise clock and psutil's ticks."""
+
+    def __init__(self, nk: NotebookKernel) -> None:
+        self.nk = nk
+        self.start = (kernel_cpu(nk), kernel_cpu(nk, precise=False))
+        self.end: tuple[float | None, float | None] = (None, None)
+
+    def stop(self) -> KernelCpu:
+        self.end = (kernel_cpu(self.nk), kernel_cpu(self.nk, precise=False))
+        return self
+
+    def per_10k(self) -> float | None:
+        return cpu_per_10k(self.start[0], self.end[0])
+
+    def per_10k_psutil(self) -> float | None:
+        return cpu_per_10k(self.start[1], self.end[1])
+
+
+def cpu_per_10k(before: float | None, after: float | None) -> float | None:
+    """Notebook kernel CPU seconds per CPU_PER_LINES printed lines, for one flood cell."""
+    if before is None or after is None:
+        return None
+    return (after - before) / (N_RANKS * N_LINES / CPU_PER_LINES)
+
+
 class Driver(ABC):
     """One peer: measures the selected workloads and never raises."""
 
@@ -122,6 +167,8 @@ class KernelPeer(Driver):
 
     # matches a rank prefix at the start of an output line; groups `ranks` and `rest`
     line_prefix: ClassVar[re.Pattern[str]]
+    # whether the peer has jupyter_dist's widget cell view (W4w)
+    cell_view: ClassVar[bool] = False
 
     # -- what each peer says differently --------------------------------------------------
 
@@ -156,26 +203,41 @@ class KernelPeer(Driver):
         """Reasons a peer has no measurement for some W2 metrics."""
         return {}
 
+    def kernel_env(self) -> dict[str, str]:
+        """Environment the peer's notebook kernels get on top of the runner's."""
+        return {}
+
+    def measure_w4w(self, nk: NotebookKernel) -> Results:
+        """The widget cell view under W4's flood (peers with `cell_view`)."""
+        return {k: Metric(na=W4W_NA) for k in keys_of("W4w")}
+
     # -- sessions -----------------------------------------------------------------------
 
     @contextmanager
-    def kernel(self, label: str) -> Iterator[NotebookKernel]:
+    def kernel(self, label: str, plain: bool = False) -> Iterator[NotebookKernel]:
+        """A started notebook kernel, always shut down and reaped; `plain`: one without the
+        peer (its environment, its teardown), as a user's other notebook would be."""
         stamp = time.strftime("%H%M%S")
         nk = NotebookKernel(
-            cwd=self.cfg.repo_root, log_path=self.cfg.log_dir / f"{self.name}-{label}-{stamp}.log"
+            cwd=self.cfg.repo_root,
+            log_path=self.cfg.log_dir / f"{self.name}-{label}-{stamp}.log",
+            extra_env=None if plain else self.kernel_env(),
         )
         try:
             nk.start()
             yield nk
         finally:
-            nk.shutdown(self.teardown_code())
+            nk.shutdown(None if plain else self.teardown_code())
             if nk.leaked:
                 self.leaks.extend(nk.leaked)
                 self.log(f"reaped {len(nk.leaked)} process(es) its teardown left: {nk.leaked}")
 
     def run(self, workloads: set[str]) -> Results:
         results: Results = {}
-        warm: list[str] = [w for w in ("W1", "W3", "W4", "W5") if w in workloads]
+        if "W4w" in workloads and not self.cell_view:
+            results.update({k: Metric(na=W4W_NA) for k in keys_of("W4w")})
+            workloads = workloads - {"W4w"}
+        warm: list[str] = [w for w in ("W1", "W3", "W4", "W4w", "W5") if w in workloads]
         if warm:
             results.update(self._run_warm(warm))
         if "W2" in workloads:
@@ -201,6 +263,7 @@ class KernelPeer(Driver):
                     "W1": self.measure_w1,
                     "W3": self.measure_w3,
                     "W4": self.measure_w4,
+                    "W4w": self.measure_w4w,
                     "W5": self.measure_w5,
                 }
                 for w in warm:
@@ -322,6 +385,22 @@ class KernelPeer(Driver):
 
     def measure_w4(self, nk: NotebookKernel) -> Results:
         results = self._print_lines(nk, PRINT_BODY, "w4", distinct=False)
+        cpu = results["w4.seconds"].detail.get("cpu_per_10k_samples") or []
+        cpu_psutil = results["w4.seconds"].detail.get("cpu_per_10k_psutil_samples")
+        if results["w4.seconds"].error is not None:
+            results["w4.cpu_per_10k"] = Metric(error=results["w4.seconds"].error)
+        elif None in cpu or not cpu:
+            results["w4.cpu_per_10k"] = Metric(error="the notebook kernel's CPU time unreadable")
+        else:
+            results["w4.cpu_per_10k"] = Metric(
+                statistics.median(cpu),
+                "cpu_s",
+                detail={
+                    "samples": cpu,
+                    "psutil_cpu_times_samples": cpu_psutil,
+                    "what": CPU_WHAT.format(window="send to all lines in"),
+                },
+            )
         results.update(self._print_lines(nk, PRINT_DISTINCT_BODY, "w4b", distinct=True))
         return results
 
@@ -334,14 +413,20 @@ class KernelPeer(Driver):
         samples: list[float] = []
         runs: list[dict[str, Any]] = []
         lost: list[int] = []
+        cpu: list[float | None] = []
+        cpu_psutil: list[float | None] = []
         try:
             for _ in range(self.cfg.w4_repeats):
+                clock = KernelCpu(nk)
                 res = nk.run(
                     self.cell(body),
                     timeout=self.cfg.cell_timeout_s,
                     done=all_in,
                     grace=self.cfg.w4_grace_s,
                 )
+                clock.stop()
+                cpu.append(clock.per_10k())
+                cpu_psutil.append(clock.per_10k_psutil())
                 lc = count_lines(self.w4_texts(res), self.line_prefix, distinct=distinct)
                 samples.append(max(res.elapsed, res.last_output_at or 0.0))
                 lost.append(lc.lost())
@@ -363,7 +448,14 @@ class KernelPeer(Driver):
             }
         return {
             f"{key}.seconds": Metric(
-                statistics.median(samples), "s", detail={"samples_s": samples, "runs": runs}
+                statistics.median(samples),
+                "s",
+                detail={
+                    "samples_s": samples,
+                    "runs": runs,
+                    "cpu_per_10k_samples": cpu,
+                    "cpu_per_10k_psutil_samples": cpu_psutil,
+                },
             ),
             f"{key}.lost": Metric(
                 float(max(lost)), "lines", detail={"lost_per_run": lost, "worst": "reported"}

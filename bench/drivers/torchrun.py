@@ -4,7 +4,7 @@ Run directly from the bench process (not from a notebook kernel): `torchrun --st
 --nproc-per-node 2 script.py`, timed from just before the subprocess starts to the moment
 the all_reduce result line is read from its stdout. `--standalone` picks a free rendezvous
 port, so the run never collides with anything on the default port 29500. torchrun has no
-cells, hence no W1, W3 or W4.
+cells, hence no W1, W3, W4 or W4w.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class TorchrunDriver(Driver):
 
     def run(self, workloads: set[str]) -> Results:
         results: Results = {}
-        for w in ("W1", "W3", "W4"):
+        for w in ("W1", "W3", "W4", "W4w"):
             if w in workloads:
                 results.update({k: Metric(na=NO_CELLS) for k in keys_of(w)})
         if "W2" in workloads:

@@ -62,7 +62,7 @@ def require_browser() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab(kernel_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """A ``jupyter lab`` of this environment, token auth on; see ``lab.start_lab``."""
     require_browser()
@@ -74,7 +74,7 @@ def lab(kernel_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     assert not leftovers, f"processes left after jupyter lab stopped: {leftovers}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium() -> Iterator[Browser]:
     """Headless Chromium, driven by Playwright's sync API."""
     require_browser()
@@ -101,8 +101,10 @@ def open_lab_notebook(
     context = chromium.new_context(viewport=VIEWPORT)
     pages: list[NotebookPage] = []
 
-    def _open(name: str, cells: Sequence[str]) -> NotebookPage:
-        path = write_notebook(lab.root / f"{name}.ipynb", cells, kernel_name)
+    def _open(name: str, cells: Sequence[str] | None) -> NotebookPage:
+        path = lab.root / f"{name}.ipynb"
+        if cells is not None:
+            write_notebook(path, cells, kernel_name)
         nb = open_notebook(context.new_page(), lab, path.name)
         pages.append(nb)
         return nb

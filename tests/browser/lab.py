@@ -91,6 +91,8 @@ USER_SETTINGS: dict[str, dict[str, Any]] = {
     "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
     # the notebook file stays as the test wrote it
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    # saved notebooks keep the widgets' state (the README tells users to turn this on)
+    "@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
 }
 
 
@@ -334,6 +336,15 @@ _RUN_ALL_JS = f"""(path) => {{
     );
 }}"""
 
+_SAVE_JS = f"""(path) => {{
+    {_PANEL_JS}
+    const panel = panelOf(path);
+    window.__browserTestSaved = false;
+    panel.context.save().then(() => {{ window.__browserTestSaved = true; }});
+}}"""
+
+_SAVED_JS = """() => window.__browserTestSaved === true"""
+
 _RUN_DONE_JS = f"""(path) => {{
     {_PANEL_JS}
     const run = window.__browserTestRun;
@@ -393,6 +404,11 @@ class NotebookPage:
         if not request.url.startswith((self.lab.url + "/", "data:", "blob:")):
             self.external_requests.append(request.url)
 
+    def save(self, timeout: float = 60) -> None:
+        """Save the notebook (File > Save) and wait until it is written."""
+        self.page.evaluate(_SAVE_JS, self.path)
+        self.page.wait_for_function(_SAVED_JS, arg=self.path, timeout=timeout * 1000, polling=250)
+
     def screenshot(self, name: str, target: Locator | None = None) -> Path:
         """Save the page (or one element of it) to ``OUTPUT_DIR/name.png``."""
         OUTPUT_DIR.mkdir(exist_ok=True)
@@ -425,4 +441,6 @@ def open_notebook(page: Page, lab: Lab, path: str, timeout: float = LOAD_TIMEOUT
 
 
 #: the ``open_lab_notebook`` fixture: ``(name, cell sources) -> NotebookPage``
-OpenNotebook = Callable[[str, Sequence[str]], NotebookPage]
+#: open_lab_notebook(name, cells): write name.ipynb with these cells (None: keep the file
+#: that is there) and open it
+OpenNotebook = Callable[[str, Sequence[str] | None], NotebookPage]

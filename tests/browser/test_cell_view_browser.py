@@ -3,6 +3,9 @@ metrics chart with a line per rank, and the error chip of a failing rank."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from .lab import OpenNotebook
@@ -60,3 +63,18 @@ def test_chips_rank_switch_metrics_and_error_chip(open_lab_notebook: OpenNoteboo
     expect(failed.locator(".jd-view:visible")).to_contain_text("rank one fails here")
     nb.screenshot("cell-view-error-chip", nb.cell(2))
     assert nb.external_requests == []
+
+    # saved with the widgets' state, the notebook shows the view again when reopened
+    nb.save()
+    saved = nb.lab.root / "cell_view.ipynb"
+    meta = json.loads(saved.read_text())["metadata"]
+    state = json.dumps(meta["widgets"]["application/vnd.jupyter.widget-state+json"])
+    assert "hello from rank 1" in state and "jd-cell-view" in state
+    shutil.copy(saved, nb.lab.root / "cell_view_saved.ipynb")
+    again = open_lab_notebook("cell_view_saved", None)
+    restored = again.output(1).locator(".jd-cell-view")
+    expect(restored).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(restored.locator('.jd-chip[data-rank="1"]')).to_have_attribute("data-state", "done")
+    # as it was saved: rank 1 chosen
+    expect(restored.locator(".jd-view:visible")).to_contain_text("hello from rank 1")
+    again.screenshot("cell-view-reopened", again.cell(1))

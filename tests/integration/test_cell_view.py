@@ -137,3 +137,20 @@ def test_widgets_made_in_a_rank_are_relayed(kernel: Kernel) -> None:
     assert {"FloatProgressModel", "IntSliderModel"} <= relayed
     state = kernel.state()
     assert any("IntSlider widget" in n and "does not reach the rank" in n for n in state["notices"])
+
+
+def test_steady_output_is_drawn_while_the_cell_runs(kernel: Kernel) -> None:
+    reply = kernel.run(
+        "%%distributed --procs 2\nimport time\n"
+        "for i in range(150):\n    print('tick', i, flush=True)\n    time.sleep(0.02)\n"
+    )
+    assert reply["status"] == "ok"
+    # every redraw of a view is a comm_msg setting its outputs; a view that is redrawn
+    # only at the end would show up here once or twice
+    shown = [
+        m["content"]["data"]["state"]["outputs"]
+        for m in kernel.of_type("comm_msg")
+        if "outputs" in m["content"]["data"].get("state", {})
+    ]
+    with_ticks = [o for o in shown if any("tick" in x.get("text", "") for x in o)]
+    assert len(with_ticks) >= 6, len(with_ticks)
