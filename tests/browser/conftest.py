@@ -4,11 +4,12 @@ browser context per test, and leak checks after every test and at the end."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.system_needs import require
 
 from .lab import (
     Lab,
@@ -47,19 +48,8 @@ def pytest_runtest_makereport(
     return report
 
 
-def in_ci() -> bool:
-    """CI must never skip the browser tests silently: there, a missing need fails."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def require_browser() -> None:
-    """Skip (locally) or fail (in CI) when Playwright, JupyterLab or Chromium is missing."""
-    problems = missing_requirements()
-    if problems:
-        reason = "browser tests unavailable: " + "; ".join(problems)
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    require("browser tests", missing_requirements())
 
 
 @pytest.fixture(scope="package")

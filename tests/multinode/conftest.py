@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
+from tests.system_needs import require
+
 from .cluster import Cluster, missing_requirements, ssh_cluster
 
 
-def in_ci() -> bool:
-    """CI must never skip the multi-node tests silently: there, a missing need fails."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def require_cluster_support() -> None:
-    """Skip (locally) or fail (in CI) when this machine cannot run an ssh test cluster."""
-    problems = missing_requirements()
-    if problems:
-        reason = "multi-node ssh cluster unavailable: " + "; ".join(problems)
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    require("multi-node ssh cluster", missing_requirements())
 
 
 @pytest.fixture(scope="session")

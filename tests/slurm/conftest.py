@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
+from tests.system_needs import require
+
 from .cluster import SlurmCluster, missing_requirements, slurm_cluster
 
 
-def in_ci() -> bool:
-    """CI must never skip the Slurm tests silently: there, a missing need fails."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def require_slurm_support() -> None:
-    """Skip (locally) or fail (in CI) when this machine cannot run a test Slurm."""
-    problems = missing_requirements()
-    if problems:
-        reason = "single-node Slurm unavailable: " + "; ".join(problems)
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    require("single-node Slurm", missing_requirements())
 
 
 @pytest.fixture(scope="session")

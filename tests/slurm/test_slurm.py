@@ -28,9 +28,9 @@ from jupyter_dist.launchers.slurm import SlurmLauncher, srun_environment
 from jupyter_dist.node_agent import NodeAgent
 from tests.multinode.cluster import missing_requirements as ssh_cluster_problems
 from tests.multinode.cluster import ssh_cluster
+from tests.system_needs import in_ci
 
 from .cluster import SlurmCluster
-from .conftest import in_ci
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
