@@ -92,11 +92,40 @@ def run_cell(
     if interrupted:
         renderer.finish()
         if future.done() and not future.exception():
-            _report_interrupted(future.result())
+            result = future.result()
+            _report_interrupted(result)
+            if result.stuck:
+                print(f"[jupyter_dist] {restart_stuck(control, session, result)}", file=sys.stderr)
         raise KeyboardInterrupt
     result = future.result()
-    session.raise_for(result)
+    session.raise_for(result, restart_stuck(control, session, result) if result.stuck else "")
     return result
+
+
+def restart_stuck(control: ControlPlane, session: RankGroup, result: CellResult) -> str:
+    """Restart a session whose ranks were given up on while still running, and say so.
+
+    A rank blocked in a collective that a failed rank never joins cannot be interrupted
+    (the wait is in C++) and would hold the process group, and its GPU, for good: the
+    only clean way on is fresh ranks.
+    """
+    stuck = ranks_label(list(result.stuck))
+    print(
+        f"[jupyter_dist] restarting session {session.name!r}: {stuck} did not stop",
+        file=sys.stderr,
+    )
+    try:
+        control.run(control.manager.restart(session.name))
+    except Exception as err:
+        return (
+            f"{stuck} did not stop, and restarting session {session.name!r} failed "
+            f"({type(err).__name__}: {err}); run `%dist restart --session {session.name}`"
+        )
+    return (
+        f"{stuck} did not answer an interrupt (blocked, most likely inside a collective "
+        f"that another rank never joined), so session {session.name!r} was restarted with "
+        "fresh ranks: the ranks' variables are lost; run your setup cells again"
+    )
 
 
 def _report_interrupted(result: CellResult) -> None:

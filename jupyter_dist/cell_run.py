@@ -28,6 +28,9 @@ from jupyter_dist.events import (
 )
 from jupyter_dist.rank_metrics import MSG_TYPE as METRICS_MSG_TYPE
 
+#: failures after which the other ranks get `abort_after_s` to finish before they are
+#: interrupted (a user's interrupt starts the same wind-down)
+WIND_DOWN_KINDS = ("error", "died", "interrupted")
 RICH_TYPES = ("display_data", "execute_result", "update_display_data")
 COMM_TYPES = ("comm_open", "comm_msg", "comm_close")
 
@@ -65,6 +68,9 @@ class CellRun:
         self.done = asyncio.Event()
         self.timed_out = False
         self.interrupted = False
+        #: when the first rank failed (raised or died): the others then wind down
+        self.first_failure_at: float | None = None
+        self.stuck: tuple[int, ...] = ()
         if not self.progress:
             self.done.set()
 
@@ -170,6 +176,8 @@ class CellRun:
         prog.finished = True
         prog.failure = failure
         prog.elapsed = time.monotonic() - prog.started
+        if failure is not None and failure.kind in WIND_DOWN_KINDS:
+            self.first_failure_at = self.first_failure_at or time.monotonic()
         self._emit(RankFinished(prog.rank, status, prog.elapsed, failure))
         if all(p.finished for p in self.progress.values()):
             self.done.set()
@@ -191,11 +199,23 @@ class CellRun:
         )
         self._finish(prog, "died", failure)
 
-    def give_up(self, kind: str, reason: str) -> None:
-        """Finish every rank still running (after a timeout or a lost agent)."""
-        for rank in self.busy_ranks:
+    def root_failure(self) -> RankFailure | None:
+        """The earliest failure of a rank that raised or died (what the others await)."""
+        failures = [
+            p.failure
+            for p in self.progress.values()
+            if p.failure is not None and p.failure.kind in WIND_DOWN_KINDS
+        ]
+        return min(failures, key=lambda f: f.order) if failures else None
+
+    def give_up(self, kind: str, reason: str, ename: str = "CellTimeout") -> list[int]:
+        """Finish every rank still running (after a timeout, a lost agent, or ranks
+        stuck after another failed); return which they were."""
+        busy = self.busy_ranks
+        for rank in busy:
             prog = self.progress[rank]
-            self._finish(prog, kind, self._failure(prog, kind, "CellTimeout", reason))
+            self._finish(prog, kind, self._failure(prog, kind, ename, reason))
+        return busy
 
     def result(self) -> CellResult:
         failures = tuple(p.failure for p in self.progress.values() if p.failure is not None)
@@ -205,6 +225,7 @@ class CellRun:
             elapsed={r: p.elapsed for r, p in self.progress.items()},
             timed_out=self.timed_out,
             interrupted=self.interrupted,
+            stuck=self.stuck,
         )
 
 

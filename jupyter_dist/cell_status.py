@@ -17,6 +17,7 @@ STATE_OF_FINISH = {
     "died": "dead",
     "timeout": "error",
     "interrupted": "error",
+    "stuck": "error",
     "aborted": "error",
 }
 

@@ -101,7 +101,8 @@ class RankFailure:
     """What went wrong on one rank during one cell.
 
     ``kind`` is ``"error"`` (the cell raised), ``"died"`` (the rank process exited),
-    ``"timeout"`` (still running at the deadline) or ``"interrupted"``.
+    ``"timeout"`` (still running at the deadline), ``"stuck"`` (blocked after another
+    rank failed, deaf to an interrupt: typically inside a collective) or ``"interrupted"``.
     """
 
     rank: int
@@ -145,7 +146,7 @@ def group_failures(failures: Sequence[RankFailure]) -> list[FailureGroup]:
     A rank that died comes before ranks that raised (their errors are usually the
     consequence: a collective that lost its peer); within a kind, the earliest first.
     """
-    priority = {"died": 0, "error": 1, "timeout": 2, "interrupted": 3}
+    priority = {"died": 0, "error": 1, "timeout": 2, "stuck": 3, "interrupted": 4}
     ordered = sorted(failures, key=lambda f: (priority.get(f.kind, 9), f.order, f.rank))
     groups: dict[tuple[str, str, str, str], FailureGroup] = {}
     for failure in ordered:
@@ -161,17 +162,25 @@ class RanksFailed(DistError):
     """A cell failed on one or more ranks.
 
     ``failures`` holds one `RankFailure` per failed rank; ``groups`` the same merged by
-    identical traceback, root cause first.
+    identical traceback, root cause first. ``note`` says what happened to the session
+    afterwards when that matters (it was restarted and the ranks' variables are gone).
     """
 
     shown_groups = 3
 
-    def __init__(self, session: str, world_size: int, failures: Sequence[RankFailure]):
+    def __init__(
+        self,
+        session: str,
+        world_size: int,
+        failures: Sequence[RankFailure],
+        note: str = "",
+    ):
         self.session = session
         self.world_size = world_size
         self.failures = list(failures)
         self.groups = group_failures(self.failures)
-        super().__init__(self._summary())
+        self.note = note
+        super().__init__(str(self))
 
     @property
     def failed_ranks(self) -> list[int]:
@@ -204,10 +213,12 @@ class RanksFailed(DistError):
             kinds = "; ".join(sorted({g.first.headline() for g in rest}))
             lines.append("")
             lines.append(f"... and {more} more ({ranks}): {kinds}")
+        if self.note:
+            lines += ["", f"{bold}{self.note}{reset}"]
         return lines
 
     def __str__(self) -> str:
-        return self._summary()
+        return f"{self._summary()}\n{self.note}" if self.note else self._summary()
 
 
 class CellTimeout(RanksFailed):

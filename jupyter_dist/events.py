@@ -90,6 +90,9 @@ class CellResult:
     elapsed: dict[int, float]
     timed_out: bool = False
     interrupted: bool = False
+    #: ranks given up on while still running (deaf to an interrupt): the session's
+    #: process group cannot go on, so the session must be restarted
+    stuck: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import enum
 import logging
 import os
 import queue
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,11 +57,33 @@ log = logging.getLogger(__name__)
 
 #: how long ranks get to answer an interrupt before a cell is given up on
 INTERRUPT_GRACE_S = 5.0
-#: how often a running cell is looked at (stragglers)
-WATCH_TICK_S = 1.0
+#: how often a running cell is looked at (stragglers, ranks left waiting on a failed one)
+WATCH_TICK_S = 0.25
 #: default seconds a rank may run on after the others finished before it is named
 STRAGGLER_S = 30.0
+#: default seconds the other ranks get to finish after one raised or died, before they
+#: are interrupted (they are usually blocked in a collective the failed rank never joins)
+ABORT_AFTER_S = 3.0
+#: seconds an interrupted rank gets to stop before it counts as stuck (a rank blocked
+#: inside a C++ collective never sees the KeyboardInterrupt)
+STUCK_AFTER_S = 2.0
 STACKS_TIMEOUT_S = 10.0
+STRAGGLER_VAR = "JUPYTER_DIST_STRAGGLER_S"
+ABORT_AFTER_VAR = "JUPYTER_DIST_ABORT_AFTER_S"
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name``."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SpecError(f"{name}={raw!r}: expected a positive number of seconds")
+    return value
 
 
 class SessionState(str, enum.Enum):
@@ -114,7 +137,8 @@ class RankGroup:
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
         self._current: CellRun | None = None
         self.stale = False  # its ranks were replaced behind this object's back
-        self.straggler_s = float(os.environ.get("JUPYTER_DIST_STRAGGLER_S") or STRAGGLER_S)
+        self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)
+        self.abort_after_s = seconds_from_env(ABORT_AFTER_VAR, ABORT_AFTER_S)
 
     @property
     def name(self) -> str:
@@ -225,10 +249,12 @@ class RankGroup:
                 await self.interrupt(busy)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(run.done.wait(), INTERRUPT_GRACE_S)
-                run.give_up(
-                    "timeout",
-                    f"still running {timeout} s after the cell started, and did not stop "
-                    f"within {INTERRUPT_GRACE_S:.0f} s of an interrupt",
+                run.stuck = tuple(
+                    run.give_up(
+                        "timeout",
+                        f"still running {timeout} s after the cell started, and did not "
+                        f"stop within {INTERRUPT_GRACE_S:.0f} s of an interrupt",
+                    )
                 )
         finally:
             self._current = None
@@ -242,8 +268,14 @@ class RankGroup:
         return run.result()
 
     async def _watch(self, run: CellRun, sink: queue.SimpleQueue[CellEvent] | None) -> None:
-        """Wait for the cell; say once which ranks are still busy when the others have
-        been done for `straggler_s` (a rank stuck in a collective the others left)."""
+        """Wait for the cell.
+
+        When a rank raised or died, the others get `abort_after_s` to finish; then they
+        are interrupted, and those still running `STUCK_AFTER_S` later are given up on
+        (`CellRun.stuck`: blocked in a collective the failed rank never joined). Else,
+        say once which ranks are still busy when the others have been done for
+        `straggler_s`.
+        """
         first_done: float | None = None
         said = False
         loop = asyncio.get_running_loop()
@@ -254,6 +286,10 @@ class RankGroup:
             except asyncio.TimeoutError:
                 pass
             busy = run.busy_ranks
+            failed_at = run.first_failure_at
+            if busy and failed_at and time.monotonic() - failed_at >= self.abort_after_s:
+                await self._wind_down(run, busy, sink)
+                return
             if not busy or len(busy) == len(run.progress) or said or sink is None:
                 continue
             first_done = first_done or loop.time()
@@ -267,6 +303,36 @@ class RankGroup:
                         + f"; `%dist stacks --session {self.name}` shows where"
                     )
                 )  # fmt: skip
+
+    async def _wind_down(
+        self, run: CellRun, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None
+    ) -> None:
+        """Interrupt the ranks still running after another failed; give up on the deaf."""
+        root = run.root_failure()
+        assert root is not None
+        cause = f"rank {root.rank} {'died' if root.kind == 'died' else 'failed'}"
+        if sink is not None:
+            sink.put(
+                Notice(
+                    f"{cause} ({root.headline()}); interrupting {ranks_label(busy)}, still "
+                    f"running {self.abort_after_s:g} s later"
+                )
+            )
+        await self.interrupt(busy)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(run.done.wait()), STUCK_AFTER_S)
+        deaf = run.busy_ranks
+        if not deaf:
+            return
+        where = await self._stacks_text(deaf, frames=False)
+        run.stuck = tuple(
+            run.give_up(
+                "stuck",
+                f"still running {self.abort_after_s:g} s after {cause}, and deaf to an "
+                f"interrupt" + (f"; {where}" if where else ""),
+                ename="Stuck",
+            )
+        )
 
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
         """Each rank's stack dump (faulthandler text of every thread)."""
@@ -282,12 +348,12 @@ class RankGroup:
             return ""
         return stacks.describe(dumps) if frames else stacks.one_line(dumps)
 
-    def raise_for(self, result: CellResult) -> None:
+    def raise_for(self, result: CellResult, note: str = "") -> None:
         """Turn a failed `CellResult` into the exception the notebook cell raises."""
         if not result.failures:
             return
         cls = CellTimeout if result.timed_out else RanksFailed
-        raise cls(self.name, self.spec.world_size, result.failures)
+        raise cls(self.name, self.spec.world_size, result.failures, note)
 
     async def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Interrupt ``ranks`` (all by default): a KeyboardInterrupt in their running code."""

@@ -111,6 +111,50 @@ def test_interrupt_stops_every_rank_and_the_session_stays_usable(nbk: NotebookKe
     assert "[ranks 0-1] after True" in "".join(nbk.text)
 
 
+def test_interrupt_restarts_a_session_whose_rank_is_stuck_in_a_collective(
+    nbk: NotebookKernel,
+) -> None:
+    """Rank 0 loops in Python, rank 1 waits for it in all_reduce: the interrupt stops
+    rank 0, but rank 1 is deaf to it (the wait is in C++). The session is restarted and
+    the notebook says so; the next cell works."""
+    nbk.execute("import os\nos.environ['JUPYTER_DIST_ABORT_AFTER_S'] = '1'")
+    setup = "%%distributed --procs 2\nimport time, torch, torch.distributed as dist\nx = 1"
+    assert nbk.execute(setup)["status"] == "ok"
+    pids = nbk.our_pids()
+    msg_id = nbk.kc.execute(
+        "%%distributed\nprint('in', flush=True)\n"
+        "if dist.get_rank() == 0:\n    while True:\n        time.sleep(0.01)\n"
+        "dist.all_reduce(torch.ones(1))"
+    )
+    seen = ""
+    while "] in" not in seen:  # identical lines of both ranks are folded into one
+        msg = nbk.kc.get_iopub_msg(timeout=60)
+        if msg["msg_type"] == "stream" and msg["parent_header"].get("msg_id") == msg_id:
+            seen += msg["content"]["text"]
+    time.sleep(1)  # rank 1 is in all_reduce by now
+    nbk.text.clear()
+    nbk.km.interrupt_kernel()
+    reply = nbk.kc.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    stderr = ""
+    while True:  # the notebook's own messages about the cell, up to its idle status
+        msg = nbk.kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            stderr += msg["content"]["text"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert "interrupted rank 0" in stderr
+    assert "rank 1 did not answer an interrupt" in stderr
+    assert "was restarted with fresh ranks" in stderr
+    assert wait_gone(pids[1:], 10) == []  # the old ranks
+    nbk.text.clear()
+    assert nbk.execute("%%distributed\nprint('x' in globals())")["status"] == "ok"
+    assert "[ranks 0-1] False" in "".join(nbk.text)
+
+
 def test_counter_stops_after_interrupt(nbk: NotebookKernel) -> None:
     nbk.execute("%%distributed --procs 2\nimport time\nn = 0")
     nbk.kc.execute("%%distributed\nwhile True:\n    n += 1\n    time.sleep(0.01)")
