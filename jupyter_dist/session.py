@@ -184,7 +184,29 @@ class Session(RankGroup):
         def dead() -> str | None:
             return None if rec.state != RankState.DEAD else describe_returncode(rec.exit_code)
 
-        await rec.client.connect(self.timeouts.start, dead)
+        try:
+            await rec.client.connect(self.timeouts.start, dead)
+        except SessionError as err:
+            if rec.state == RankState.DEAD:
+                raise
+            where = await self._where_is(rec)
+            raise SessionError(f"{err}{where}") from None
+
+    async def _where_is(self, rec: RankRecord) -> str:
+        """A rank that will not answer: its stack (faulthandler) and the end of its log."""
+        assert rec.node is not None
+        try:  # the log first: the dump is appended to it
+            tail = await asyncio.wait_for(
+                rec.node.request("read_log", rank=rec.rank, offset=0), 10.0
+            )
+            dumps = await asyncio.wait_for(rec.node.stacks([rec.rank]), 10.0)
+        except Exception as err:
+            return f" (no stack dump: {type(err).__name__}: {err})"
+        dump = dumps.get(rec.rank, "").strip()
+        log_tail = "\n".join(str(tail.get("text", "")).strip().splitlines()[-20:])
+        parts = [f"\n  its stack:\n{dump}" if dump else ""]
+        parts.append(f"\n  the end of its log ({rec.log}):\n{log_tail}" if log_tail else "")
+        return "".join(parts)
 
     # -- rank deaths ------------------------------------------------------------------
     def _on_rank_exit(self, rank: int, returncode: int, log_tail: str) -> None:

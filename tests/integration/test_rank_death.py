@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
 from jupyter_dist.errors import RanksFailed, SessionError
+from jupyter_dist.session import Session, SessionTimeouts
+from jupyter_dist.spec import ShapeRequest, resolve_shape
 from tests.conftest import CellOutput, session_status
 
 Run = Callable[[str], CellOutput]
@@ -95,3 +99,30 @@ def test_lost_agent_fails_the_cell_instead_of_hanging(run: Run, crash_session: s
     assert not any(psutil.pid_exists(p) for p in ranks)
     assert run(f"%dist restart --session {crash_session}").ok
     assert run(f"%%distributed --session {crash_session}\nprint('back')").ok
+
+
+def test_a_rank_that_never_answers_shows_where_it_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank wedged while starting (here: in an IPython start-up file) fails the start
+    with its stack and log, instead of a bare timeout."""
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-wedge.py").write_text(
+        "import time\n\ndef wedged_start_up():\n    time.sleep(600)\n\nwedged_start_up()\n"
+    )
+    spec = resolve_shape("wedged", ShapeRequest(procs=1), 0, "localhost")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # the agent's, and so the rank's
+    session = Session(spec, SessionTimeouts(start=8))
+
+    async def start() -> None:
+        try:
+            await session.start()
+        finally:
+            await session.shutdown()
+
+    with pytest.raises(SessionError) as caught:
+        asyncio.run(start())
+    text = str(caught.value)
+    assert "rank 0: kernel did not answer within 8 s" in text
+    assert "its stack:" in text and "in wedged_start_up" in text, text
