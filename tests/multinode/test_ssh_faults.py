@@ -1,0 +1,109 @@
+"""Faults across two real sshd nodes: interrupts, a rank failing while the others wait in a
+collective, and a Jupyter server that stops while its sessions run on both nodes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from jupyter_dist.errors import CellTimeout, RanksFailed
+from jupyter_dist.rank_group import ABORT_AFTER_VAR
+from tests.conftest import CellOutput, session_status
+from tests.integration.server_process import API, start_server, stop_server
+
+from .test_ssh_sessions import flags, netns_pids
+
+pytestmark = pytest.mark.slow
+Run = Callable[[str], CellOutput]
+
+
+@pytest.fixture
+def faults(run: Run, cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv(ABORT_AFTER_VAR, "1")
+    out = run(
+        f"%%distributed --session faults {flags(cluster)} --procs 1\n"
+        "import os, time, torch, torch.distributed as dist\nkept = os.environ['NODE_RANK']"
+    )
+    assert out.ok, out.stdout + out.stderr
+    yield "faults"
+    run("%dist shutdown --session faults")
+
+
+def test_an_interrupt_reaches_every_rank_on_every_node(run: Run, faults: str) -> None:
+    """`--timeout` interrupts through the same path as the notebook's stop button."""
+    out = run(f"%%distributed --session {faults} --timeout 3\nwhile True:\n    time.sleep(0.01)")
+    assert isinstance(out.error, CellTimeout)
+    assert {f.rank: f.ename for f in out.error.failures} == {
+        0: "KeyboardInterrupt",
+        1: "KeyboardInterrupt",
+    }
+    assert out.error.note == ""  # both answered: nothing was restarted
+    after = run(f"%%distributed --session {faults}\nprint(kept)")
+    assert "[rank 0] 0" in after.stdout and "[rank 1] 1" in after.stdout
+
+
+def test_a_rank_blocked_on_the_other_node_is_given_up_and_both_restarted(
+    run: Run, faults: str, cluster: Any
+) -> None:
+    before = session_status(faults)
+    node1_old = {r["pid"] for r in before["ranks"] if r["node_rank"] == 1}
+    out = run(
+        f"%%distributed --session {faults}\n"
+        "if dist.get_rank() == 1:\n    raise RuntimeError('node1 lost its data')\n"
+        "dist.all_reduce(torch.ones(1))\n"
+    )
+    assert isinstance(out.error, RanksFailed)
+    assert out.error.groups[0].first.rank == 1
+    assert "RuntimeError: node1 lost its data" in str(out.error)
+    assert {f.rank: f.kind for f in out.error.failures} == {0: "stuck", 1: "error"}
+    assert "was restarted with fresh ranks" in out.error.note
+    after = run(
+        f"%%distributed --session {faults}\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t); print(t.item(), 'kept' in globals())"
+    )
+    assert after.ok, after.stdout + after.stderr
+    assert "[ranks 0-1] 2.0 False" in after.stdout
+    deadline = time.monotonic() + 10
+    while node1_old & netns_pids(cluster, 1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not node1_old & netns_pids(cluster, 1), "old ranks left on node1"
+
+
+def ours_on(cluster: Any, node: int) -> list[psutil.Process]:
+    found = []
+    for pid in netns_pids(cluster, node):
+        try:
+            proc = psutil.Process(pid)
+            if "jupyter_dist" in " ".join(proc.cmdline()) and proc.status() != "zombie":
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_stopping_the_server_leaves_nothing_on_any_node(cluster: Any, tmp_path: Path) -> None:
+    server = start_server(
+        tmp_path,
+        tmp_path / "config",
+        args=(
+            f"--DistServerApp.default_hosts={','.join(cluster.hosts)}",
+            f"--DistServerApp.ssh_config={cluster.config_path}",
+        ),
+    )
+    try:
+        status, created = server.call("POST", f"{API}/sessions", {"name": "far", "procs": 2})
+        assert status == 201, created
+        assert [n["host"] for n in created["nodes"]] == list(cluster.hosts)
+        before = {n: ours_on(cluster, n) for n in (0, 1)}
+        assert all(len(procs) == 3 for procs in before.values()), before  # agent + 2 ranks
+    finally:
+        stop_server(server)
+    deadline = time.monotonic() + 15
+    while any(ours_on(cluster, n) for n in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not ours_on(cluster, 0) and not ours_on(cluster, 1)
