@@ -21,8 +21,10 @@ from jupyter_dist.errors import PushError, SessionError
 from jupyter_dist.objects import OBJECTS_TARGET, Frame
 
 log = logging.getLogger(__name__)
-#: how often kernel_info is repeated until the kernel's IOPub answers
+#: first wait before kernel_info is repeated (IOPub may not be subscribed yet); doubles
+#: on each repeat up to RETRY_MAX_S
 RETRY_S = 0.05
+RETRY_MAX_S = 1.0
 
 #: handler(channel, message) for the messages answering one request
 Handler = Callable[[str, dict[str, Any]], None]
@@ -53,7 +55,10 @@ class RankClient:
         """Open the channels and wait until shell and IOPub both answer.
 
         IOPub is a PUB/SUB pair and drops messages until the subscription is through, so
-        a kernel_info request is repeated until its busy/idle status is seen on IOPub.
+        a kernel_info request is repeated until a busy/idle status is seen on IOPub. An
+        answer to any of the requests counts, and the repeats back off: a kernel slower
+        than the repeats (a loaded machine) must not fall ever further behind a queue
+        of requests whose answers nobody waits for any more.
         """
         self.client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
         for name, channel in (
@@ -64,26 +69,30 @@ class RankClient:
             self._tasks.append(asyncio.ensure_future(self._pump(name, channel)))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while True:
-            seen, replied = asyncio.Event(), asyncio.Event()
-            msg_id = self.send(
-                "kernel_info_request", {}, handler=_kernel_info_handler(seen, replied)
-            )
-            try:
-                await asyncio.wait_for(seen.wait(), RETRY_S)
-                await asyncio.wait_for(replied.wait(), max(0.1, deadline - loop.time()))
-                return
-            except asyncio.TimeoutError:
-                pass
-            finally:
+        seen, replied = asyncio.Event(), asyncio.Event()
+        handler = _kernel_info_handler(seen, replied)
+        sent: list[str] = []
+        wait = RETRY_S
+        try:
+            while True:
+                sent.append(self.send("kernel_info_request", {}, handler=handler))
+                try:
+                    await asyncio.wait_for(seen.wait(), wait)
+                    await asyncio.wait_for(replied.wait(), max(0.1, deadline - loop.time()))
+                    return
+                except asyncio.TimeoutError:
+                    pass
+                wait = min(wait * 2, RETRY_MAX_S)
+                reason = dead()
+                if reason:
+                    raise SessionError(f"rank {self.rank} exited while starting: {reason}")
+                if loop.time() > deadline:
+                    raise SessionError(
+                        f"rank {self.rank}: kernel did not answer within {timeout:.0f} s"
+                    )
+        finally:
+            for msg_id in sent:
                 self.handlers.pop(msg_id, None)
-            reason = dead()
-            if reason:
-                raise SessionError(f"rank {self.rank} exited while starting: {reason}")
-            if loop.time() > deadline:
-                raise SessionError(
-                    f"rank {self.rank}: kernel did not answer within {timeout:.0f} s"
-                )
 
     async def _pump(self, name: str, channel: Any) -> None:
         while True:
