@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,7 @@ class SessionManager:
         self.timeouts = timeouts or SessionTimeouts()
         self._locks: dict[str, asyncio.Lock] = {}
         self._watchers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
 
     # -- change events, for UIs ------------------------------------------------------
     def subscribe(self, maxsize: int = 1000) -> asyncio.Queue[dict[str, Any]]:
@@ -74,14 +75,21 @@ class SessionManager:
     def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
         self._watchers.discard(queue)
 
+    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener`` with each event `subscribe` queues, as it happens (for the
+        server's session record, which must never lag behind a start or stop)."""
+        self._listeners.append(listener)
+
     def _publish(self, event: dict[str, Any]) -> None:
+        for listener in self._listeners:
+            listener(event)
         for queue in self._watchers:
             if queue.full():  # a slow reader loses the oldest news, never blocks us
                 queue.get_nowait()
             queue.put_nowait(event)
 
     def _session_changed(self, session: RankGroup) -> None:
-        if self._watchers and isinstance(session, Session):
+        if (self._watchers or self._listeners) and isinstance(session, Session):
             self._publish({"type": "session", "session": session.status()})
 
     def names(self) -> list[str]:

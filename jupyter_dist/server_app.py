@@ -3,12 +3,19 @@
 Enabled on install (``jupyter_server_config.d/jupyter_dist.json``). It runs the same
 `SessionManager` the magic runs in-process, on the server's event loop, and stops every
 session when the server stops.
+
+It keeps a record of its sessions' processes in the Jupyter runtime folder
+(`session_records`), and on start stops what a dead predecessor's sessions left running.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from pathlib import Path
 from typing import Any
 
+from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Unicode, validate
 
@@ -17,6 +24,13 @@ from jupyter_dist.manager import SessionDefaults, SessionManager
 from jupyter_dist.rendezvous import parse_port_range
 from jupyter_dist.server_handlers import HANDLERS
 from jupyter_dist.session import SessionTimeouts
+from jupyter_dist.session_records import (
+    REAP_GRACE_S,
+    Orphaned,
+    SessionRecorder,
+    find_orphaned,
+    reap,
+)
 
 
 class DistServerApp(ExtensionApp):
@@ -46,6 +60,12 @@ class DistServerApp(ExtensionApp):
         help="Ports MASTER_PORT may take, 'first-last' (default: any free port); for "
         "firewalls that open only a range between the nodes.",
     )
+    reap_grace = Float(
+        REAP_GRACE_S,
+        config=True,
+        help="Seconds the processes a dead server's sessions left running get between "
+        "SIGTERM and SIGKILL, when a server starts and finds them.",
+    )
 
     @validate("default_hosts")
     def _check_hosts(self, proposal: dict[str, Any]) -> str:
@@ -71,10 +91,44 @@ class DistServerApp(ExtensionApp):
             ),
         )
         self.settings["jupyter_dist_manager"] = self.manager
+        runtime_dir = Path(getattr(self.serverapp, "runtime_dir", None) or jupyter_runtime_dir())
+        self.records = SessionRecorder(runtime_dir, self.log)
+        # before any session of ours exists: what dead servers left; a record under our own
+        # pid is a predecessor's whose pid we got, so it goes now (we hold its contents)
+        orphaned = find_orphaned(runtime_dir, self.log)
+        for found in orphaned:
+            if found.path == self.records.path:
+                found.path.unlink(missing_ok=True)
+        self.manager.add_listener(self._session_event)
+        # in a thread: the event loop need not run yet, nor wait for the grace
+        self._reaper = threading.Thread(
+            target=self._reap, args=(orphaned,), name="jupyter_dist-reaper", daemon=True
+        )
+        if orphaned:
+            self._reaper.start()
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(HANDLERS)
 
+    def _session_event(self, event: dict[str, Any]) -> None:
+        """Keep our record in step with the sessions."""
+        try:
+            self.records.observe(event)
+        except Exception:  # a record must never take the server's sessions down
+            self.log.exception("jupyter_dist: cannot update %s", self.records.path)
+
+    def _reap(self, orphaned: list[Orphaned]) -> None:
+        for found in orphaned:
+            try:
+                reap(found, self.log, self.reap_grace)
+            except Exception:
+                self.log.exception("jupyter_dist: cannot reap the sessions in %s", found.path)
+
     async def stop_extension(self) -> None:
         self.log.info("jupyter_dist: stopping %d session(s)", len(self.manager.sessions))
-        await self.manager.shutdown_all()
+        try:
+            await self.manager.shutdown_all()
+        finally:
+            self.records.remove()
+        if self._reaper.is_alive():  # a predecessor's leftovers: let the SIGKILLs go out
+            await asyncio.to_thread(self._reaper.join, self.reap_grace + 10)

@@ -108,3 +108,19 @@ def stop_server(server: Server) -> None:
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
+
+
+def start_server_in(root: Path, runtime_dir: Path, args: tuple[str, ...] = ()) -> Server:
+    """A server like `start_server`'s, in ``root`` but with ``runtime_dir`` as its runtime
+    folder, which several servers may share (as they do by default on one machine)."""
+    server = start_server(
+        root, root / "config", args=args, extra_env={"JUPYTER_RUNTIME_DIR": str(runtime_dir)}
+    )
+    server.runtime_dir = runtime_dir
+    return server
+
+
+def kill_server(server: Server) -> None:
+    """SIGKILL: the server gets no chance to stop its sessions."""
+    server.process.kill()
+    server.process.wait()
