@@ -9,6 +9,7 @@ nothing of widgets or the server.
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -83,7 +84,30 @@ def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
         is_master=True,
         timeout=timedelta(seconds=timeout_s),
         wait_for_workers=False,
+        master_listen_fd=listen_on(addr, port),
     )
+
+
+def listen_on(addr: str, port: int) -> int | None:
+    """A socket listening on the address the ranks will connect to, and only there.
+
+    TCPStore on its own listens on every interface; a single-node session's store thus
+    stays on the loopback address, and a multi-node one on the interface the other nodes
+    reach. None (TCPStore binds as it would) when that address is not this machine's.
+    """
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, IndexError):
+        return None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        return None
+    return sock.detach()
 
 
 def bootstrap(init_process_group: bool, timeout_s: float) -> None:

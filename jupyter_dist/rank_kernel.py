@@ -39,9 +39,15 @@ def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
-    # parent_handle: ipykernel exits when the agent does (its default is read from the
-    # environment at import time, which happened in the agent, not here)
-    app.initialize(
-        ["-f", connection_file, f"--IPKernelApp.parent_handle={agent_pid}", *RANK_KERNEL_ARGS]
-    )
+    # the kernel's Unix sockets are made while it initialises: owner-only (0700) on top of
+    # their private folder; the user's own files keep the user's umask
+    umask = os.umask(0o077)
+    try:
+        # parent_handle: ipykernel exits when the agent does (its default is read from the
+        # environment at import time, which happened in the agent, not here)
+        app.initialize(
+            ["-f", connection_file, f"--IPKernelApp.parent_handle={agent_pid}", *RANK_KERNEL_ARGS]
+        )
+    finally:
+        os.umask(umask)
     app.start()

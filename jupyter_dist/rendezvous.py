@@ -1,6 +1,8 @@
 """Where the ranks of a session meet, decided in one place.
 
-On one machine the store listens on ``localhost`` at a port free right now. Across nodes,
+On one machine the store listens on ``localhost`` at a port free right now, and gloo and
+NCCL are told to use the loopback interface (else gloo binds whatever the hostname resolves
+to, possibly an address other machines reach), unless the user chose one. Across nodes,
 MASTER_ADDR is node 0's address as the other nodes reach it (the address its SSH
 connection landed on), MASTER_PORT a port its agent found free, and each node is told
 which interface routes there (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; without it gloo
@@ -80,21 +82,47 @@ def free_port(host: str = "localhost", ports: PortRange | None = None) -> int:
     return 0
 
 
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def loopback_interface() -> str | None:
+    """The interface holding 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS), if any."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addrs):
+            return str(name)
+    return None
+
+
+def loopback_env(user_env: Mapping[str, str]) -> dict[str, str]:
+    """A single-host session's socket interfaces: loopback, so that gloo's and NCCL's
+    listeners are reachable from this machine only; the user's choice wins."""
+    loopback = loopback_interface()
+    env: dict[str, str] = {}
+    for name in IFNAME_VARS:
+        chosen = user_env.get(name) or loopback
+        if chosen:
+            env[name] = chosen
+    return env
+
+
 async def plan_rendezvous(
     spec: SessionSpec, nodes: Sequence[NodeAgent], user_env: Mapping[str, str]
 ) -> tuple[Rendezvous, dict[int, dict[str, str]]]:
     """Where ranks meet, and each node's socket interface toward it.
 
-    MASTER_ADDR is node 0's address as the other nodes reach it (the address its SSH
-    connection landed on); gloo and NCCL are told which interface routes there
-    (without it gloo advertises 127.0.0.1 to its peers), unless the user chose one.
+    On one machine that is the loopback interface. Across nodes, MASTER_ADDR is node 0's
+    address as the other nodes reach it (the address its SSH connection landed on); gloo
+    and NCCL are told which interface routes there (without it gloo advertises 127.0.0.1
+    to its peers). Either way, unless the user chose one.
     """
     ports = parse_port_range(user_env[PORTS_VAR]) if user_env.get(PORTS_VAR) else None
     if not spec.hosts:
         local = Rendezvous.local(ports)
         if not local.master_port:
             raise AgentError(f"{PORTS_VAR}={user_env[PORTS_VAR]}: every port is taken here")
-        return local, {}
+        return local, {node: loopback_env(user_env) for node in range(spec.nodes)}
     head = nodes[0]
     assert head.info is not None
     if not head.info.free_port:
@@ -114,7 +142,7 @@ async def plan_rendezvous(
                 "check the network between the nodes, or set GLOO_SOCKET_IFNAME"
             )
         env = {}
-        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        for name in IFNAME_VARS:
             env[name] = user_env.get(name) or route["ifname"]
         node_env[node.node_rank] = env
     return rdzv, node_env

@@ -147,6 +147,7 @@ class SSHLauncher(Launcher):
                 os.unlink(path)  # left by this rank's previous life (restart)
             listener = await self.conn.forward_local_path(path, f"{remote}-{port}")
             self._listeners.append(listener)
+            os.chmod(path, 0o600)  # owner only, in an owner-only folder
         return {**connection, "ip": local}
 
     async def signal(self, signum: int) -> None:
