@@ -4,17 +4,26 @@ all ranks, live metric charts, and a footer with the cell's summary and log fold
 It is a `Renderer` like the text one: the notebook thread feeds it `CellEvent` values
 and calls `tick` between them. Kernel-side changes are coalesced: the widgets are
 redrawn at most every `RENDER_INTERVAL_S`, and only the views that changed, so a flood of
-output does not freeze the browser. Switching views happens in the browser (the selector
+output does not freeze the browser. A rank that has printed more than the output limit
+(``JUPYTER_DIST_OUTPUT_LIMIT``) in the cell is flooding: its view is redrawn at most every
+`FLOOD_RENDER_INTERVAL_S`, and the node and all-ranks views show a marker naming its log
+instead of the rest of its output. Switching views happens in the browser (the selector
 is linked to the view stack there), so it works while the cell still runs.
 
 When the cell ends, its display is updated with a text/plain copy of everything (the
 folded, rank-prefixed text), which is what a notebook shows where widgets cannot render.
+
+ipywidgets keeps every widget of the kernel alive until it is closed (a view is some 25
+widgets and their comms), so only the last `LIVE_VIEWS` cell views stay live: an older
+one is retired, its display replaced by a static copy (chips, text, footer) and its widgets
+closed, and the notebook kernel's memory does not grow with every cell it runs.
 """
 
 from __future__ import annotations
 
+import collections
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -34,15 +43,19 @@ from jupyter_dist.events import (
     WidgetComm,
 )
 from jupyter_dist.metrics_view import MetricsView
-from jupyter_dist.output_store import LineWriter, RankLogs, ViewOutput
+from jupyter_dist.output_store import LineWriter, RankLogs, ViewOutput, output_limit
 from jupyter_dist.render_text import TextRenderer
 from jupyter_dist.widget_relay import WidgetRelay
 
 #: at most this many redraws a second
 RENDER_INTERVAL_S = 0.1
+#: ... and a flooding rank's view at most this often
+FLOOD_RENDER_INTERVAL_S = 1.0
 #: more ranks than this: a dropdown instead of a row of buttons
 BUTTONS_UP_TO = 8
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+#: how many cell views stay live widgets; older ones are retired to a static copy
+LIVE_VIEWS = 30
 
 DisplayFn = Callable[..., Any]
 
@@ -57,11 +70,16 @@ class View:
         self.widget = widgets.Output(layout=widgets.Layout(max_height="480px", overflow="auto"))
         self.widget.add_class("jd-view")
         self.drawn = -1
+        self.drawn_at = 0.0
+        self.interval = 0.0  # at least this long between redraws (a flooding rank's view)
 
-    def render(self) -> None:
+    def render(self, now: float = 0.0, final: bool = True) -> None:
         if self.output.version == self.drawn:
             return
+        if not final and now - self.drawn_at < self.interval:
+            return
         self.drawn = self.output.version
+        self.drawn_at = now
         outputs = self.output.as_outputs()
         if self.output.hidden:
             marker = {
@@ -88,6 +106,8 @@ class CellView:
         self.ranks = sorted(places)
         self.statuses = {r: RankStatus(r, places[r][0], places[r][1]) for r in self.ranks}
         self.logs = RankLogs(session, cell)
+        self.limit = output_limit()
+        self.printed = dict.fromkeys(self.ranks, 0)  # characters each rank printed
         self.relay = relay
         self.notices: list[str] = []
         self.metrics = MetricsView(self.ranks)
@@ -108,9 +128,9 @@ class CellView:
                 members = [r for r in self.ranks if places[r][1] == node]
                 host = places[members[0]][0]
                 view = self.node_views[node] = View(f"node {node} ({host})", str(self.logs.folder))
-                self._node_text[node] = _text_into(view, members)
+                self._node_text[node] = _text_into(view, members, self.logs, self.limit)
         self.all_view = View("all ranks", str(self.logs.folder))
-        self._all_text = _text_into(self.all_view, self.ranks)
+        self._all_text = _text_into(self.all_view, self.ranks, self.logs, self.limit)
         self.views = [
             *self.rank_views.values(),
             *self.node_views.values(),
@@ -129,7 +149,7 @@ class CellView:
         else:
             self.selector = widgets.Dropdown(options=labels, index=0, description="show")
         self.selector.add_class("jd-select")
-        widgets.jslink((self.selector, "index"), (self.stack, "selected_index"))
+        self._link = widgets.jslink((self.selector, "index"), (self.stack, "selected_index"))
         self.footer = widgets.HTML()
         self.footer.add_class("jd-footer")
         parts: list[widgets.Widget] = [self.header]
@@ -140,6 +160,8 @@ class CellView:
         self.root.add_class("jd-cell-view")
         self._display = display
         self._handle: Any = None
+        self._text = ""  # the text/plain copy, once the cell ended
+        self.retired = False
 
     # -- showing ----------------------------------------------------------------------
     def show(self) -> None:
@@ -152,11 +174,17 @@ class CellView:
             "text/plain": f"[jupyter_dist] running on {ranks_label(self.ranks)}",
         }
         self._handle = show(bundle, raw=True, display_id=True)
+        _live.append(self)
+        while len(_live) > LIVE_VIEWS:
+            _live.popleft().retire()
 
     # -- events ---------------------------------------------------------------------------
     def handle(self, event: CellEvent) -> None:
         if isinstance(event, StreamOut):
             self.logs.write(event.rank, event.text)
+            printed = self.printed[event.rank] = self.printed[event.rank] + len(event.text)
+            if self.limit and printed > self.limit:
+                self.rank_views[event.rank].interval = FLOOD_RENDER_INTERVAL_S
             name = "stderr" if event.name == "stderr" else "stdout"
             self._rank_writers[(event.rank, name)].write(event.text)
             self._to_text(event)
@@ -172,9 +200,7 @@ class CellView:
                 self.rank_views[event.rank].output.add_rich(output)
             self._to_text(event)
         elif isinstance(event, ClearOut):
-            view = self.rank_views[event.rank].output
-            view.entries.clear()
-            view.version += 1
+            self.rank_views[event.rank].output.clear()
         elif isinstance(event, RankStarted):
             status = self.statuses[event.rank]
             if status.started is None:
@@ -243,15 +269,15 @@ class CellView:
             self._all_text.tick()
             for renderer in self._node_text.values():
                 renderer.tick()
-            self.render(now)
+            self.render(now, final=False)
 
-    def render(self, now: float | None = None) -> None:
+    def render(self, now: float | None = None, final: bool = True) -> None:
         now = time.monotonic() if now is None else now
         self._last_render = now
         with self.root.hold_sync():
             self.header.value = chips_html(list(self.statuses.values()), now)
             for view in self.views:
-                view.render()
+                view.render(now, final)
             self.metrics.render()
 
     def finish(self) -> None:
@@ -272,21 +298,34 @@ class CellView:
         notes = "".join(f"<pre style='margin:0'>{_escape(n)}</pre>" for n in self.notices)
         self.footer.value = notes + "<br>".join(_escape(line) for line in lines)
         self.render()
+        view = self.all_view if len(self.ranks) > 1 else self.rank_views[self.ranks[0]]
+        text = view.output
+        self._text = "\n".join([text.plain_text(), f"[jupyter_dist] {summary}"])
         if self._handle is not None:
-            text = (
-                self.all_view.output
-                if len(self.ranks) > 1
-                else self.rank_views[self.ranks[0]].output
-            )
             bundle = {
                 WIDGET_MIME: {
                     "version_major": 2,
                     "version_minor": 0,
                     "model_id": self.root.model_id,
                 },
-                "text/plain": "\n".join([text.plain_text(), f"[jupyter_dist] {summary}"]),
+                "text/plain": self._text,
             }
             self._handle.update(bundle, raw=True)
+
+    def retire(self) -> None:
+        """Replace the view in the notebook by a static copy, and close its widgets."""
+        if self.retired:
+            return
+        self.finish()
+        self.retired = True
+        if self._handle is not None:
+            html = (
+                f"<div class='jd-cell-view jd-retired'>{self.header.value}"
+                f"<pre>{_escape(self._text)}</pre>{self.footer.value}</div>"
+            )
+            self._handle.update({"text/plain": self._text, "text/html": html}, raw=True)
+        for widget in [self._link, *_widget_tree(self.root)]:
+            widget.close()
 
     def state(self) -> dict[str, Any]:
         """What the view shows, as plain data (for tests and debugging)."""
@@ -307,8 +346,32 @@ class CellView:
         }
 
 
-def _text_into(view: View, ranks: Sequence[int]) -> TextRenderer:
-    """A text renderer (prefixes, folding) writing into ``view``."""
+#: the views still live, oldest first
+_live: collections.deque[CellView] = collections.deque()
+
+
+def _widget_tree(root: widgets.Widget) -> Iterator[widgets.Widget]:
+    """``root`` and every widget it holds, through any trait (children, layout, style,
+    a chart's marks, axes and scales), each once."""
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, widgets.Widget):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            yield value
+            stack.extend(getattr(value, name, None) for name in value.keys)
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+
+
+def _text_into(view: View, ranks: Sequence[int], logs: RankLogs, limit: int) -> TextRenderer:
+    """A text renderer (prefixes, folding) writing into ``view``; past ``limit``, a rank's
+    output is left to its log (which the cell view writes)."""
 
     def rich(data: dict[str, Any], metadata: dict[str, Any]) -> None:
         view.output.add_rich({"output_type": "display_data", "data": data, "metadata": metadata})
@@ -318,6 +381,9 @@ def _text_into(view: View, ranks: Sequence[int]) -> TextRenderer:
         LineWriter(view.output, "stdout"),
         LineWriter(view.output, "stderr"),
         rich,
+        limit=limit,
+        logs=logs,
+        write_logs=False,
     )
 
 

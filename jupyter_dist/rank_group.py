@@ -135,6 +135,8 @@ class RankGroup:
         self._context = zmq.asyncio.Context()
         # a kernel binds its ports a few ms after it is forked: reconnect quickly
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
+        # a flooding rank is held back by its own send queue, not buffered here
+        self._context.setsockopt(zmq.RCVHWM, 32)
         self._current: CellRun | None = None
         self.stale = False  # its ranks were replaced behind this object's back
         self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)

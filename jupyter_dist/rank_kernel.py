@@ -15,6 +15,8 @@ from jupyter_dist.agent_protocol import STACKS_SIGNAL
 RANK_KERNEL_ARGS = (
     "--HistoryManager.hist_file=:memory:",
     "--IPKernelApp.quiet=True",
+    # bounded messages, and a writer that waits instead of growing a queue
+    "--IPKernelApp.outstream_class=jupyter_dist.rank_streams.RankOutStream",
 )
 
 _crash_log: IO[str] | None = None

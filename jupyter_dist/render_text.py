@@ -3,11 +3,17 @@
 Used wherever widgets cannot render (terminal IPython, nbconvert, nbclient) and as the
 fallback of the widget view. Lines that every still-running rank printed identically are
 shown once as ``[ranks 0-3] line``; a line waits at most `HOLD_S` for its twins.
+
+Each rank's output in a cell is passed on up to a limit (`output_limit`,
+``JUPYTER_DIST_OUTPUT_LIMIT``); past it, a marker names the rank's full log, where all of
+it goes, and the cell ends with a line saying how much was left out. A rank printing a
+gigabyte then costs the notebook a file write per chunk, not a gigabyte of frontend.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -22,6 +28,7 @@ from jupyter_dist.events import (
     RichOut,
     StreamOut,
 )
+from jupyter_dist.output_store import OUTPUT_LIMIT_VAR, RankLogs, format_size, output_limit
 
 HOLD_S = 0.5
 #: cells at least this long always end with a summary line of per-rank times
@@ -29,6 +36,8 @@ SUMMARY_AFTER_S = 1.0
 STREAMS = ("stdout", "stderr")
 
 DisplayFn = Callable[[dict[str, Any], dict[str, Any]], None]
+#: numbers the log folders of renderers that were given none
+_cells = itertools.count(1)
 
 
 class TextSink(Protocol):
@@ -38,7 +47,12 @@ class TextSink(Protocol):
 
 
 class TextRenderer:
-    """Turns `CellEvent` values into prefixed text on ``out`` / ``err``."""
+    """Turns `CellEvent` values into prefixed text on ``out`` / ``err``.
+
+    ``limit``: characters of each rank's output passed on (default `output_limit()`; 0:
+    all). ``logs``: where each rank's full output is, written there unless ``write_logs``
+    is false (someone else writes it); by default a `RankLogs` made at the first output.
+    """
 
     def __init__(
         self,
@@ -48,6 +62,9 @@ class TextRenderer:
         display: DisplayFn | None = None,
         fold: bool = True,
         summary: bool = False,
+        limit: int | None = None,
+        logs: RankLogs | None = None,
+        write_logs: bool = True,
     ) -> None:
         self.ranks = sorted(ranks)
         self.files = {"stdout": out, "stderr": err}
@@ -63,6 +80,11 @@ class TextRenderer:
         self.lines_written = 0
         self.summary = summary
         self.finished: dict[int, RankStatus] = {}
+        self.limit = output_limit() if limit is None else limit
+        self.logs = logs
+        self.write_logs = write_logs
+        self.taken: dict[int, int] = {}  # characters of each rank's output passed on
+        self.dropped: dict[int, int] = {}  # ... and past the limit, left out
 
     # -- events -----------------------------------------------------------------------
     def handle(self, event: CellEvent) -> None:
@@ -96,6 +118,15 @@ class TextRenderer:
         self.running.clear()
         self.flush(final=True)
         self._show_results()
+        for rank, dropped in sorted(self.dropped.items()):
+            self.files["stdout"].write(
+                f"[jupyter_dist] rank {rank}: {format_size(dropped)} more output not shown "
+                f"({OUTPUT_LIMIT_VAR} is {format_size(self.limit)}); full log: "
+                f"{self._log_path(rank)}\n"
+            )
+        self.dropped.clear()
+        if self.logs is not None and self.write_logs:
+            self.logs.close()
         if self.summary and self.finished and self._summary_worth_it():
             self.files["stdout"].write(
                 f"[jupyter_dist] {cell_summary(list(self.finished.values()))}\n"
@@ -115,15 +146,46 @@ class TextRenderer:
     # -- streams ------------------------------------------------------------------------
     def _stream(self, event: StreamOut) -> None:
         name = event.name if event.name in STREAMS else "stdout"
-        key = (name, event.rank)
-        text = self.partial.pop(key, "") + event.text
+        rank = event.rank
+        text = event.text
+        if self.write_logs and text:
+            self._logs().write(rank, text)
+        marker = ""
+        if self.limit:
+            taken = self.taken.get(rank, 0)
+            room = max(self.limit - taken, 0)
+            if len(text) > room:
+                first = rank not in self.dropped
+                self.dropped[rank] = self.dropped.get(rank, 0) + len(text) - room
+                if not first:
+                    return
+                text = text[:room]
+                marker = (
+                    f"... more than {format_size(self.limit)} of output in this cell; the rest "
+                    f"is only in the full log: {self._log_path(rank)}"
+                )
+            self.taken[rank] = taken + len(text)
+        key = (name, rank)
+        text = self.partial.pop(key, "") + text
         *lines, rest = text.split("\n")
-        if rest:
+        if marker:  # the line cut short ends here
+            lines += [rest, marker] if rest else [marker]
+        elif rest:
             self.partial[key] = rest
         if lines:
             now = time.monotonic()
-            queue = self.pending[name].setdefault(event.rank, collections.deque())
+            queue = self.pending[name].setdefault(rank, collections.deque())
             queue.extend((now, line) for line in lines)
+
+    def _logs(self) -> RankLogs:
+        if self.logs is None:
+            self.logs = RankLogs("text", next(_cells))
+        return self.logs
+
+    def _log_path(self, rank: int) -> str:
+        if self.logs is None and not self.write_logs:
+            return "not kept"
+        return str(self._logs().path(rank))
 
     def _end_partial(self, rank: int) -> None:
         for name in STREAMS:

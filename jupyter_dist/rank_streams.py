@@ -1,0 +1,50 @@
+"""A rank's stdout and stderr: bounded messages, sent at the pace the notebook takes them.
+
+ipykernel's `OutStream` gathers everything written between two flushes (0.2 s apart) and
+sends it as one stream message: a rank that prints a gigabyte in a tight loop sends the
+notebook one gigabyte-sized message, which the notebook must hold whole (the frame and
+the decoded text) before anything can bound it. Here a write is cut into pieces of at most
+`MESSAGE_CHARS`, and once `MESSAGE_CHARS` are waiting the writer flushes and waits for
+the IO thread to send them. (The cutting is done by the writer, not by the IO thread's
+flush: ipykernel 7's IO thread schedules each send through its own event pipe, which a
+flush sending hundreds of messages at once fills, and then blocks on.)
+
+The IOPub socket is also set to block instead of dropping (``XPUB_NODROP``) when a
+subscriber's queue is full: a notebook that reads with a small receive queue then slows a
+flooding rank down to its own pace, so neither side piles up the flood in memory and no
+output is lost on the way to the rank's log.
+
+Rank kernels use it through ``--IPKernelApp.outstream_class``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import zmq
+from ipykernel.iostream import OutStream
+
+MESSAGE_CHARS = 1 << 18
+
+
+class RankOutStream(OutStream):
+    """`OutStream` whose stream messages carry about `MESSAGE_CHARS` characters at most."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._unsent = 0
+        socket = getattr(self.pub_thread, "socket", None)
+        if isinstance(socket, zmq.Socket) and socket.type == zmq.XPUB:
+            with contextlib.suppress(zmq.ZMQError):
+                socket.setsockopt(zmq.XPUB_NODROP, 1)
+
+    def write(self, string: str) -> int:
+        for start in range(0, len(string), MESSAGE_CHARS):
+            piece = string[start : start + MESSAGE_CHARS]  # the string itself when short
+            super().write(piece)
+            self._unsent += len(piece)
+            if self._unsent >= MESSAGE_CHARS:
+                self._unsent = 0
+                self.flush()  # type: ignore[no-untyped-call]  # waits until it is sent
+        return len(string)

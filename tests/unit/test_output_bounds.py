@@ -1,0 +1,134 @@
+"""Bounds on what a cell keeps and passes on, however much a rank prints: lines kept per
+view, characters per line and per view, characters per rank per cell in text, live views."""
+
+from __future__ import annotations
+
+import collections
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ipywidgets.widgets.widget import _instances
+
+from jupyter_dist import cell_view
+from jupyter_dist.cell_view import WIDGET_MIME, CellView
+from jupyter_dist.errors import SpecError
+from jupyter_dist.events import CellFinished, CellResult, RankFinished, StreamOut
+from jupyter_dist.output_store import (
+    DEFAULT_OUTPUT_LIMIT,
+    LINE_CHARS,
+    LineWriter,
+    RankLogs,
+    ViewOutput,
+    output_limit,
+)
+from jupyter_dist.render_text import TextRenderer
+
+
+def test_one_big_write_keeps_only_the_lines_a_view_can_hold() -> None:
+    view = ViewOutput(limit=400)
+    writer = LineWriter(view, "stdout")
+    writer.write("begun ")
+    writer.write("".join(f"{i}\n" for i in range(10_000)) + "tail")
+    writer.flush()
+    kept = [line for _kind, line in view.entries]
+    assert kept[-1] == "tail" and kept[-2] == "9999"
+    assert len(kept) == 400
+    assert view.hidden == 10_001 - 400  # "begun 0" and the lines up to 9600
+
+
+def test_an_endless_line_is_held_only_up_to_line_chars() -> None:
+    view = ViewOutput()
+    writer = LineWriter(view, "stderr")
+    for _ in range(30):
+        writer.write("y" * 1000)
+    assert len(writer._partial) == LINE_CHARS
+    writer.write("\nnext\n")
+    (_, first), (_, second) = view.entries
+    assert first == "y" * LINE_CHARS + " ... [20000 more characters in the full log]"
+    assert second == "next"
+
+
+def test_a_view_keeps_at_most_char_limit_characters() -> None:
+    view = ViewOutput(char_limit=10_000)
+    LineWriter(view, "stdout").write(("z" * 999 + "\n") * 50)
+    assert view.chars <= 10_000 and len(view.entries) == 10
+    assert view.hidden == 40
+    view.clear()
+    assert view.chars == 0 and not view.entries
+
+
+def test_text_past_the_limit_goes_only_to_the_log(tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    logs = RankLogs("s", 1, base=str(tmp_path))
+    r = TextRenderer([0, 1], out, err, limit=100, logs=logs)
+    r.handle(StreamOut(1, "stdout", "hi\n"))
+    for _ in range(100):
+        r.handle(StreamOut(0, "stdout", "123456789\n"))
+    for rank in (0, 1):
+        r.handle(RankFinished(rank, "ok", 0.1))
+    r.handle(CellFinished(CellResult((0, 1), (), {})))
+    text = out.getvalue()
+    assert text.count("123456789") == 10
+    log = logs.path(0)
+    marker = "more than 100 B of output in this cell; the rest is only in the full log"
+    assert f"[rank 0] ... {marker}: {log}" in text
+    assert "[jupyter_dist] rank 0: 900 B more output not shown" in text
+    assert "[rank 1] hi" in text
+    assert log.read_text() == "123456789\n" * 100
+
+
+def test_logs_opened_again_append(tmp_path: Path) -> None:
+    logs = RankLogs("s", 2, base=str(tmp_path))
+    logs.write(0, "a\n")
+    logs.close()
+    logs.write(0, "b\n")
+    logs.close()
+    assert logs.path(0).read_text() == "a\nb\n"
+
+
+def test_output_limit_sizes() -> None:
+    assert output_limit({}) == DEFAULT_OUTPUT_LIMIT
+    assert output_limit({"JUPYTER_DIST_OUTPUT_LIMIT": "500k"}) == 500 * 1024
+    assert output_limit({"JUPYTER_DIST_OUTPUT_LIMIT": "2MiB"}) == 2 << 20
+    assert output_limit({"JUPYTER_DIST_OUTPUT_LIMIT": "1G"}) == 1 << 30
+    assert output_limit({"JUPYTER_DIST_OUTPUT_LIMIT": "0"}) == 0
+    with pytest.raises(SpecError, match="JUPYTER_DIST_OUTPUT_LIMIT='lots'"):
+        output_limit({"JUPYTER_DIST_OUTPUT_LIMIT": "lots"})
+
+
+class Handle:
+    def __init__(self, bundle: dict[str, Any]) -> None:
+        self.bundles = [bundle]
+
+    def update(self, bundle: dict[str, Any], raw: bool = False) -> None:
+        self.bundles.append(bundle)
+
+
+def test_only_the_last_views_stay_live_widgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cell_view, "LIVE_VIEWS", 2)
+    monkeypatch.setattr(cell_view, "_live", collections.deque())
+    handles: list[Handle] = []
+
+    def display(bundle: dict[str, Any], raw: bool = False, display_id: bool = False) -> Handle:
+        handles.append(Handle(bundle))
+        return handles[-1]
+
+    views = []
+    for cell in range(3):
+        view = CellView("s", cell, {0: ("h", 0), 1: ("h", 0)}, display=display)
+        if cell == 0:
+            ids = [w.model_id for w in cell_view._widget_tree(view.root)]
+            assert len(ids) > 10  # the box, its parts, their layouts and styles
+        view.show()
+        view.handle(StreamOut(0, "stdout", f"cell {cell}\n"))
+        view.finish()
+        views.append(view)
+    first = views[0]
+    assert first.retired and not any(i in _instances for i in ids)
+    static = handles[0].bundles[-1]
+    assert WIDGET_MIME not in static and "[rank 0] cell 0" in static["text/plain"]
+    assert "cell 0" in static["text/html"]
+    assert not views[1].retired and views[1].root.model_id in _instances
+    assert WIDGET_MIME in handles[1].bundles[-1]
