@@ -7,7 +7,9 @@ stop) interrupts every rank, keeps drawing while they wind down, then re-raises.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import queue
 import sys
 import time
@@ -38,33 +40,40 @@ def drive(
     renderer: Renderer,
     on_interrupt: Callable[[], None] | None = None,
 ) -> bool:
-    """Render events until ``future`` is done; return whether the user interrupted."""
+    """Render events until ``future`` is done; return whether the user interrupted.
+
+    Events that came in while the renderer was busy (a slow redraw) are all handled before
+    its next tick: a tick must not judge a rank late (and stop waiting to fold its lines
+    with the others') only because the notebook thread had not read them yet.
+    """
     interrupted_at: float | None = None
     future.add_done_callback(lambda _: sink.put(CallDone()))
+    backlog: collections.deque[CellEvent] = collections.deque()
+    call_done = False
     last_tick = time.monotonic()
     while True:
         try:
+            if not backlog:
+                with contextlib.suppress(queue.Empty):
+                    backlog.append(sink.get(timeout=POLL_S))
+                for _ in range(sink.qsize()):
+                    backlog.append(sink.get_nowait())
+            while backlog:
+                event = backlog.popleft()
+                if isinstance(event, CallDone):
+                    call_done = True
+                    continue
+                renderer.handle(event)
+                if isinstance(event, CellFinished):
+                    return interrupted_at is not None
+            if call_done and sink.empty():
+                return interrupted_at is not None
             now = time.monotonic()
             if now - last_tick >= POLL_S:  # steady output must not starve the redraws
                 last_tick = now
                 renderer.tick()
-            try:
-                event = sink.get(timeout=POLL_S)
-            except queue.Empty:
-                last_tick = time.monotonic()
-                renderer.tick()
-                if future.done() and sink.empty():
-                    return interrupted_at is not None
-                if interrupted_at and time.monotonic() - interrupted_at > INTERRUPT_WAIT_S:
-                    return True
-                continue
-            if isinstance(event, CallDone):
-                if sink.empty():
-                    return interrupted_at is not None
-                continue
-            renderer.handle(event)
-            if isinstance(event, CellFinished):
-                return interrupted_at is not None
+            if interrupted_at and time.monotonic() - interrupted_at > INTERRUPT_WAIT_S:
+                return True
         except KeyboardInterrupt:
             if interrupted_at is not None or on_interrupt is None:
                 return True  # a second interrupt: stop waiting for the ranks
