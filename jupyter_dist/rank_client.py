@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 #: on each repeat up to RETRY_MAX_S
 RETRY_S = 0.05
 RETRY_MAX_S = 1.0
+#: a receive waiting this long checks the socket itself for a message it was not woken for
+RECHECK_S = 1.0
 
 #: handler(channel, message) for the messages answering one request
 Handler = Callable[[str, dict[str, Any]], None]
@@ -49,6 +51,7 @@ class RankClient:
         self._comm_waiters: dict[str, asyncio.Future[tuple[dict[str, Any], list[Frame]]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.closed = False
+        self.lost_wakeups = 0  # messages found by `_receive`'s own check
 
     # -- connection -------------------------------------------------------------------
     async def connect(self, timeout: float, dead: Callable[[], str | None]) -> None:
@@ -95,16 +98,49 @@ class RankClient:
                 self.handlers.pop(msg_id, None)
 
     async def _pump(self, name: str, channel: Any) -> None:
+        """Read one channel's messages until its socket closes."""
+        session = self.client.session
         while True:
             try:
-                msg = await channel.get_msg()
+                frames = await self._receive(name, channel.socket)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # a closed socket ends the pump
                 if not self.closed:
                     log.debug("rank %s: %s channel stopped: %s", self.rank, name, err)
                 return
+            try:
+                _idents, parts = session.feed_identities(frames)
+                msg = session.deserialize(parts)
+            except Exception as err:  # unsigned, or not a Jupyter message: dropped
+                log.warning("rank %s: dropped a bad %s message: %s", self.rank, name, err)
+                continue
             self._route(name, msg)
+
+    async def _receive(self, name: str, socket: zmq.asyncio.Socket) -> list[bytes]:
+        """The socket's next message, even if its wake-up was lost.
+
+        A zmq socket signals new messages through an edge-triggered file descriptor, and
+        anything that reads the socket's state (a send on it, among others) can use up that
+        edge; the message then sits in the socket while its receive waits for ever. That
+        happened to shell replies arriving as the next request went out, about once in a
+        few hundred session starts on a loaded machine (jupyter_client's own
+        ``get_msg()``, which waits in a separate ``poll()``, loses more). So a receive
+        that has not completed within `RECHECK_S` looks at the socket itself.
+        """
+        pending = asyncio.ensure_future(socket.recv_multipart())
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=RECHECK_S)
+                if done:
+                    return pending.result()
+                if int(socket.get(zmq.EVENTS)) & zmq.POLLIN:
+                    self.lost_wakeups += 1
+                    log.debug("rank %s: %s message found without its wake-up", self.rank, name)
+                    pending.cancel()
+                    return await socket.recv_multipart(flags=zmq.NOBLOCK)
+        finally:
+            pending.cancel()
 
     def _route(self, channel: str, msg: dict[str, Any]) -> None:
         if msg["msg_type"] in ("comm_msg", "comm_close") and channel == "iopub":
