@@ -1,5 +1,6 @@
 """The widget view of one ``%%distributed`` cell: status chips, a view per rank, node and
-all ranks, live metric charts, and a footer with the cell's summary and log folder.
+all ranks, live metric charts, a "stacks" button (where every rank is, answered while the
+cell runs) and a footer with the cell's summary and log folder.
 
 It is a `Renderer` like the text one: the notebook thread feeds it `CellEvent` values
 and calls `tick` between them. Kernel-side changes are coalesced: the widgets are
@@ -45,6 +46,7 @@ from jupyter_dist.events import (
 from jupyter_dist.metrics_view import MetricsView
 from jupyter_dist.output_store import LineWriter, RankLogs, ViewOutput, output_limit
 from jupyter_dist.render_text import TextRenderer
+from jupyter_dist.stacks_panel import StacksPanel
 from jupyter_dist.widget_relay import WidgetRelay
 
 #: at most this many redraws a second
@@ -102,6 +104,7 @@ class CellView:
         places: dict[int, tuple[str, int]],  # rank -> (host, node rank)
         relay: WidgetRelay | None = None,
         display: DisplayFn | None = None,
+        read_stacks: Callable[[], str] | None = None,
     ) -> None:
         self.ranks = sorted(places)
         self.statuses = {r: RankStatus(r, places[r][0], places[r][1]) for r in self.ranks}
@@ -152,16 +155,27 @@ class CellView:
         self._link = widgets.jslink((self.selector, "index"), (self.stack, "selected_index"))
         self.footer = widgets.HTML()
         self.footer.add_class("jd-footer")
-        parts: list[widgets.Widget] = [self.header]
-        if len(self.views) > 1:
-            parts.append(self.selector)
-        parts += [self.stack, self.metrics.box, self.footer]
-        self.root = widgets.VBox(parts)
+        self.root = widgets.VBox(self._layout(read_stacks))
         self.root.add_class("jd-cell-view")
         self._display = display
         self._handle: Any = None
         self._text = ""  # the text/plain copy, once the cell ended
         self.retired = False
+
+    def _layout(self, read_stacks: Callable[[], str] | None) -> list[widgets.Widget]:
+        """The view's parts, top to bottom; a "stacks" button where the kernel can answer
+        it while the cell runs."""
+        self.stacks = StacksPanel.where_answerable(read_stacks) if read_stacks else None
+        tools: list[widgets.Widget] = [self.selector] if len(self.views) > 1 else []
+        if self.stacks is not None:
+            tools.append(self.stacks.button)
+        parts: list[widgets.Widget] = [self.header]
+        if tools:
+            parts.append(widgets.HBox(tools) if len(tools) > 1 else tools[0])
+        if self.stacks is not None:
+            parts.append(self.stacks.text)
+        parts += [self.stack, self.metrics.box, self.footer]
+        return parts
 
     # -- showing ----------------------------------------------------------------------
     def show(self) -> None:
@@ -343,6 +357,7 @@ class CellView:
             "notices": list(self.notices),
             "logs": str(self.logs.folder),
             "footer": self.footer.value,
+            "stacks": self.stacks.text.value if self.stacks is not None else None,
         }
 
 

@@ -39,6 +39,8 @@ from jupyter_dist.spec import (
 
 OUTPUT_VAR = "JUPYTER_DIST_OUTPUT"
 OUTPUT_MODES = ("auto", "widget", "text")
+#: seconds the cell view's stacks button waits for the ranks' dumps
+STACKS_READ_S = 15.0
 DIST_COMMANDS = (
     "status",
     "stacks",
@@ -301,7 +303,15 @@ class DistMagics(Magics):
 
         self._cells += 1
         places = {r: (session.ranks[r].host, session.ranks[r].place.node_rank) for r in ranks}
-        view = CellView(session.name, self._cells, places, relay_for_this_kernel())
+
+        def read_stacks() -> str:  # on the click subshell's thread, while the cell runs
+            from jupyter_dist import stacks
+
+            return stacks.describe(self.control.run(session.stacks(ranks), STACKS_READ_S))
+
+        view = CellView(
+            session.name, self._cells, places, relay_for_this_kernel(), read_stacks=read_stacks
+        )
         view.show()
         self.last_view = view
         return view

@@ -386,7 +386,15 @@ class NotebookPage:
     def run_all(self, timeout: float = RUN_TIMEOUT_S) -> bool:
         """Run every cell (Run > Run All Cells) and wait until all have finished and the
         kernel is idle. True when no cell failed."""
+        self.start_all()
+        return self.wait_all(timeout)
+
+    def start_all(self) -> None:
+        """Start running every cell; `wait_all` waits for them."""
         self.page.evaluate(_RUN_ALL_JS, self.path)
+
+    def wait_all(self, timeout: float = RUN_TIMEOUT_S) -> bool:
+        """Wait until the cells `start_all` started have finished; True when none failed."""
         handle = self.page.wait_for_function(
             _RUN_DONE_JS, arg=self.path, timeout=timeout * 1000, polling=250
         )

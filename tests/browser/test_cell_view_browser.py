@@ -1,10 +1,13 @@
 """The cell view in a real JupyterLab: status chips, switching to rank 1's output, a
-metrics chart with a line per rank, and the error chip of a failing rank."""
+metrics chart with a line per rank, the error chip of a failing rank, and the stacks
+button answering while the ranks hang."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +81,54 @@ def test_chips_rank_switch_metrics_and_error_chip(open_lab_notebook: OpenNoteboo
     # as it was saved: rank 1 chosen
     expect(restored.locator(".jd-view:visible")).to_contain_text("hello from rank 1")
     again.screenshot("cell-view-reopened", again.cell(1))
+
+
+def test_the_stacks_button_shows_where_hanging_ranks_are(
+    open_lab_notebook: OpenNotebook, tmp_path: Path
+) -> None:
+    """Rank 0 waits in all_reduce for rank 1, which waits for a file: a click on "stacks"
+    while the cell runs shows both places; then the file lets the cell end."""
+    from playwright.sync_api import expect
+
+    go = tmp_path / "go"
+    nb = open_lab_notebook(
+        "stacks_button",
+        [
+            "%load_ext jupyter_dist",
+            "%%distributed --procs 2\n"
+            "import os, time, torch, torch.distributed as dist\n"
+            "if dist.get_rank() == 1:\n"
+            f"    while not os.path.exists({str(go)!r}):\n"
+            "        time.sleep(0.05)\n"
+            "dist.all_reduce(torch.ones(1))\n"
+            "print('joined')",
+        ],
+    )
+    nb.start_all()
+    try:
+        view = nb.output(1).locator(".jd-cell-view")
+        button = view.locator(".jd-stacks-button")
+        expect(button).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+        stacks = view.locator(".jd-stacks")
+        deadline = time.monotonic() + RENDER_TIMEOUT_MS / 1000
+        shown = ""
+        while time.monotonic() < deadline:  # until both ranks are in place
+            expect(button).to_be_enabled(timeout=RENDER_TIMEOUT_MS)
+            before = stacks.inner_text()
+            button.click()
+            shown = before
+            while shown == before or "where the ranks were" not in shown:  # this click's
+                time.sleep(0.1)
+                shown = stacks.inner_text()
+                assert time.monotonic() < deadline, f"the click was not answered: {shown!r}"
+            if "rank 0: in all_reduce" in shown and "rank 1: at cell line 4" in shown:
+                break
+            time.sleep(1)
+        assert "rank 0: in all_reduce" in shown and "rank 1: at cell line 4" in shown, shown
+        chip = view.locator('.jd-chip[data-rank="0"]')
+        expect(chip).to_have_attribute("data-state", "running")  # the cell still runs
+        nb.screenshot("cell-view-stacks", nb.cell(1))
+    finally:
+        go.touch()
+    assert nb.wait_all()
+    expect(view.locator(".jd-view:visible")).to_contain_text("joined")

@@ -3,7 +3,10 @@ cells on 2 and 8 ranks (routing, folding, error chips, metrics, bounds, relayed 
 
 from __future__ import annotations
 
+import html
 import json
+import queue
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 pytestmark = pytest.mark.slow
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STATE = (
     "import json as _j\n"
     "print('STATE', _j.dumps(get_ipython().magics_manager.registry['DistMagics']"
@@ -154,3 +158,66 @@ def test_steady_output_is_drawn_while_the_cell_runs(kernel: Kernel) -> None:
     ]
     with_ticks = [o for o in shown if any("tick" in x.get("text", "") for x in o)]
     assert len(with_ticks) >= 6, len(with_ticks)
+
+
+def test_the_stacks_button_answers_while_the_ranks_hang(kernel: Kernel, tmp_path: Path) -> None:
+    """The click reaches the notebook kernel while it runs the cell (on its click subshell),
+    and shows rank 0 blocked in all_reduce and rank 1 still in its cell."""
+    go = tmp_path / "go"
+    kc = kernel.kc
+    msg_id = kc.execute(
+        "%%distributed --procs 2\n"
+        "import os, time, torch, torch.distributed as dist\n"
+        "if dist.get_rank() == 1:\n"
+        f"    while not os.path.exists({str(go)!r}):\n"
+        "        time.sleep(0.05)\n"
+        "dist.all_reduce(torch.ones(1))\n"
+        "print('joined')"
+    )
+    try:
+        shown = _click_stacks_until_both_are_in_place(kc, msg_id)
+        # the cell was still running: rank 1 waits for the file, so nothing has replied
+        assert not kc.shell_channel.msg_ready()
+    finally:
+        go.touch()
+    while True:
+        reply = kc.get_shell_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    assert reply["content"]["status"] == "ok"
+    # the view keeps what the last click showed
+    assert html.unescape(kernel.state()["stacks"]) == shown
+
+
+def _click_stacks_until_both_are_in_place(kc: Any, msg_id: str) -> str:
+    """Click the cell's stacks button (again a second after each answer) until it shows
+    rank 0 in all_reduce and rank 1 in its cell; return what it shows."""
+    button = stacks_button = ""
+    shown = ""
+    answered_at: float | None = 0.0  # None: a click is not answered yet
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if button and answered_at is not None and time.monotonic() - answered_at > 1:
+            answered_at = None
+            click = {"method": "custom", "content": {"event": "click"}}
+            kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": button, "data": click}))
+        try:
+            msg = kc.get_iopub_msg(timeout=0.5)
+        except queue.Empty:
+            continue
+        content = msg["content"]
+        state = content.get("data", {}).get("state", {})
+        ours = msg["parent_header"].get("msg_id") == msg_id
+        if msg["msg_type"] == "comm_open" and ours:
+            if state.get("_model_name") == "ButtonModel" and state.get("description") == "stacks":
+                stacks_button = content["comm_id"]
+        elif msg["msg_type"] == "display_data" and ours and WIDGET_MIME in content["data"]:
+            button = stacks_button  # shown: a browser could click it now
+        elif msg["msg_type"] == "comm_msg" and "where the ranks were" in str(state.get("value")):
+            shown = html.unescape(state["value"])
+            answered_at = time.monotonic()
+            if "rank 0: in all_reduce" in shown and "rank 1: at cell line 4" in shown:
+                break
+    assert button, "the cell view has no stacks button"
+    assert "rank 0: in all_reduce" in shown and "rank 1: at cell line 4" in shown, shown
+    return shown

@@ -86,9 +86,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, kernel_name: str) -> Iterat
     # the kernels print text (these tests read streams; the widget view has its own tests)
     running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
     yield running
+    ours = running.descendants()  # this server's agents and ranks, not other servers'
     stop_server(running)
-    gone = [p for p in psutil.process_iter(["cmdline"]) if "jupyter_dist.agent" in str(p.info)]
-    assert not [p for p in gone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture
