@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from jupyter_dist.control_plane import ControlPlane
 from jupyter_dist.errors import ranks_label
+from jupyter_dist.event_sink import EventSink
 from jupyter_dist.events import CallDone, CellEvent, CellFinished, CellResult, Notice
 from jupyter_dist.rank_group import RankGroup
 
@@ -46,6 +47,19 @@ def drive(
     its next tick: a tick must not judge a rank late (and stop waiting to fold its lines
     with the others') only because the notebook thread had not read them yet.
     """
+    try:
+        return _drive(future, sink, renderer, on_interrupt)
+    finally:
+        if isinstance(sink, EventSink):
+            sink.close()  # events still to come (an interrupted cell's) go nowhere
+
+
+def _drive(
+    future: concurrent.futures.Future[Any],
+    sink: queue.SimpleQueue[CellEvent],
+    renderer: Renderer,
+    on_interrupt: Callable[[], None] | None,
+) -> bool:
     interrupted_at: float | None = None
     future.add_done_callback(lambda _: sink.put(CallDone()))
     backlog: collections.deque[CellEvent] = collections.deque()

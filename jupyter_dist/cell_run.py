@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from jupyter_dist.agent_protocol import describe_returncode
 from jupyter_dist.errors import RankFailure
+from jupyter_dist.event_sink import EventSink
 from jupyter_dist.events import (
     CellEvent,
     CellResult,
@@ -26,6 +26,7 @@ from jupyter_dist.events import (
     StreamOut,
     WidgetComm,
 )
+from jupyter_dist.rank_client import PacedHandler
 from jupyter_dist.rank_metrics import MSG_TYPE as METRICS_MSG_TYPE
 
 #: failures after which the other ranks get `abort_after_s` to finish before they are
@@ -78,11 +79,10 @@ class CellRun:
         if self.sink is not None:
             self.sink.put(event)
 
-    def handler(self, rank: int) -> Callable[[str, dict[str, Any]], None]:
-        def on_message(channel: str, msg: dict[str, Any]) -> None:
-            self.on_message(rank, channel, msg)
-
-        return on_message
+    def handler(self, rank: int) -> PacedHandler:
+        """Where ``rank``'s messages for this cell go; its reader waits while the notebook
+        thread has too much output still to draw."""
+        return _RankMessages(self, rank)
 
     @property
     def busy_ranks(self) -> list[int]:
@@ -238,3 +238,16 @@ def crash_report(log_tail: str, limit: int = 40) -> list[str]:
     if fatal:  # faulthandler prints the innermost frame first
         return lines[fatal[-1] :][:limit]
     return lines[-limit:]
+
+
+class _RankMessages(PacedHandler):
+    def __init__(self, run: CellRun, rank: int) -> None:
+        self.run = run
+        self.rank = rank
+
+    def __call__(self, channel: str, msg: dict[str, Any]) -> None:
+        self.run.on_message(self.rank, channel, msg)
+
+    async def room(self) -> None:
+        if isinstance(self.run.sink, EventSink):
+            await self.run.sink.room()

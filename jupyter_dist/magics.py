@@ -23,6 +23,7 @@ from jupyter_dist import control_plane as planes
 from jupyter_dist.cell_driver import Renderer, run_cell, wait_with_notices
 from jupyter_dist.control_plane import ControlPlane, control_plane
 from jupyter_dist.errors import DistError, SpecError
+from jupyter_dist.event_sink import EventSink
 from jupyter_dist.events import CellEvent, Notice
 from jupyter_dist.hosts import parse_hosts, read_hostfile
 from jupyter_dist.rank_group import RankGroup, SessionState
@@ -114,7 +115,7 @@ class DistMagics(Magics):
     # -- helpers ------------------------------------------------------------------------
     def _call(self, make: Callable[[queue.SimpleQueue[CellEvent]], Any]) -> Any:
         """Run a control-plane coroutine, drawing its progress notices as they come."""
-        sink: queue.SimpleQueue[CellEvent] = queue.SimpleQueue()
+        sink: queue.SimpleQueue[CellEvent] = EventSink()
         future = self.control.loop.submit(make(sink))
         return wait_with_notices(future, sink, _renderer([]))
 
@@ -289,7 +290,7 @@ class DistMagics(Magics):
         chosen = session.check_ranks(ranks)
         if payload is not None:
             self.control.run(session.push(payload, chosen))
-        sink: queue.SimpleQueue[CellEvent] = queue.SimpleQueue()
+        sink: queue.SimpleQueue[CellEvent] = EventSink()
         renderer: Renderer
         if mode == "widget":
             renderer = self._cell_view(session, chosen)

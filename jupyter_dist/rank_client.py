@@ -32,6 +32,18 @@ RECHECK_S = 1.0
 Handler = Callable[[str, dict[str, Any]], None]
 
 
+class PacedHandler:
+    """A handler whose reader may have to wait: after each message it hands on, the
+    channel's pump awaits `room` before reading the next (so a consumer that falls behind
+    holds the messages in the kernel's socket, not in memory)."""
+
+    def __call__(self, channel: str, msg: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def room(self) -> None:
+        return None
+
+
 class RankClient:
     """Kernel client for one rank."""
 
@@ -115,7 +127,9 @@ class RankClient:
             except Exception as err:  # unsigned, or not a Jupyter message: dropped
                 log.warning("rank %s: dropped a bad %s message: %s", self.rank, name, err)
                 continue
-            self._route(name, msg)
+            handler = self._route(name, msg)
+            if isinstance(handler, PacedHandler):
+                await handler.room()
 
     async def _receive(self, name: str, socket: zmq.asyncio.Socket) -> list[bytes]:
         """The socket's next message, even if its wake-up was lost.
@@ -142,16 +156,18 @@ class RankClient:
         finally:
             pending.cancel()
 
-    def _route(self, channel: str, msg: dict[str, Any]) -> None:
+    def _route(self, channel: str, msg: dict[str, Any]) -> Handler | None:
+        """Hand ``msg`` to whoever waits for it; return the handler it went to."""
         if msg["msg_type"] in ("comm_msg", "comm_close") and channel == "iopub":
             content = msg["content"]
             if content.get("comm_id") == self._comm_id:
                 self._comm_reply(msg)
-                return
+                return None
         parent = msg.get("parent_header", {}).get("msg_id")
         handler = self.handlers.get(parent) if parent else None
         if handler is not None:
             handler(channel, msg)
+        return handler
 
     # -- requests ---------------------------------------------------------------------
     def send(
