@@ -69,6 +69,20 @@ def run(shell: Any) -> Callable[[str], CellOutput]:
     return _run
 
 
+def rank_waits_for_file_cell(go: Any) -> str:
+    """A 2-rank cell in which rank 0 waits in all_reduce (cell line 5) while rank 1 stays
+    at cell line 4 until the file ``go`` exists; then both print 'joined'."""
+    return (
+        "%%distributed --procs 2\n"
+        "import os, time, torch, torch.distributed as dist\n"
+        "if dist.get_rank() == 1:\n"
+        f"    while not os.path.exists({str(go)!r}):\n"
+        "        time.sleep(0.05)\n"
+        "dist.all_reduce(torch.ones(1))\n"
+        "print('joined')"
+    )
+
+
 def session_status(name: str) -> dict[str, Any]:
     from jupyter_dist.inprocess import control
 

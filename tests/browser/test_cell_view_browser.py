@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import rank_waits_for_file_cell
+
 from .lab import OpenNotebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -95,13 +97,7 @@ def test_the_stacks_button_shows_where_hanging_ranks_are(
         "stacks_button",
         [
             "%load_ext jupyter_dist",
-            "%%distributed --procs 2\n"
-            "import os, time, torch, torch.distributed as dist\n"
-            "if dist.get_rank() == 1:\n"
-            f"    while not os.path.exists({str(go)!r}):\n"
-            "        time.sleep(0.05)\n"
-            "dist.all_reduce(torch.ones(1))\n"
-            "print('joined')",
+            rank_waits_for_file_cell(go),
         ],
     )
     nb.start_all()

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from jupyter_client.manager import KernelManager
 
+from tests.conftest import rank_waits_for_file_cell
+
 pytestmark = pytest.mark.slow
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STATE = (
@@ -165,15 +167,7 @@ def test_the_stacks_button_answers_while_the_ranks_hang(kernel: Kernel, tmp_path
     and shows rank 0 blocked in all_reduce and rank 1 still in its cell."""
     go = tmp_path / "go"
     kc = kernel.kc
-    msg_id = kc.execute(
-        "%%distributed --procs 2\n"
-        "import os, time, torch, torch.distributed as dist\n"
-        "if dist.get_rank() == 1:\n"
-        f"    while not os.path.exists({str(go)!r}):\n"
-        "        time.sleep(0.05)\n"
-        "dist.all_reduce(torch.ones(1))\n"
-        "print('joined')"
-    )
+    msg_id = kc.execute(rank_waits_for_file_cell(go))
     try:
         shown = _click_stacks_until_both_are_in_place(kc, msg_id)
         # the cell was still running: rank 1 waits for the file, so nothing has replied
