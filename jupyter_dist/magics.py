@@ -205,7 +205,18 @@ class DistMagics(Magics):
         ``--gpus 4`` (one rank per CUDA device, nccl); later cells reuse the running ranks
         and their variables. Each rank sees torchrun's environment (RANK, LOCAL_RANK,
         WORLD_SIZE, MASTER_ADDR, ...) with the default process group initialised.
-        Output comes back prefixed ``[rank N]``; identical lines are shown once.
+        ``--hosts``, ``--hostfile`` or ``--slurm`` put the ranks on other nodes over SSH.
+
+        In a notebook the cell shows a widget view: a status chip per rank, rank 0's output
+        with a selector for any rank, node or all ranks (identical lines folded), charts of
+        what ranks send with ``jupyter_dist.log``, and a "stacks" button that shows where
+        every rank is while the cell runs. Elsewhere (or ``--output text``) output comes
+        back as text prefixed ``[rank N]``. Each rank's full output is in a log file; past
+        ``JUPYTER_DIST_OUTPUT_LIMIT`` (2M) a cell shows a marker naming it instead.
+
+        A rank that raises or dies fails the cell with the root cause; ranks left waiting
+        for it are interrupted (or the session restarted, saying so). ``%dist stacks``
+        shows where ranks hang.
         """
         args = parse_argstring(self.distributed, line)
         try:
