@@ -244,10 +244,11 @@ class _RankMessages(PacedHandler):
     def __init__(self, run: CellRun, rank: int) -> None:
         self.run = run
         self.rank = rank
+        self.sink = run.sink if isinstance(run.sink, EventSink) else None
 
     def __call__(self, channel: str, msg: dict[str, Any]) -> None:
         self.run.on_message(self.rank, channel, msg)
 
     async def room(self) -> None:
-        if isinstance(self.run.sink, EventSink):
-            await self.run.sink.room()
+        if self.sink is not None:
+            await self.sink.room()

@@ -34,8 +34,8 @@ def _this_kernel() -> Any:
     return getattr(get_ipython(), "kernel", None)
 
 
-def _create_subshell(kernel: Any) -> str | None:
-    """A new subshell of ``kernel``, made through its control channel; None if it cannot."""
+def _create_subshell() -> str | None:
+    """A new subshell of this kernel, made through its control channel; None if it cannot."""
     from ipykernel.connect import get_connection_file
     from jupyter_client.blocking.client import BlockingKernelClient
 
@@ -67,7 +67,7 @@ def click_subshell() -> str | None:
     with _lock:
         if id(kernel) not in _subshell:
             try:
-                _subshell[id(kernel)] = _create_subshell(kernel)
+                _subshell[id(kernel)] = _create_subshell()
             except Exception as err:  # no control channel, a timeout: the button stays out
                 log.warning("no subshell for the cell view's buttons: %s", err)
                 _subshell[id(kernel)] = None
