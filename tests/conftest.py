@@ -69,6 +69,21 @@ def run(shell: Any) -> Callable[[str], CellOutput]:
     return _run
 
 
+def ready_client(km: Any, timeout: float = 120) -> Any:
+    """A client of ``km``'s kernel (a started `KernelManager`), its channels started, once
+    the kernel answers."""
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=timeout)
+    return kc
+
+
+def kernel_process(km: Any) -> psutil.Process:
+    """The process of ``km``'s kernel."""
+    assert km.provisioner is not None
+    return psutil.Process(km.provisioner.pid)
+
+
 def rank_waits_for_file_cell(go: Any) -> str:
     """A 2-rank cell in which rank 0 waits in all_reduce (cell line 5) while rank 1 stays
     at cell line 4 until the file ``go`` exists; then both print 'joined'."""

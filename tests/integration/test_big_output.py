@@ -24,6 +24,8 @@ import psutil
 import pytest
 from jupyter_client.manager import KernelManager
 
+from tests.conftest import kernel_process, ready_client
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 GIB = 1 << 30
@@ -74,11 +76,8 @@ class Notebook:
     def __init__(self, km: KernelManager, mode: str) -> None:
         self.km = km
         self.mode = mode
-        self.kc = km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=120)
-        assert km.provisioner is not None
-        self.process = psutil.Process(km.provisioner.pid)  # type: ignore[attr-defined]
+        self.kc = ready_client(km)
+        self.process = kernel_process(km)
 
     def rss(self) -> int:
         return int(self.process.memory_info().rss)

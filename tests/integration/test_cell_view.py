@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import KernelManager
 
-from tests.conftest import rank_waits_for_file_cell
+from tests.conftest import rank_waits_for_file_cell, ready_client
 
 pytestmark = pytest.mark.slow
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -28,9 +28,7 @@ STATE = (
 class Kernel:
     def __init__(self, km: KernelManager) -> None:
         self.km = km
-        self.kc = km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+        self.kc = ready_client(km, timeout=60)
         self.messages: list[dict[str, Any]] = []
 
     def run(self, code: str, timeout: float = 180) -> dict[str, Any]:

@@ -14,6 +14,8 @@ import psutil
 import pytest
 from jupyter_client.manager import KernelManager
 
+from tests.conftest import ready_client
+
 pytestmark = pytest.mark.slow
 
 
@@ -54,9 +56,7 @@ def nbk(kernel_name: str, tmp_path: Any) -> Iterator[NotebookKernel]:
     km = KernelManager(kernel_name=kernel_name)
     # these tests follow the stream messages of the text output
     km.start_kernel(cwd=str(tmp_path), env={**os.environ, "JUPYTER_DIST_OUTPUT": "text"})
-    kc = km.client()
-    kc.start_channels()
-    kc.wait_for_ready(timeout=60)
+    kc = ready_client(km, timeout=60)
     kernel = NotebookKernel(km, kc)
     reply = kernel.execute("%load_ext jupyter_dist")
     assert reply["status"] == "ok"

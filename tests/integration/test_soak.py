@@ -20,6 +20,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 from jupyter_dist.cell_view import LIVE_VIEWS
+from tests.conftest import kernel_process, ready_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -39,11 +40,8 @@ class Notebook:
 
     def __init__(self, km: KernelManager) -> None:
         self.km = km
-        self.kc = km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=120)
-        assert km.provisioner is not None
-        self.process = psutil.Process(km.provisioner.pid)  # type: ignore[attr-defined]
+        self.kc = ready_client(km)
+        self.process = kernel_process(km)
         self.received = 0  # IOPub messages, as a frontend would see them
         self.text: list[str] = []
 
