@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ class RankProgress:
     local_rank: int
     started: float
     reply: dict[str, Any] | None = None
+    began: bool = False  # its kernel said it was busy with the cell
     idle: bool = False
     finished: bool = False
     failure: RankFailure | None = None
@@ -107,6 +109,7 @@ class CellRun:
                 prog.idle = True
                 self._maybe_finish(prog)
             elif state == "busy":
+                prog.began = True
                 self._emit(RankStarted(rank))
         elif kind == METRICS_MSG_TYPE:
             points = tuple((str(n), float(x), float(y)) for n, x, y in content.get("points", ()))
@@ -208,14 +211,35 @@ class CellRun:
         ]
         return min(failures, key=lambda f: f.order) if failures else None
 
-    def give_up(self, kind: str, reason: str, ename: str = "CellTimeout") -> list[int]:
+    def give_up(
+        self,
+        kind: str,
+        reason: str,
+        ename: str = "CellTimeout",
+        details: Mapping[int, str] | None = None,
+    ) -> list[int]:
         """Finish every rank still running (after a timeout, a lost agent, or ranks
-        stuck after another failed); return which they were."""
+        stuck after another failed), each with ``reason`` and its own ``details``;
+        return which they were."""
         busy = self.busy_ranks
         for rank in busy:
             prog = self.progress[rank]
-            self._finish(prog, kind, self._failure(prog, kind, ename, reason))
+            detail = (details or {}).get(rank)
+            why = f"{reason}; {detail}" if detail else reason
+            self._finish(prog, kind, self._failure(prog, kind, ename, why))
         return busy
+
+    def stage(self, rank: int) -> str:
+        """How far an unfinished rank got with the cell, by the messages that came back:
+        a kernel that never began it is not a slow cell."""
+        prog = self.progress[rank]
+        if prog.reply is not None and not prog.idle:
+            return "its reply came back but not its idle status"
+        if prog.idle and prog.reply is None:
+            return "its idle status came back but not its reply"
+        if not prog.began and prog.reply is None:
+            return "its kernel never reported starting the cell"
+        return ""
 
     def result(self) -> CellResult:
         failures = tuple(p.failure for p in self.progress.values() if p.failure is not None)

@@ -28,13 +28,13 @@ import logging
 import os
 import queue
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 
-from jupyter_dist import objects
+from jupyter_dist import objects, stacks
 from jupyter_dist.agent_protocol import describe_returncode
 from jupyter_dist.cell_run import CellRun
 from jupyter_dist.errors import (
@@ -245,8 +245,9 @@ class RankGroup:
                 run.timed_out = True
                 log.info("session %s: cell timed out after %s s", self.name, timeout)
                 busy = run.busy_ranks
-                where = await self._stacks_text(busy)
-                if sink is not None and where:
+                dumps = await self._dumps(busy)
+                if sink is not None and dumps:
+                    where = stacks.describe(dumps)
                     sink.put(Notice(f"still running after {timeout} s; where ranks are:\n{where}"))
                 await self.interrupt(busy)
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -256,6 +257,7 @@ class RankGroup:
                         "timeout",
                         f"still running {timeout} s after the cell started, and did not "
                         f"stop within {INTERRUPT_GRACE_S:.0f} s of an interrupt",
+                        details={r: _timeout_detail(run, r, dumps) for r in run.busy_ranks},
                     )
                 )
         finally:
@@ -340,13 +342,17 @@ class RankGroup:
         """Each rank's stack dump (faulthandler text of every thread)."""
         raise SessionError(f"session {self.name!r}: stack dumps are not available here")
 
-    async def _stacks_text(self, ranks: Sequence[int], frames: bool = True) -> str:
-        from jupyter_dist import stacks
-
+    async def _dumps(self, ranks: Sequence[int]) -> dict[int, str]:
+        """`stacks`, or none when they cannot be had."""
         try:
-            dumps = await asyncio.wait_for(self.stacks(ranks), STACKS_TIMEOUT_S)
+            return await asyncio.wait_for(self.stacks(ranks), STACKS_TIMEOUT_S)
         except Exception as err:
             log.info("session %s: no stack dumps: %s", self.name, err)
+            return {}
+
+    async def _stacks_text(self, ranks: Sequence[int], frames: bool = True) -> str:
+        dumps = await self._dumps(ranks)
+        if not dumps:
             return ""
         return stacks.describe(dumps) if frames else stacks.one_line(dumps)
 
@@ -412,6 +418,14 @@ class RankGroup:
             if rec.client:
                 await rec.client.close()
                 rec.client = None
+
+
+def _timeout_detail(run: CellRun, rank: int, dumps: Mapping[int, str]) -> str:
+    """What a timed-out rank had done of the cell, and where its main thread was."""
+    parts = [run.stage(rank)]
+    if dumps.get(rank):
+        parts.append(f"it was {stacks.place_of(dumps[rank]).text}")
+    return "; ".join(p for p in parts if p)
 
 
 def _failed(reply: object) -> bool:

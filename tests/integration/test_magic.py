@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -145,6 +148,32 @@ def test_timeout_interrupts_and_keeps_the_session(run: Run) -> None:
     assert run("%%distributed\nprint('after timeout')").ok
 
 
+def test_a_timeout_tells_a_frozen_kernel_from_a_slow_cell(run: Run) -> None:
+    """A rank whose kernel never took the cell up (here: stopped by SIGSTOP) is named as
+    such, apart from a rank that is still inside its cell."""
+    assert run("%%distributed --session frozen --procs 2\nimport time").ok
+    frozen = session_status("frozen")["ranks"][1]["pid"]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        out = run("%%distributed --session frozen --timeout 3\ntime.sleep(60)")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the stuck rank is restarted
+            os.kill(frozen, signal.SIGCONT)
+    assert isinstance(out.error, RanksFailed)
+    assert type(out.error).__name__ == "CellTimeout"
+    failures = {f.rank: f for f in out.error.failures}
+    assert failures[1].headline() == (
+        "CellTimeout: still running 3.0 s after the cell started, and did not stop within "
+        "5 s of an interrupt; its kernel never reported starting the cell"
+    )
+    # rank 0 was inside its cell: the interrupt stopped it there
+    assert failures[0].ename == "KeyboardInterrupt"
+    assert "restarted with fresh ranks" in str(out.error)
+    out = run("%%distributed --session frozen\nprint('fresh', 'time' in globals())")
+    assert "[ranks 0-1] fresh False" in out.stdout
+    assert run("%dist shutdown --session frozen").ok
+
+
 def test_status_lists_ranks(run: Run) -> None:
     out = run("%dist status")
     assert "session 'default': ready, 2 CPU ranks (gloo)" in out.stdout
@@ -266,4 +295,12 @@ def test_stacks_show_idle_ranks_and_where_a_hang_is(
     assert "still running after 5.0 s; where ranks are:" in text
     assert re.search(r'File ".*distributed_c10d\.py", line \d+, in all_reduce', text)
     assert "CellTimeout" in text
+    # and each rank given up on says where it was
+    assert isinstance(out.error, RanksFailed)
+    for failure in out.error.failures:
+        assert re.search(
+            r"did not stop within 5 s of an interrupt; it was in all_reduce "
+            r"\(distributed_c10d\.py:\d+\), cell line 2$",
+            failure.evalue,
+        ), failure.evalue
     assert run("%dist shutdown --session hang").ok
