@@ -8,7 +8,7 @@ banner and start-up chatter are off.
 from __future__ import annotations
 
 import os
-from typing import IO
+from typing import IO, Any
 
 from jupyter_dist.agent_protocol import STACKS_SIGNAL
 
@@ -20,6 +20,30 @@ RANK_KERNEL_ARGS = (
 )
 
 _crash_log: IO[str] | None = None
+
+
+def _rank_kernel_app() -> Any:
+    """`IPKernelApp` whose IOPub socket blocks instead of dropping when a subscriber's
+    queue is full (``XPUB_NODROP``; see `rank_streams`).
+
+    The option is set as the socket is made, before the IOPub thread that owns it starts:
+    a zmq socket must not be touched by two threads, and the notebook may already be
+    subscribing while the kernel initialises.
+    """
+    import zmq
+    from ipykernel.kernelapp import IPKernelApp
+
+    class RankKernelApp(IPKernelApp):
+        def init_iopub(self, context: zmq.Context[Any]) -> None:
+            # the context's default options go to each socket it makes: the IOPub XPUB
+            # takes this one; other kinds refuse it, and pyzmq skips it for them
+            context.setsockopt(zmq.XPUB_NODROP, 1)
+            try:
+                super().init_iopub(context)
+            finally:
+                del context.sockopts[zmq.XPUB_NODROP]
+
+    return RankKernelApp
 
 
 def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
@@ -38,9 +62,7 @@ def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
     # in a C++ collective (faulthandler writes from its C signal handler)
     faulthandler.register(STACKS_SIGNAL, file=_crash_log, all_threads=True, chain=False)
 
-    from ipykernel.kernelapp import IPKernelApp
-
-    app = IPKernelApp.instance()
+    app = _rank_kernel_app().instance()
     # the kernel's Unix sockets are made while it initialises: owner-only (0700) on top of
     # their private folder; the user's own files keep the user's umask
     umask = os.umask(0o077)

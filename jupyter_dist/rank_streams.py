@@ -9,20 +9,18 @@ the IO thread to send them. (The cutting is done by the writer, not by the IO th
 flush: ipykernel 7's IO thread schedules each send through its own event pipe, which a
 flush sending hundreds of messages at once fills, and then blocks on.)
 
-The IOPub socket is also set to block instead of dropping (``XPUB_NODROP``) when a
-subscriber's queue is full: a notebook that reads with a small receive queue then slows a
-flooding rank down to its own pace, so neither side piles up the flood in memory and no
-output is lost on the way to the rank's log.
+The rank kernel's IOPub socket blocks instead of dropping (``XPUB_NODROP``, set by
+`rank_kernel`) when a subscriber's queue is full: a notebook that reads with a small
+receive queue then slows a flooding rank down to its own pace, so neither side piles up
+the flood in memory and no output is lost on the way to the rank's log.
 
 Rank kernels use it through ``--IPKernelApp.outstream_class``.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
-import zmq
 from ipykernel.iostream import OutStream
 
 MESSAGE_CHARS = 1 << 18
@@ -34,10 +32,6 @@ class RankOutStream(OutStream):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._unsent = 0
-        socket = getattr(self.pub_thread, "socket", None)
-        if isinstance(socket, zmq.Socket) and socket.type == zmq.XPUB:
-            with contextlib.suppress(zmq.ZMQError):
-                socket.setsockopt(zmq.XPUB_NODROP, 1)
 
     def write(self, string: str) -> int:
         for start in range(0, len(string), MESSAGE_CHARS):
