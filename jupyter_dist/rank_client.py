@@ -110,24 +110,36 @@ class RankClient:
                 self.handlers.pop(msg_id, None)
 
     async def _pump(self, name: str, channel: Any) -> None:
-        """Read one channel's messages until its socket closes."""
+        """Read one channel's messages until its socket closes.
+
+        Nothing else ends it: a reader that stopped on some error while its socket stays
+        open would leave every later reply of that channel unread, and the cells waiting
+        for them hanging.
+        """
         session = self.client.session
+        socket = channel.socket
         while True:
             try:
-                frames = await self._receive(name, channel.socket)
+                frames = await self._receive(name, socket)
             except asyncio.CancelledError:
                 raise
-            except Exception as err:  # a closed socket ends the pump
-                if not self.closed:
-                    log.debug("rank %s: %s channel stopped: %s", self.rank, name, err)
-                return
+            except Exception as err:
+                if self.closed or socket.closed:
+                    return
+                log.warning("rank %s: reading its %s channel failed: %r", self.rank, name, err)
+                await asyncio.sleep(RECHECK_S)
+                continue
             try:
                 _idents, parts = session.feed_identities(frames)
                 msg = session.deserialize(parts)
             except Exception as err:  # unsigned, or not a Jupyter message: dropped
                 log.warning("rank %s: dropped a bad %s message: %s", self.rank, name, err)
                 continue
-            handler = self._route(name, msg)
+            try:
+                handler = self._route(name, msg)
+            except Exception:
+                log.exception("rank %s: handling a %s message failed", self.rank, name)
+                continue
             if isinstance(handler, PacedHandler):
                 await handler.room()
 

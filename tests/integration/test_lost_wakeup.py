@@ -1,4 +1,4 @@
-"""A reply whose wake-up was used up still reaches the notebook.
+"""A reply whose wake-up was used up, or whose handler failed, still reaches the notebook.
 
 A zmq socket tells the event loop about new messages through an edge-triggered file
 descriptor; anything that reads the socket's state after the message arrived (a send on
@@ -74,3 +74,37 @@ def test_without_the_check_the_reply_would_wait_for_ever(
     monkeypatch.setattr(rank_client, "RECHECK_S", 3600.0)
     with pytest.raises(asyncio.TimeoutError):
         asyncio.run(_reply_after_lost_wakeup(kernel, 3.0))
+
+
+async def _replies_after_a_failing_handler(kernel: dict[str, Any]) -> list[str]:
+    context = zmq.asyncio.Context()
+    client = RankClient(0, kernel["connection"], kernel["key"], context)
+    seen: list[str] = []
+    try:
+        await client.connect(60, lambda: None)
+        second = asyncio.Event()
+
+        def failing(channel: str, msg: dict[str, Any]) -> None:
+            if channel == "shell":
+                raise RuntimeError("a handler's bug")
+
+        def recording(channel: str, msg: dict[str, Any]) -> None:
+            if channel == "shell":
+                seen.append(msg["msg_type"])
+                second.set()
+
+        client.send("kernel_info_request", {}, handler=failing)
+        client.send("kernel_info_request", {}, handler=recording)
+        await asyncio.wait_for(second.wait(), 30)
+        return seen
+    finally:
+        await client.close()
+        context.term()
+
+
+def test_a_failing_handler_does_not_stop_the_channel(
+    kernel: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in whoever handles one message must not leave later replies unread."""
+    assert asyncio.run(_replies_after_a_failing_handler(kernel)) == ["kernel_info_reply"]
+    assert "handling a shell message failed" in caplog.text
