@@ -64,6 +64,9 @@ def register_objects_target() -> None:
 
 #: the rendezvous store this rank hosts (rank 0 only); kept alive with the kernel
 _store: Any = None
+#: how long one try at starting the store may take, and how many tries there are
+STORE_START_S = 20.0
+STORE_TRIES = 3
 
 
 def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
@@ -73,18 +76,40 @@ def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
     workers connect as clients; here rank 0's kernel plays the agent's part. The store is
     listening before any rank connects, so nobody waits in a connect back-off, and a user
     who destroys and re-creates the process group meets the same store again.
+
+    Making the store includes its own client's connection to it, which waits in C++ (no
+    interrupt reaches it) for as long as the store's timeout, and whose logging looks up
+    the peer's name: a name server that drops that query costs 5 to 10 s before torch
+    gives lookups up. So a try may take `STORE_START_S` at most and is repeated on a fresh
+    listening socket; the store then gets the session's own timeout.
     """
     global _store
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-    _store = TCPStore(
-        addr,
-        port,
-        world_size,
-        is_master=True,
-        timeout=timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-        master_listen_fd=listen_on(addr, port),
+    failures: list[str] = []
+    for _ in range(STORE_TRIES):
+        try:
+            store = TCPStore(
+                addr,
+                port,
+                world_size,
+                is_master=True,
+                timeout=timedelta(seconds=min(timeout_s, STORE_START_S)),
+                wait_for_workers=False,
+                master_listen_fd=listen_on(addr, port),
+            )
+        except RuntimeError as err:  # torch's DistError family
+            failures.append(f"{type(err).__name__}: {str(err).splitlines()[0]}")
+            if "EADDRINUSE" in str(err):
+                break  # another process holds the port: trying again will not help
+            continue
+        store.set_timeout(timedelta(seconds=timeout_s))
+        _store = store
+        return
+    raise RuntimeError(
+        f"could not start the rendezvous store at {addr}:{port} ("
+        + "; ".join(f"try {n}: {why}" for n, why in enumerate(failures, 1))
+        + ")"
     )
 
 
