@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 from typing import IO, Any
 
+import zmq
+from ipykernel.kernelapp import IPKernelApp
+
 from jupyter_dist.agent_protocol import STACKS_SIGNAL
 
 RANK_KERNEL_ARGS = (
@@ -22,7 +25,7 @@ RANK_KERNEL_ARGS = (
 _crash_log: IO[str] | None = None
 
 
-def _rank_kernel_app() -> Any:
+class RankKernelApp(IPKernelApp):
     """`IPKernelApp` whose IOPub socket blocks instead of dropping when a subscriber's
     queue is full (``XPUB_NODROP``; see `rank_streams`).
 
@@ -30,20 +33,15 @@ def _rank_kernel_app() -> Any:
     a zmq socket must not be touched by two threads, and the notebook may already be
     subscribing while the kernel initialises.
     """
-    import zmq
-    from ipykernel.kernelapp import IPKernelApp
 
-    class RankKernelApp(IPKernelApp):
-        def init_iopub(self, context: zmq.Context[Any]) -> None:
-            # the context's default options go to each socket it makes: the IOPub XPUB
-            # takes this one; other kinds refuse it, and pyzmq skips it for them
-            context.setsockopt(zmq.XPUB_NODROP, 1)
-            try:
-                super().init_iopub(context)
-            finally:
-                del context.sockopts[zmq.XPUB_NODROP]
-
-    return RankKernelApp
+    def init_iopub(self, context: zmq.Context[Any]) -> None:
+        # the context's default options go to each socket it makes: the IOPub XPUB takes
+        # this one; other kinds refuse it, and pyzmq skips it for them
+        context.setsockopt(zmq.XPUB_NODROP, 1)
+        try:
+            super().init_iopub(context)
+        finally:
+            del context.sockopts[zmq.XPUB_NODROP]
 
 
 def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
@@ -62,7 +60,7 @@ def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
     # in a C++ collective (faulthandler writes from its C signal handler)
     faulthandler.register(STACKS_SIGNAL, file=_crash_log, all_threads=True, chain=False)
 
-    app = _rank_kernel_app().instance()
+    app = RankKernelApp.instance()
     # the kernel's Unix sockets are made while it initialises: owner-only (0700) on top of
     # their private folder; the user's own files keep the user's umask
     umask = os.umask(0o077)
