@@ -27,7 +27,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from notebook_kernel import notebook_kernel  # noqa: E402
 
-from jupyter_dist.rendezvous import free_port  # noqa: E402
+from jupyter_dist.common.ports import free_port  # noqa: E402
 from tests.multinode.cluster import Cluster, ssh_cluster  # noqa: E402
 
 ALLREDUCE = (

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         SessionError,
         SpecError,
     )
-    from jupyter_dist.runtime import RankInfo, info, shard
+    from jupyter_dist.rank.helpers import RankInfo, info, shard
 
 __all__ = [
     "CellTimeout",
@@ -52,10 +52,10 @@ __all__ = [
 ]
 
 _LAZY = {
-    "info": "jupyter_dist.runtime",
-    "shard": "jupyter_dist.runtime",
-    "log": "jupyter_dist.rank_metrics",
-    "RankInfo": "jupyter_dist.runtime",
+    "info": "jupyter_dist.rank.helpers",
+    "shard": "jupyter_dist.rank.helpers",
+    "log": "jupyter_dist.rank.metrics",
+    "RankInfo": "jupyter_dist.rank.helpers",
     "DistributedSampler": "torch.utils.data.distributed",
     "CellTimeout": "jupyter_dist.errors",
     "DistError": "jupyter_dist.errors",
@@ -82,20 +82,20 @@ def __dir__() -> list[str]:
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     """The jupyter-server extension: sessions owned by the server."""
-    from jupyter_dist.server_app import DistServerApp
+    from jupyter_dist.server.app import DistServerApp
 
-    return [{"module": "jupyter_dist.server_app", "app": DistServerApp}]
+    return [{"module": "jupyter_dist.server.app", "app": DistServerApp}]
 
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_dist``: register ``%%distributed`` and ``%dist``."""
-    from jupyter_dist.magics import DistMagics
+    from jupyter_dist.notebook.magics import DistMagics
 
     ipython.register_magics(DistMagics(ipython))
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext jupyter_dist``: stop this kernel's sessions."""
-    from jupyter_dist.control_plane import control_plane
+    from jupyter_dist.notebook.owners import session_owner
 
-    control_plane().close()
+    session_owner().close()

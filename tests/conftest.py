@@ -49,9 +49,9 @@ def shell() -> Iterator[Any]:
     assert ip is not None
     ip.run_line_magic("load_ext", "jupyter_dist")
     yield ip
-    from jupyter_dist.inprocess import control
+    from jupyter_dist.notebook.owners import embedded_owner
 
-    control().close()
+    embedded_owner().close()
     _gone, alive = psutil.wait_procs(our_processes(), timeout=10)
     assert not alive, f"processes left after every session was shut down: {alive}"
 
@@ -99,9 +99,9 @@ def rank_waits_for_file_cell(go: Any) -> str:
 
 
 def session_status(name: str) -> dict[str, Any]:
-    from jupyter_dist.inprocess import control
+    from jupyter_dist.notebook.owners import embedded_owner
 
-    return control().manager.get(name).status()
+    return embedded_owner().manager.get(name).status()
 
 
 KERNEL_NAME = "jupyter-dist-test"

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import nbformat
 import psutil
 
-from jupyter_dist.rendezvous import free_port
+from jupyter_dist.common.ports import free_port
 
 if TYPE_CHECKING:
     from playwright.sync_api import (

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from jupyter_dist.rendezvous import free_port
+from jupyter_dist.common.ports import free_port
 
 API = "/jupyter-dist/api/v1"
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from jupyter_dist.event_sink import EventSink
-from jupyter_dist.events import CellFinished, StreamOut
+from jupyter_dist.common.events import CellFinished, StreamOut
+from jupyter_dist.control.event_queue import EventSink
 from tests.conftest import CellOutput
 
 pytestmark = pytest.mark.slow
@@ -25,10 +25,10 @@ SLACK = 2 * 256 * 1024
 def test_a_slow_notebook_holds_a_flooding_rank_back_and_loses_nothing(
     run: Callable[[str], CellOutput],
 ) -> None:
-    from jupyter_dist.inprocess import control
+    from jupyter_dist.notebook.owners import embedded_owner
 
     assert run("%%distributed --session paced --procs 2\nimport os, sys").ok
-    plane = control()
+    plane = embedded_owner()
     session = plane.manager.get("paced")
     code = (
         "import os, sys\n"

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from jupyter_dist.errors import RanksFailed, SpecError
-from jupyter_dist.rank_group import ABORT_AFTER_VAR, seconds_from_env
+from jupyter_dist.settings import ABORT_AFTER_VAR, seconds_from_env
 from tests.conftest import CellOutput, session_status
 
 Run = Callable[[str], CellOutput]

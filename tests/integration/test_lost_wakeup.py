@@ -20,8 +20,8 @@ import zmq
 import zmq.asyncio
 from jupyter_client import KernelManager
 
-from jupyter_dist import rank_client
-from jupyter_dist.rank_client import RankClient
+from jupyter_dist.control import rank_client
+from jupyter_dist.control.rank_client import RankClient
 
 
 @pytest.fixture(scope="module")

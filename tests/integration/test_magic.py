@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_dist.common.gpus import discover_gpus
 from jupyter_dist.errors import RanksFailed, SessionError
 from tests.conftest import CellOutput, session_status
 
@@ -198,9 +199,7 @@ def test_second_session_side_by_side(run: Run) -> None:
         session_status("other")
 
 
-@pytest.mark.skipif(
-    __import__("jupyter_dist.gpus").gpus.discover_gpus() != [], reason="machine has GPUs"
-)
+@pytest.mark.skipif(discover_gpus() != [], reason="machine has GPUs")
 def test_gpus_without_cuda_points_to_procs(run: Run) -> None:
     out = run("%%distributed --session gpus --gpus 2\nprint('never')")
     assert not out.ok
@@ -252,7 +251,7 @@ def test_help_is_a_real_manual(shell: Any) -> None:
 def test_master_port_comes_from_the_allowed_range(
     run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jupyter_dist.rendezvous import PORTS_VAR, free_port
+    from jupyter_dist.common.ports import PORTS_VAR, free_port
 
     lo = free_port()
     monkeypatch.setenv(PORTS_VAR, f"{lo}-{lo + 2}")

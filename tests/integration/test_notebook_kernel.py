@@ -41,8 +41,8 @@ class NotebookKernel:
         """Pids of every agent and rank of every session in the kernel."""
         self.text.clear()
         self.execute(
-            "import json\nfrom jupyter_dist.inprocess import control\n"
-            "print('PIDS', json.dumps(control().manager.status()))"
+            "import json\nfrom jupyter_dist.notebook.owners import embedded_owner\n"
+            "print('PIDS', json.dumps(embedded_owner().manager.status()))"
         )
         line = next(t for t in "".join(self.text).splitlines() if t.startswith("PIDS"))
         pids = []

@@ -11,9 +11,9 @@ from typing import Any
 import psutil
 import pytest
 
+from jupyter_dist.common.spec import ShapeRequest, resolve_shape
+from jupyter_dist.control.session import Session, SessionTimeouts
 from jupyter_dist.errors import RanksFailed, SessionError
-from jupyter_dist.session import Session, SessionTimeouts
-from jupyter_dist.spec import ShapeRequest, resolve_shape
 from tests.conftest import CellOutput, session_status
 
 Run = Callable[[str], CellOutput]

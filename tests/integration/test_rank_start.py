@@ -11,8 +11,8 @@ import threading
 import psutil
 import pytest
 
-from jupyter_dist.session import Session, SessionTimeouts
-from jupyter_dist.spec import ShapeRequest, resolve_shape
+from jupyter_dist.common.spec import ShapeRequest, resolve_shape
+from jupyter_dist.control.session import Session, SessionTimeouts
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def throttle_ranks(stop: threading.Event) -> None:
         ranks = [
             rank
             for agent in me.children()
-            if "jupyter_dist.agent" in " ".join(agent.cmdline())
+            if "jupyter_dist.node" in " ".join(agent.cmdline())
             for rank in agent.children()
         ]
         for rank in ranks:

@@ -27,9 +27,9 @@ from typing import Any
 import psutil
 import pytest
 
-from jupyter_dist.rendezvous import loopback_interface, plan_rendezvous
-from jupyter_dist.server_handlers import API_PREFIX, HANDLERS, DistHandler
-from jupyter_dist.spec import SessionSpec
+from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.control.rendezvous import loopback_interface, plan_rendezvous
+from jupyter_dist.server.handlers import API_PREFIX, HANDLERS, DistHandler
 from tests.conftest import CellOutput
 
 from .server_process import API, Server, start_server, stop_server
@@ -181,7 +181,7 @@ def test_a_local_session_listens_on_loopback_only(shell: Any, run: Any) -> None:
     """A session the notebook runs itself: the kernel's own sockets are Unix sockets in a
     private folder, gloo and the rendezvous store (rank 0, MASTER_PORT) listen on loopback,
     the agent listens on nothing."""
-    from jupyter_dist.inprocess import control
+    from jupyter_dist.notebook.owners import embedded_owner
 
     lo = loopback_interface()
     out: CellOutput = run(
@@ -193,7 +193,7 @@ def test_a_local_session_listens_on_loopback_only(shell: Any, run: Any) -> None:
     try:
         assert out.ok, out.stdout + out.stderr
         assert f"[ranks 0-1] ifname {lo} {lo}" in out.stdout, out.stdout
-        session: Any = control().manager.get("audit")
+        session: Any = embedded_owner().manager.get("audit")
         status = session.status()
         ranks = {r["rank"]: r["pid"] for r in status["ranks"]}
         agent = status["nodes"][0]["agent_pid"]
@@ -225,7 +225,7 @@ def test_a_local_session_listens_on_loopback_only(shell: Any, run: Any) -> None:
         assert "[ranks 0-1] sum 2.0" in out.stdout
         procs = ours_and_below(psutil.Process())
         listeners = inet_listeners(procs)
-        allowed = store_listeners(control().manager.status())
+        allowed = store_listeners(embedded_owner().manager.status())
         assert (ranks[0], store) in allowed
         # the store too: it listens on the loopback address MASTER_ADDR names, not on ::
         assert exposed(listeners, set()) == []

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from jupyter_dist.rendezvous import free_port
+from jupyter_dist.common.ports import free_port
 
 from .server_process import API, Server, start_server, stop_server
 
@@ -127,10 +127,10 @@ def test_server_options_apply_and_stopping_the_server_stops_its_sessions(
 def test_openapi_file_describes_every_route() -> None:
     import yaml
 
-    from jupyter_dist.server_handlers import API_PREFIX, HANDLERS
+    from jupyter_dist.server.handlers import API_PREFIX, HANDLERS
 
     spec = yaml.safe_load(
-        (Path(__file__).parents[2] / "jupyter_dist" / "rest-api.yaml").read_text()
+        (Path(__file__).parents[2] / "jupyter_dist" / "server" / "rest-api.yaml").read_text()
     )
     assert spec["servers"][0]["url"] == API_PREFIX
     documented = set(spec["paths"])
@@ -143,7 +143,7 @@ def test_openapi_file_describes_every_route() -> None:
             break
         else:
             assert path in documented, path
-    from jupyter_dist.server_handlers import REQUEST_FIELDS
+    from jupyter_dist.server.handlers import REQUEST_FIELDS
 
     fields = spec["components"]["schemas"]["SessionRequest"]["properties"]
     assert set(fields) == set(REQUEST_FIELDS)

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from jupyter_client.manager import KernelManager
 
-from jupyter_dist.cell_view import LIVE_VIEWS
+from jupyter_dist.display.cell_view import LIVE_VIEWS
 from tests.conftest import kernel_process, ready_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

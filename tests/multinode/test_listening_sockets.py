@@ -109,7 +109,7 @@ def interface_addresses(cluster: Any, node: int, ifname: str) -> set[str]:
 def test_a_two_node_session_listens_only_where_torch_distributed_must(
     run: Run, shell: Any, cluster: Any
 ) -> None:
-    from jupyter_dist.inprocess import control
+    from jupyter_dist.notebook.owners import embedded_owner
 
     out = run(
         f"%%distributed --session sockets {flags(cluster)} --procs 2\n"
@@ -123,7 +123,7 @@ def test_a_two_node_session_listens_only_where_torch_distributed_must(
     try:
         assert out.ok, out.stdout + out.stderr
         assert "[ranks 0-3] sum 4.0" in out.stdout, out.stdout
-        session: Any = control().manager.get("sockets")
+        session: Any = embedded_owner().manager.get("sockets")
         status = session.status()
         store = master_port(status)
         master = str(status["master"]).rsplit(":", 1)[0]

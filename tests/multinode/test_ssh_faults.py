@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from jupyter_dist.errors import CellTimeout, RanksFailed
-from jupyter_dist.rank_group import ABORT_AFTER_VAR
+from jupyter_dist.settings import ABORT_AFTER_VAR
 from tests.conftest import CellOutput, session_status
 from tests.integration.server_process import API, start_server, stop_server
 

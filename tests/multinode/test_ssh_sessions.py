@@ -201,7 +201,7 @@ def agents_on(cluster: Any, node: int) -> list[int]:
     found = []
     for pid in netns_pids(cluster, node):
         try:
-            if "jupyter_dist.agent" in Path(f"/proc/{pid}/cmdline").read_text():
+            if "jupyter_dist.node" in Path(f"/proc/{pid}/cmdline").read_text():
                 found.append(pid)
         except OSError:
             continue

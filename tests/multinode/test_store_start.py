@@ -26,8 +26,8 @@ SILENT_DNS = "127.0.0.53"
 TRY = textwrap.dedent(
     """
     import json, sys, time
-    import jupyter_dist.rank_bootstrap as bootstrap
-    from jupyter_dist.rendezvous import free_port
+    import jupyter_dist.rank.bootstrap as bootstrap
+    from jupyter_dist.control.rendezvous import free_port
 
     bootstrap.STORE_START_S = 2.0
     bootstrap.STORE_TRIES = int(sys.argv[1])

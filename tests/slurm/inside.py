@@ -30,11 +30,11 @@ from typing import Any
 
 import psutil
 
-from jupyter_dist.cluster_env import detect_slurm
+from jupyter_dist.common.cluster_env import detect_slurm
+from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.control.agent_client import NodeAgent
+from jupyter_dist.control.launchers.slurm import SlurmLauncher
 from jupyter_dist.errors import AgentError
-from jupyter_dist.hosts import HostSpec
-from jupyter_dist.launchers.slurm import SlurmLauncher
-from jupyter_dist.node_agent import NodeAgent
 
 SESSION = "slurmtest"
 START_TIMEOUT = 120.0
@@ -171,7 +171,7 @@ def tunnel_scenario(facts: dict[str, Any]) -> None:
     (of the multi-node test cluster) on this same machine, so the forwarded Unix sockets
     are the rank's own.
     """
-    from jupyter_dist.launchers import slurm
+    from jupyter_dist.control.launchers import slurm
 
     detected = detect_slurm(os.environ)
     assert detected is not None, "detect_slurm found no allocation"
@@ -215,9 +215,9 @@ def magic_scenario(facts: dict[str, Any]) -> None:
     facts["cell"] = _run_cell(shell, cell)
     facts["steps_running"] = _steps()
     facts["shutdown"] = _run_cell(shell, "%dist shutdown --all")
-    from jupyter_dist.inprocess import control
+    from jupyter_dist.notebook.owners import embedded_owner
 
-    control().close()
+    embedded_owner().close()
     facts["leftovers"] = _wait_gone([p.pid for p in psutil.Process().children(recursive=True)])
     facts["steps_after_stop"] = _wait_no_steps()
 

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from jupyter_dist.cluster_env import detect_slurm, expand_nodelist
+from jupyter_dist.common.cluster_env import detect_slurm, expand_nodelist
+from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.control.agent_client import NodeAgent
+from jupyter_dist.control.launchers import launcher_class
+from jupyter_dist.control.launchers.slurm import SlurmLauncher, srun_environment
 from jupyter_dist.errors import AgentError
-from jupyter_dist.hosts import HostSpec
-from jupyter_dist.launchers import launcher_class
-from jupyter_dist.launchers.slurm import SlurmLauncher, srun_environment
-from jupyter_dist.node_agent import NodeAgent
 from tests.multinode.cluster import missing_requirements as ssh_cluster_problems
 from tests.multinode.cluster import ssh_cluster
 from tests.system_needs import in_ci

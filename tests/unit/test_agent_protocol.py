@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_dist.agent_protocol import decode, describe_returncode, encode
-from jupyter_dist.gpus import GPUInfo, _visible
+from jupyter_dist.common.agent_protocol import decode, describe_returncode, encode
+from jupyter_dist.common.gpus import GPUInfo, _visible
 
 
 def test_roundtrip() -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_dist.cell_status import RankStatus, cell_summary, chips_html
+from jupyter_dist.display.metrics_charts import MetricsView
+from jupyter_dist.display.output_store import LineWriter, ViewOutput
+from jupyter_dist.display.status_chips import RankStatus, cell_summary, chips_html
 from jupyter_dist.errors import SpecError
-from jupyter_dist.magics import output_mode
-from jupyter_dist.metrics_view import MetricsView
-from jupyter_dist.output_store import LineWriter, ViewOutput
+from jupyter_dist.notebook.magics import output_mode
 
 
 def test_a_view_keeps_its_last_lines_and_counts_the_rest() -> None:
@@ -82,7 +82,7 @@ def test_log_folders_of_gone_processes_are_pruned(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from jupyter_dist.output_store import LOGS_PREFIX, _prune
+    from jupyter_dist.display.output_store import LOGS_PREFIX, _prune
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip

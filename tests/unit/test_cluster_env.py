@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_dist.cluster_env import detect_skypilot, detect_slurm, slurm_gpus_per_node
+from jupyter_dist.common.cluster_env import detect_skypilot, detect_slurm, slurm_gpus_per_node
+from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.control.agent_client import AgentInfo, check_versions
 from jupyter_dist.errors import AgentError, SpecError
-from jupyter_dist.hosts import HostSpec
-from jupyter_dist.node_agent import AgentInfo, check_versions
 
 
 def test_skypilot_nodes() -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_dist.common.hosts import HostSpec, parse_hosts, read_hostfile
+from jupyter_dist.common.spec import ShapeRequest, resolve_shape
+from jupyter_dist.control.launchers.ssh import agent_command
 from jupyter_dist.errors import SpecError
-from jupyter_dist.hosts import HostSpec, parse_hosts, read_hostfile
-from jupyter_dist.launchers.ssh import agent_command
-from jupyter_dist.spec import ShapeRequest, resolve_shape
 
 
 def test_host_forms() -> None:
@@ -84,12 +84,12 @@ def test_agent_command_falls_back_to_python3() -> None:
     line = agent_command("s", {"OMP_NUM_THREADS": "1"}, None)
     assert '[ -x "$p" ] || p=python3' in line
     assert "exec env OMP_NUM_THREADS=1" in line
-    assert "-m jupyter_dist.agent --session s" in line
+    assert "-m jupyter_dist.node --session s" in line
     assert "python3" not in agent_command("s", {}, "/opt/py/bin/python")
 
 
 def test_counts_per_node() -> None:
-    from jupyter_dist.spec import parse_counts
+    from jupyter_dist.common.spec import parse_counts
 
     assert parse_counts("--gpus", "4") == (4,)
     assert parse_counts("--gpus", "4,2") == (4, 2)
@@ -100,8 +100,8 @@ def test_counts_per_node() -> None:
 
 
 def test_uneven_nodes_place_ranks_node_by_node() -> None:
-    from jupyter_dist.rendezvous import Rendezvous
-    from jupyter_dist.topology import places, rank_env
+    from jupyter_dist.control.rank_env import places, rank_env
+    from jupyter_dist.control.rendezvous import Rendezvous
 
     spec = resolve_shape("s", ShapeRequest(procs=(2, 1), hosts=parse_hosts("a,b")), 0, "here")
     assert (spec.world_size, spec.counts, spec.describe()) == (
@@ -134,8 +134,8 @@ def test_hostfile_slots_may_differ() -> None:
 
 
 def test_same_shape_with_counts() -> None:
+    from jupyter_dist.common.spec import check_same_shape
     from jupyter_dist.errors import ShapeMismatchError
-    from jupyter_dist.spec import check_same_shape
 
     spec = resolve_shape("s", ShapeRequest(procs=(2, 1), hosts=parse_hosts("a,b")), 0, "here")
     check_same_shape(spec, ShapeRequest(procs=(2, 1)))
@@ -149,7 +149,7 @@ def test_counts_per_node_need_nodes() -> None:
 
 
 def test_a_hosts_own_python_wins_over_the_flag() -> None:
-    from jupyter_dist.launchers.ssh import SSHLauncher
+    from jupyter_dist.control.launchers.ssh import SSHLauncher
 
     assert SSHLauncher(HostSpec("a", python="/opt/py"), python="/usr/bin/python3").python == (
         "/opt/py"

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 from ipywidgets.widgets.widget import _instances
 
-from jupyter_dist import cell_view
-from jupyter_dist.cell_view import WIDGET_MIME, CellView
-from jupyter_dist.errors import SpecError
-from jupyter_dist.events import CellFinished, CellResult, RankFinished, StreamOut
-from jupyter_dist.output_store import (
+from jupyter_dist.common.events import CellFinished, CellResult, RankFinished, StreamOut
+from jupyter_dist.display import cell_view
+from jupyter_dist.display.cell_view import WIDGET_MIME, CellView
+from jupyter_dist.display.output_store import (
     DEFAULT_OUTPUT_LIMIT,
     LINE_CHARS,
     LineWriter,
@@ -23,7 +22,8 @@ from jupyter_dist.output_store import (
     ViewOutput,
     output_limit,
 )
-from jupyter_dist.render_text import TextRenderer
+from jupyter_dist.display.render_text import TextRenderer
+from jupyter_dist.errors import SpecError
 
 
 def test_one_big_write_keeps_only_the_lines_a_view_can_hold() -> None:

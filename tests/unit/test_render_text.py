@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from jupyter_dist import render_text
-from jupyter_dist.events import CellFinished, CellResult, RankFinished, RichOut, StreamOut
-from jupyter_dist.render_text import TextRenderer
+from jupyter_dist.common.events import CellFinished, CellResult, RankFinished, RichOut, StreamOut
+from jupyter_dist.display import render_text
+from jupyter_dist.display.render_text import TextRenderer
 
 
 def make(ranks: list[int]) -> tuple[TextRenderer, io.StringIO, io.StringIO, list[Any]]:

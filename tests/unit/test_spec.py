@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
-from jupyter_dist.spec import (
+from jupyter_dist.common.spec import (
     SessionSpec,
     ShapeRequest,
     check_same_shape,
@@ -14,6 +13,7 @@ from jupyter_dist.spec import (
     parse_ranks,
     resolve_shape,
 )
+from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from jupyter_dist.stacks import describe, main_thread, one_line, parse_dump, place_of
+from jupyter_dist.common.stacks import describe, main_thread, one_line, parse_dump, place_of
 
 WORKER = """Thread 0x00007f0000000002 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import html
 
-from jupyter_dist.cell_view import CellView
-from jupyter_dist.click_lane import route_clicks
-from jupyter_dist.stacks_panel import StacksPanel
+from jupyter_dist.display.busy_clicks import route_clicks
+from jupyter_dist.display.cell_view import CellView
+from jupyter_dist.display.stacks_panel import StacksPanel
 
 
 def test_a_click_shows_what_was_read_and_the_button_is_usable_again() -> None:

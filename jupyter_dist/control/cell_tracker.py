@@ -1,0 +1,278 @@
+"""One cell's execution across ranks: which ranks are done, and how each ended.
+
+A rank is done with a cell when its ``execute_reply`` and its IOPub ``idle`` status have
+both arrived (so no output can still be in flight), or when its process died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_dist.common.agent_protocol import describe_returncode
+from jupyter_dist.common.events import (
+    CellEvent,
+    CellResult,
+    ClearOut,
+    MetricsOut,
+    RankFinished,
+    RankStarted,
+    RichOut,
+    StreamOut,
+    WidgetComm,
+)
+from jupyter_dist.common.wire_names import METRICS_MSG_TYPE
+from jupyter_dist.control.event_queue import EventSink
+from jupyter_dist.control.rank_client import PacedHandler
+from jupyter_dist.errors import RankFailure
+
+#: failures after which the other ranks get `abort_after_s` to finish before they are
+#: interrupted (a user's interrupt starts the same wind-down)
+WIND_DOWN_KINDS = ("error", "died", "interrupted")
+RICH_TYPES = ("display_data", "execute_result", "update_display_data")
+COMM_TYPES = ("comm_open", "comm_msg", "comm_close")
+
+
+@dataclass
+class RankProgress:
+    rank: int
+    host: str
+    local_rank: int
+    started: float
+    reply: dict[str, Any] | None = None
+    began: bool = False  # its kernel said it was busy with the cell
+    idle: bool = False
+    finished: bool = False
+    failure: RankFailure | None = None
+    elapsed: float = 0.0
+
+
+class CellRun:
+    """Collects one cell's messages from every rank it runs on.
+
+    Lives on the control-plane loop; events go to ``sink`` (read by the notebook thread).
+    """
+
+    def __init__(
+        self,
+        ranks: dict[int, tuple[str, int]],
+        sink: queue.SimpleQueue[CellEvent] | None,
+    ) -> None:
+        now = time.monotonic()
+        self.progress = {
+            rank: RankProgress(rank, host, local_rank, now)
+            for rank, (host, local_rank) in ranks.items()
+        }
+        self.sink = sink
+        self.done = asyncio.Event()
+        self.timed_out = False
+        self.interrupted = False
+        #: when the first rank failed (raised or died): the others then wind down
+        self.first_failure_at: float | None = None
+        self.stuck: tuple[int, ...] = ()
+        if not self.progress:
+            self.done.set()
+
+    def _emit(self, event: CellEvent) -> None:
+        if self.sink is not None:
+            self.sink.put(event)
+
+    def handler(self, rank: int) -> PacedHandler:
+        """Where ``rank``'s messages for this cell go; its reader waits while the notebook
+        thread has too much output still to draw."""
+        return _RankMessages(self, rank)
+
+    @property
+    def busy_ranks(self) -> list[int]:
+        return sorted(r for r, p in self.progress.items() if not p.finished)
+
+    def on_message(self, rank: int, channel: str, msg: dict[str, Any]) -> None:
+        prog = self.progress.get(rank)
+        if prog is None or prog.finished:
+            return
+        kind = msg["msg_type"]
+        content = msg["content"]
+        if channel == "shell":
+            if kind == "execute_reply":
+                prog.reply = content
+                self._maybe_finish(prog)
+            return
+        if channel != "iopub":
+            return
+        if kind == "status":
+            state = content.get("execution_state")
+            if state == "idle":
+                prog.idle = True
+                self._maybe_finish(prog)
+            elif state == "busy":
+                prog.began = True
+                self._emit(RankStarted(rank))
+        elif kind == METRICS_MSG_TYPE:
+            points = tuple((str(n), float(x), float(y)) for n, x, y in content.get("points", ()))
+            self._emit(MetricsOut(rank, points, dict(content.get("process") or {})))
+        elif kind in COMM_TYPES:
+            is_widget = content.get("target_name", "jupyter.widget") == "jupyter.widget"
+            if is_widget or kind != "comm_open":
+                buffers = tuple(bytes(b) for b in msg.get("buffers") or ())
+                self._emit(WidgetComm(rank, kind, content, buffers))
+        elif kind == "stream":
+            self._emit(StreamOut(rank, content.get("name", "stdout"), content.get("text", "")))
+        elif kind in RICH_TYPES:
+            self._emit(
+                RichOut(
+                    rank,
+                    kind,
+                    content.get("data", {}),
+                    content.get("metadata", {}),
+                    content.get("transient", {}) or {},
+                )
+            )
+        elif kind == "clear_output":
+            self._emit(ClearOut(rank, bool(content.get("wait"))))
+
+    def _maybe_finish(self, prog: RankProgress) -> None:
+        if prog.reply is None or not prog.idle:
+            return
+        reply = prog.reply
+        status = reply.get("status", "error")
+        failure = None
+        if status == "error":
+            ename = reply.get("ename", "Error")
+            kind = "interrupted" if ename == "KeyboardInterrupt" else "error"
+            if kind == "interrupted" and self.timed_out:
+                kind = "timeout"
+            failure = self._failure(
+                prog, kind, ename, reply.get("evalue", ""), tuple(reply.get("traceback", []))
+            )
+        elif status == "aborted":
+            failure = self._failure(
+                prog, "error", "Aborted", "the rank skipped this cell after an earlier error"
+            )
+        self._finish(prog, status if failure is None else failure.kind, failure)
+
+    def _failure(
+        self,
+        prog: RankProgress,
+        kind: str,
+        ename: str,
+        evalue: str,
+        traceback: tuple[str, ...] = (),
+        exit_code: int | None = None,
+    ) -> RankFailure:
+        return RankFailure(
+            rank=prog.rank,
+            host=prog.host,
+            local_rank=prog.local_rank,
+            kind=kind,
+            ename=ename,
+            evalue=evalue,
+            traceback=traceback,
+            exit_code=exit_code,
+            order=time.monotonic(),
+        )
+
+    def _finish(self, prog: RankProgress, status: str, failure: RankFailure | None) -> None:
+        prog.finished = True
+        prog.failure = failure
+        prog.elapsed = time.monotonic() - prog.started
+        if failure is not None and failure.kind in WIND_DOWN_KINDS:
+            self.first_failure_at = self.first_failure_at or time.monotonic()
+        self._emit(RankFinished(prog.rank, status, prog.elapsed, failure))
+        if all(p.finished for p in self.progress.values()):
+            self.done.set()
+
+    def rank_died(self, rank: int, returncode: int, pid: int | None, log_tail: str) -> None:
+        prog = self.progress.get(rank)
+        if prog is None or prog.finished:
+            return
+        how = describe_returncode(returncode)
+        lines = tuple(f"    {line}" for line in crash_report(log_tail))
+        traceback = ("  last output of the rank process:", *lines) if lines else ()
+        failure = self._failure(
+            prog,
+            "died",
+            "RankDied",
+            f"rank process (pid {pid}) {how}",
+            traceback,
+            exit_code=returncode,
+        )
+        self._finish(prog, "died", failure)
+
+    def root_failure(self) -> RankFailure | None:
+        """The earliest failure of a rank that raised or died (what the others await)."""
+        failures = [
+            p.failure
+            for p in self.progress.values()
+            if p.failure is not None and p.failure.kind in WIND_DOWN_KINDS
+        ]
+        return min(failures, key=lambda f: f.order) if failures else None
+
+    def give_up(
+        self,
+        kind: str,
+        reason: str,
+        ename: str = "CellTimeout",
+        details: Mapping[int, str] | None = None,
+    ) -> list[int]:
+        """Finish every rank still running (after a timeout, a lost agent, or ranks
+        stuck after another failed), each with ``reason`` and its own ``details``;
+        return which they were."""
+        busy = self.busy_ranks
+        for rank in busy:
+            prog = self.progress[rank]
+            detail = (details or {}).get(rank)
+            why = f"{reason}; {detail}" if detail else reason
+            self._finish(prog, kind, self._failure(prog, kind, ename, why))
+        return busy
+
+    def stage(self, rank: int) -> str:
+        """How far an unfinished rank got with the cell, by the messages that came back:
+        a kernel that never began it is not a slow cell."""
+        prog = self.progress[rank]
+        if prog.reply is not None and not prog.idle:
+            return "its reply came back but not its idle status"
+        if prog.idle and prog.reply is None:
+            return "its idle status came back but not its reply"
+        if not prog.began and prog.reply is None:
+            return "its kernel never reported starting the cell"
+        return ""
+
+    def result(self) -> CellResult:
+        failures = tuple(p.failure for p in self.progress.values() if p.failure is not None)
+        return CellResult(
+            ranks=tuple(sorted(self.progress)),
+            failures=failures,
+            elapsed={r: p.elapsed for r, p in self.progress.items()},
+            timed_out=self.timed_out,
+            interrupted=self.interrupted,
+            stuck=self.stuck,
+        )
+
+
+def crash_report(log_tail: str, limit: int = 40) -> list[str]:
+    """The useful end of a dead rank's log: from its last fatal error, if any."""
+    lines = [
+        line for line in log_tail.strip().splitlines() if not line.startswith("Extension modules:")
+    ]
+    fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+    if fatal:  # faulthandler prints the innermost frame first
+        return lines[fatal[-1] :][:limit]
+    return lines[-limit:]
+
+
+class _RankMessages(PacedHandler):
+    def __init__(self, run: CellRun, rank: int) -> None:
+        self.run = run
+        self.rank = rank
+        self.sink = run.sink if isinstance(run.sink, EventSink) else None
+
+    def __call__(self, channel: str, msg: dict[str, Any]) -> None:
+        self.run.on_message(self.rank, channel, msg)
+
+    async def room(self) -> None:
+        if self.sink is not None:
+            await self.sink.room()

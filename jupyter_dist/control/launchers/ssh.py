@@ -1,0 +1,181 @@
+"""The ``ssh`` launcher: the agent runs on another machine, reached with asyncssh.
+
+Host keys are always verified (``~/.ssh/known_hosts`` or the config's
+``UserKnownHostsFile``); hosts, users, ports, keys and jump hosts resolve through the ssh
+config like ``ssh`` does. Rank kernels listen on Unix sockets on their node; the notebook
+side reaches them through forwarded Unix sockets in a private local folder, so no kernel
+port is ever open to the network. When the SSH connection drops, the agent's stdin
+closes and it kills every rank it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import asyncssh
+
+from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.control.launchers.base import AgentStreams, Launcher
+from jupyter_dist.errors import AgentError
+
+log = logging.getLogger(__name__)
+KERNEL_CHANNELS = ("shell_port", "iopub_port", "control_port", "stdin_port", "hb_port")
+
+
+def agent_command(session: str, env: Mapping[str, str], python: str | None) -> str:
+    """The remote shell line: the notebook's interpreter path if the node has it (shared
+    file systems, identical images), else ``python3`` from the remote PATH."""
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    chosen = shlex.quote(python or sys.executable)
+    pick = f"p={chosen}" if python else f'p={chosen}; [ -x "$p" ] || p=python3'
+    return f'{pick}; exec env {assigns} "$p" -m jupyter_dist.node --session {shlex.quote(session)}'
+
+
+class SSHLauncher(Launcher):
+    """Starts one node's agent over SSH."""
+
+    kind: ClassVar[str] = "ssh"
+
+    def __init__(
+        self,
+        host: HostSpec,
+        python: str | None = None,
+        ssh_config: str | None = None,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        self.spec = host
+        self.python = host.python or python  # the hostfile's word for this node wins
+        self.ssh_config = ssh_config
+        self.connect_timeout = connect_timeout
+        self.conn: asyncssh.SSHClientConnection | None = None
+        self.process: asyncssh.SSHClientProcess[bytes] | None = None
+        self._stderr: collections.deque[str] = collections.deque(maxlen=40)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listeners: list[asyncssh.SSHListener] = []
+        self._tunnel_dir: str | None = None
+
+    @property
+    def host(self) -> str:
+        return self.spec.name
+
+    async def connect(self) -> asyncssh.SSHClientConnection:
+        """An SSH connection to the node, host key verified, with errors that say what to do."""
+        kwargs: dict[str, Any] = {}
+        if self.spec.port:
+            kwargs["port"] = self.spec.port
+        if self.spec.user:
+            kwargs["username"] = self.spec.user
+        if self.ssh_config:
+            kwargs["config"] = [os.path.expanduser(self.ssh_config)]
+        where = f"node {str(self.spec)!r}"
+        try:
+            return await asyncio.wait_for(
+                asyncssh.connect(self.spec.name, **kwargs), self.connect_timeout
+            )
+        except asyncssh.HostKeyNotVerifiable as err:
+            raise AgentError(
+                f"{where}: its SSH host key is unknown or has changed ({err.reason}), so the "
+                "connection was refused. Check the key, then add it to known_hosts, e.g. "
+                f"`ssh-keyscan -H {self.spec.name} >> ~/.ssh/known_hosts` or connect once "
+                "with `ssh`"
+            ) from None
+        except asyncssh.PermissionDenied:
+            raise AgentError(
+                f"{where}: SSH login refused; check the user and that your key is loaded "
+                "(ssh-agent) or named by IdentityFile in ~/.ssh/config"
+            ) from None
+        except asyncio.TimeoutError:
+            raise AgentError(
+                f"{where}: no SSH answer within {self.connect_timeout:.0f} s"
+            ) from None
+        except (OSError, asyncssh.Error) as err:
+            raise AgentError(f"{where}: cannot connect over SSH: {err}") from None
+
+    async def start(self, session: str, env: Mapping[str, str]) -> AgentStreams:
+        self.conn = await self.connect()
+        command = agent_command(session, env, self.python)
+        log.debug("node %s: starting agent: %s", self.spec, command)
+        self.process = await self.conn.create_process(command, encoding=None)
+        self._tasks.append(asyncio.ensure_future(self._drain_stderr()))
+        return AgentStreams(self.process.stdout, self.process.stdin)
+
+    async def _drain_stderr(self) -> None:
+        assert self.process is not None
+        while line := await self.process.stderr.readline():
+            text = line.decode(errors="replace").rstrip()
+            self._stderr.append(text)
+            log.debug("node %s agent stderr: %s", self.spec, text)
+
+    def stderr_tail(self) -> str:
+        tail = "\n".join(self._stderr)
+        if re.search(r"No module named '?jupyter_dist", tail):
+            return f"{tail}\n(install jupyter_dist in that node's Python, or pass --python)"
+        return tail
+
+    def peer_address(self) -> str | None:
+        if self.conn is None:
+            return None
+        peer = self.conn.get_extra_info("peername")
+        return str(peer[0]) if peer else None
+
+    async def tunnel(self, rank: int, connection: Mapping[str, Any]) -> dict[str, Any]:
+        """Forward a rank kernel's Unix sockets to a private local folder."""
+        if self.conn is None:
+            raise AgentError(f"node {self.host!r}: not connected")
+        if connection.get("transport") != "ipc":
+            raise AgentError(f"node {self.host!r}: rank {rank} does not listen on Unix sockets")
+        if self._tunnel_dir is None:
+            self._tunnel_dir = tempfile.mkdtemp(prefix="jd-ssh-")
+        local = os.path.join(self._tunnel_dir, f"r{rank}")
+        remote = str(connection["ip"])
+        for key in KERNEL_CHANNELS:
+            port = connection[key]
+            path = f"{local}-{port}"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # left by this rank's previous life (restart)
+            listener = await self.conn.forward_local_path(path, f"{remote}-{port}")
+            self._listeners.append(listener)
+            os.chmod(path, 0o600)  # owner only, in an owner-only folder
+        return {**connection, "ip": local}
+
+    async def signal(self, signum: int) -> None:
+        if self.process is not None:
+            with contextlib.suppress(Exception):
+                self.process.send_signal(signal.Signals(signum).name.removeprefix("SIG"))
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.exit_status is None
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        if self.process is not None:
+            with contextlib.suppress(Exception):
+                self.process.stdin.write_eof()
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(self.process.wait_closed(), timeout)
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
+        if self.conn is not None:
+            self.conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.conn.wait_closed(), timeout)
+        for task in self._tasks:
+            task.cancel()
+        if self._tunnel_dir:
+            shutil.rmtree(self._tunnel_dir, ignore_errors=True)
+            self._tunnel_dir = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "host": str(self.spec), "python": self.python}

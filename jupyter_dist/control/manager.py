@@ -1,0 +1,175 @@
+"""The registry of named sessions: find one, or start it, and stop them all.
+
+Runs wherever the control plane runs: inside the notebook kernel (the embedded default)
+or inside the Jupyter server (the server extension). It imports nothing of IPython or tornado.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_dist.common.gpus import discover_gpus
+from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.common.ports import PORTS_VAR
+from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape, resolve_shape
+from jupyter_dist.control.rank_group import RankGroup
+from jupyter_dist.control.session import Progress, Session, SessionState, SessionTimeouts
+from jupyter_dist.errors import SpecError, UnknownSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionDefaults:
+    """What a session gets when its request does not say (the server's options)."""
+
+    hosts: tuple[HostSpec, ...] = ()  # nodes for requests that name none (but --nodes 1)
+    ssh_config: str | None = None
+    master_ports: str | None = None  # "lo-hi": where MASTER_PORT may be
+
+    def apply(self, request: ShapeRequest) -> ShapeRequest:
+        if self.hosts and not request.hosts and request.nodes != 1:
+            count = request.nodes or len(self.hosts)
+            if count > len(self.hosts):
+                raise SpecError(
+                    f"--nodes {count}: the server knows {len(self.hosts)} hosts "
+                    f"({', '.join(map(str, self.hosts))}); give --hosts, or fewer nodes"
+                )
+            request = dataclasses.replace(request, hosts=self.hosts[:count], nodes=count)
+        if self.ssh_config and request.ssh_config is None:
+            request = dataclasses.replace(request, ssh_config=self.ssh_config)
+        return request
+
+
+class SessionManager:
+    """Named sessions, started on demand."""
+
+    default_name = DEFAULT_SESSION
+
+    def __init__(
+        self, timeouts: SessionTimeouts | None = None, defaults: SessionDefaults | None = None
+    ) -> None:
+        self.defaults = defaults or SessionDefaults()
+        self.where = "this process"
+        self.sessions: dict[str, Session] = {}
+        self.timeouts = timeouts or SessionTimeouts()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._watchers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    # -- change events, for UIs ------------------------------------------------------
+    def subscribe(self, maxsize: int = 1000) -> asyncio.Queue[dict[str, Any]]:
+        """A queue receiving ``{"type": "session", "session": status}`` on every change
+        and ``{"type": "removed", "name": ...}`` when a session goes away."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize)
+        self._watchers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        self._watchers.discard(queue)
+
+    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener`` with each event `subscribe` queues, as it happens (for the
+        server's session record, which must never lag behind a start or stop)."""
+        self._listeners.append(listener)
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        for listener in self._listeners:
+            listener(event)
+        for queue in self._watchers:
+            if queue.full():  # a slow reader loses the oldest news, never blocks us
+                queue.get_nowait()
+            queue.put_nowait(event)
+
+    def _session_changed(self, session: RankGroup) -> None:
+        if (self._watchers or self._listeners) and isinstance(session, Session):
+            self._publish({"type": "session", "session": session.status()})
+
+    def names(self) -> list[str]:
+        return sorted(self.sessions)
+
+    def get(self, name: str) -> Session:
+        session = self.sessions.get(name)
+        if session is None or session.state == SessionState.STOPPED:
+            running = ", ".join(self.names()) or "none"
+            raise UnknownSession(
+                f"no session named {name!r} (running: {running}); a %%distributed cell starts one"
+            )
+        return session
+
+    def _progress(self, name: str, progress: Progress) -> Progress:
+        """``progress`` that also tells the watchers (a notebook waiting on the server)."""
+
+        def report(text: str) -> None:
+            progress(text)
+            if self._watchers:
+                self._publish({"type": "progress", "name": name, "text": text})
+
+        return report
+
+    async def find(self, name: str) -> Session:
+        return self.get(name)
+
+    async def list_status(self) -> list[dict[str, Any]]:
+        return self.status()
+
+    async def restart(self, name: str, progress: Progress = lambda _: None) -> Session:
+        session = self.get(name)
+        await session.restart(self._progress(name, progress))
+        return session
+
+    async def get_or_start(
+        self,
+        name: str,
+        request: ShapeRequest,
+        progress: Progress = lambda _: None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> tuple[Session, bool]:
+        """The session ``name``, started with ``request`` if it does not exist; its ranks
+        run in ``cwd`` with ``env`` (default: this process's).
+
+        Returns the session and whether it was started now.
+        """
+        progress = self._progress(name, progress)
+        request = self.defaults.apply(request)
+        if self.defaults.master_ports:
+            env = {PORTS_VAR: self.defaults.master_ports, **(os.environ if env is None else env)}
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            session = self.sessions.get(name)
+            if session is not None and session.state != SessionState.STOPPED:
+                check_same_shape(session.spec, request)
+                return session, False
+            spec = resolve_shape(name, request, len(discover_gpus()), socket.gethostname())
+            session = Session(spec, timeouts=self.timeouts, cwd=cwd, env=env)
+            session.on_change = self._session_changed
+            progress(f"starting session {name!r}: {spec.describe()}")
+            await session.start(progress)
+            self.sessions[name] = session
+            return session, True
+
+    async def shutdown(self, name: str) -> None:
+        session = self.get(name)
+        try:
+            await session.shutdown()
+        finally:
+            self.sessions.pop(name, None)
+            self._publish({"type": "removed", "name": name})
+
+    async def shutdown_all(self) -> None:
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        for session in sessions:
+            self._publish({"type": "removed", "name": session.name})
+        await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [self.sessions[n].status() for n in self.names()]

@@ -1,0 +1,292 @@
+"""The notebook side's connection to one rank kernel, over the Jupyter protocol.
+
+A thin layer over jupyter_client's `AsyncKernelClient`: it routes every incoming message
+to the handler registered for the request it answers, and carries object push/pull as
+comm messages with binary buffers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import zmq.asyncio
+from jupyter_client.asynchronous.client import AsyncKernelClient
+
+from jupyter_dist.common.pickling import Frame
+from jupyter_dist.common.wire_names import OBJECTS_TARGET
+from jupyter_dist.errors import PushError, SessionError
+
+log = logging.getLogger(__name__)
+#: first wait before kernel_info is repeated (IOPub may not be subscribed yet); doubles
+#: on each repeat up to RETRY_MAX_S
+RETRY_S = 0.05
+RETRY_MAX_S = 1.0
+#: a receive waiting this long checks the socket itself for a message it was not woken for
+RECHECK_S = 1.0
+
+#: handler(channel, message) for the messages answering one request
+Handler = Callable[[str, dict[str, Any]], None]
+
+
+class PacedHandler:
+    """A handler whose reader may have to wait: after each message it hands on, the
+    channel's pump awaits `room` before reading the next (so a consumer that falls behind
+    holds the messages in the kernel's socket, not in memory)."""
+
+    def __call__(self, channel: str, msg: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def room(self) -> None:
+        return None
+
+
+class RankClient:
+    """Kernel client for one rank."""
+
+    def __init__(
+        self,
+        rank: int,
+        connection: Mapping[str, Any],
+        key: str,
+        context: zmq.asyncio.Context,
+    ) -> None:
+        self.rank = rank
+        self.client = AsyncKernelClient(context=context)
+        info: dict[str, Any] = {**connection, "key": key}
+        self.client.load_connection_info(info)  # type: ignore[arg-type]
+        self.handlers: dict[str, Handler] = {}
+        self._comm_id: str | None = None
+        self._comm_waiters: dict[str, asyncio.Future[tuple[dict[str, Any], list[Frame]]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.closed = False
+        self.lost_wakeups = 0  # messages found by `_receive`'s own check
+
+    # -- connection -------------------------------------------------------------------
+    async def connect(self, timeout: float, dead: Callable[[], str | None]) -> None:
+        """Open the channels and wait until shell and IOPub both answer.
+
+        IOPub is a PUB/SUB pair and drops messages until the subscription is through, so
+        a kernel_info request is repeated until a busy/idle status is seen on IOPub. An
+        answer to any of the requests counts, and the repeats back off: a kernel slower
+        than the repeats (a loaded machine) must not fall ever further behind a queue
+        of requests whose answers nobody waits for any more.
+        """
+        self.client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
+        for name, channel in (
+            ("iopub", self.client.iopub_channel),
+            ("shell", self.client.shell_channel),
+            ("control", self.client.control_channel),
+        ):
+            self._tasks.append(asyncio.ensure_future(self._pump(name, channel)))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        seen, replied = asyncio.Event(), asyncio.Event()
+        handler = _kernel_info_handler(seen, replied)
+        sent: list[str] = []
+        wait = RETRY_S
+        try:
+            while True:
+                sent.append(self.send("kernel_info_request", {}, handler=handler))
+                try:
+                    await asyncio.wait_for(seen.wait(), wait)
+                    await asyncio.wait_for(replied.wait(), max(0.1, deadline - loop.time()))
+                    return
+                except asyncio.TimeoutError:
+                    pass
+                wait = min(wait * 2, RETRY_MAX_S)
+                reason = dead()
+                if reason:
+                    raise SessionError(f"rank {self.rank} exited while starting: {reason}")
+                if loop.time() > deadline:
+                    raise SessionError(
+                        f"rank {self.rank}: kernel did not answer within {timeout:.0f} s"
+                    )
+        finally:
+            for msg_id in sent:
+                self.handlers.pop(msg_id, None)
+
+    async def _pump(self, name: str, channel: Any) -> None:
+        """Read one channel's messages until its socket closes.
+
+        Nothing else ends it: a reader that stopped on some error while its socket stays
+        open would leave every later reply of that channel unread, and the cells waiting
+        for them hanging.
+        """
+        session = self.client.session
+        socket = channel.socket
+        while True:
+            try:
+                frames = await self._receive(name, socket)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                if self.closed or socket.closed:
+                    return
+                log.warning("rank %s: reading its %s channel failed: %r", self.rank, name, err)
+                await asyncio.sleep(RECHECK_S)
+                continue
+            try:
+                _idents, parts = session.feed_identities(frames)
+                msg = session.deserialize(parts)
+            except Exception as err:  # unsigned, or not a Jupyter message: dropped
+                log.warning("rank %s: dropped a bad %s message: %s", self.rank, name, err)
+                continue
+            try:
+                handler = self._route(name, msg)
+            except Exception:
+                log.exception("rank %s: handling a %s message failed", self.rank, name)
+                continue
+            if isinstance(handler, PacedHandler):
+                await handler.room()
+
+    async def _receive(self, name: str, socket: zmq.asyncio.Socket) -> list[bytes]:
+        """The socket's next message, even if its wake-up was lost.
+
+        A zmq socket signals new messages through an edge-triggered file descriptor, and
+        anything that reads the socket's state (a send on it, among others) can use up that
+        edge; the message then sits in the socket while its receive waits for ever. That
+        happened to shell replies arriving as the next request went out, about once in a
+        few hundred session starts on a loaded machine (jupyter_client's own
+        ``get_msg()``, which waits in a separate ``poll()``, loses more). So a receive
+        that has not completed within `RECHECK_S` looks at the socket itself.
+        """
+        pending = asyncio.ensure_future(socket.recv_multipart())
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=RECHECK_S)
+                if done:
+                    return pending.result()
+                if int(socket.get(zmq.EVENTS)) & zmq.POLLIN:
+                    self.lost_wakeups += 1
+                    log.debug("rank %s: %s message found without its wake-up", self.rank, name)
+                    pending.cancel()
+                    return await socket.recv_multipart(flags=zmq.NOBLOCK)
+        finally:
+            pending.cancel()
+
+    def _route(self, channel: str, msg: dict[str, Any]) -> Handler | None:
+        """Hand ``msg`` to whoever waits for it; return the handler it went to."""
+        if msg["msg_type"] in ("comm_msg", "comm_close") and channel == "iopub":
+            content = msg["content"]
+            if content.get("comm_id") == self._comm_id:
+                self._comm_reply(msg)
+                return None
+        parent = msg.get("parent_header", {}).get("msg_id")
+        handler = self.handlers.get(parent) if parent else None
+        if handler is not None:
+            handler(channel, msg)
+        return handler
+
+    # -- requests ---------------------------------------------------------------------
+    def send(
+        self,
+        msg_type: str,
+        content: dict[str, Any],
+        handler: Handler | None = None,
+        channel: str = "shell",
+        buffers: Sequence[Frame] | None = None,
+    ) -> str:
+        session = self.client.session
+        msg = session.msg(msg_type, content)
+        msg_id: str = msg["header"]["msg_id"]
+        if handler is not None:
+            self.handlers[msg_id] = handler
+        socket = (
+            self.client.control_channel.socket
+            if channel == "control"
+            else self.client.shell_channel.socket
+        )
+        session.send(socket, msg, buffers=list(buffers) if buffers else None)
+        return msg_id
+
+    def execute(self, code: str, handler: Handler, silent: bool = False) -> str:
+        content = {
+            "code": code,
+            "silent": silent,
+            "store_history": not silent,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+        }
+        return self.send("execute_request", content, handler=handler)
+
+    def forget(self, msg_id: str) -> None:
+        self.handlers.pop(msg_id, None)
+
+    def interrupt(self) -> None:
+        """Ask the kernel to interrupt itself (it signals its whole process group)."""
+        self.send("interrupt_request", {}, channel="control")
+
+    def shutdown(self) -> None:
+        self.send("shutdown_request", {"restart": False}, channel="control")
+
+    # -- objects ------------------------------------------------------------------------
+    async def objects_request(
+        self, data: dict[str, Any], buffers: Sequence[Frame] = ()
+    ) -> tuple[dict[str, Any], list[Frame]]:
+        if self._comm_id is None:
+            self._comm_id = uuid.uuid4().hex
+            self.send(
+                "comm_open",
+                {"comm_id": self._comm_id, "target_name": OBJECTS_TARGET, "data": {}},
+            )
+        request_id = uuid.uuid4().hex
+        fut: asyncio.Future[tuple[dict[str, Any], list[Frame]]]
+        fut = asyncio.get_running_loop().create_future()
+        self._comm_waiters[request_id] = fut
+        try:
+            self.send(
+                "comm_msg",
+                {"comm_id": self._comm_id, "data": {**data, "id": request_id}},
+                buffers=buffers,
+            )
+            return await fut
+        finally:
+            self._comm_waiters.pop(request_id, None)
+
+    def _comm_reply(self, msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "comm_close":
+            self._comm_id = None
+            self.fail_waiters(
+                PushError(
+                    f"rank {self.rank} closed the objects channel (was the rank bootstrapped?)"
+                )
+            )
+            return
+        data = msg["content"].get("data", {})
+        fut = self._comm_waiters.get(data.get("id", ""))
+        if fut is not None and not fut.done():
+            fut.set_result((data, list(msg.get("buffers") or [])))
+
+    def fail_waiters(self, error: Exception) -> None:
+        for fut in self._comm_waiters.values():
+            if not fut.done():
+                fut.set_exception(error)
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        with contextlib.suppress(Exception):
+            self.client.stop_channels()
+
+
+def _kernel_info_handler(seen: asyncio.Event, replied: asyncio.Event) -> Handler:
+    """Sets ``seen`` on the request's IOPub status, ``replied`` on its shell reply."""
+
+    def on_msg(channel: str, msg: dict[str, Any]) -> None:
+        if channel == "iopub" and msg["msg_type"] == "status":
+            seen.set()
+        elif channel == "shell":
+            replied.set()
+
+    return on_msg

@@ -1,0 +1,427 @@
+"""Rank kernels that cells run on: what a session's owner and an attached notebook share.
+
+A `RankGroup` holds one kernel client per rank and runs cells, interrupts, push and pull
+over them. `control.session.Session` is the group that also starts and stops its ranks;
+`server_client.attached_session.AttachedSession` is the group a notebook kernel builds from
+the connection details of a session the Jupyter server owns. Both run cells the same way.
+
+State machine of a session::
+
+    STARTING ──> READY ──(rank died)──> BROKEN
+        │          │  ^                   │
+        │          v  │                   │
+        │       RESTARTING <──────────────┘
+        v          │
+      STOPPED <────┴── (shutdown, from any state)
+
+and of each rank (`RankState`)::
+
+    STARTING ──> IDLE <──> BUSY ──> DEAD
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import queue
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import zmq.asyncio
+
+from jupyter_dist.common import pickling, stacks
+from jupyter_dist.common.agent_protocol import describe_returncode
+from jupyter_dist.common.events import CellEvent, CellFinished, CellResult, Notice
+from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.control.cell_tracker import CellRun
+from jupyter_dist.control.rank_client import RankClient
+from jupyter_dist.control.rank_env import RankPlace
+from jupyter_dist.errors import (
+    CellTimeout,
+    PushError,
+    RanksFailed,
+    SessionError,
+    SpecError,
+    ranks_label,
+)
+from jupyter_dist.settings import ABORT_AFTER_VAR, STRAGGLER_VAR, seconds_from_env
+
+if TYPE_CHECKING:
+    from jupyter_dist.control.agent_client import NodeAgent
+
+log = logging.getLogger(__name__)
+
+#: how long ranks get to answer an interrupt before a cell is given up on
+INTERRUPT_GRACE_S = 5.0
+#: how often a running cell is looked at (stragglers, ranks left waiting on a failed one)
+WATCH_TICK_S = 0.25
+#: default seconds a rank may run on after the others finished before it is named
+STRAGGLER_S = 30.0
+#: default seconds the other ranks get to finish after one raised or died, before they
+#: are interrupted (they are usually blocked in a collective the failed rank never joins)
+ABORT_AFTER_S = 3.0
+#: seconds an interrupted rank gets to stop before it counts as stuck (a rank blocked
+#: inside a C++ collective never sees the KeyboardInterrupt)
+STUCK_AFTER_S = 2.0
+STACKS_TIMEOUT_S = 10.0
+
+
+class SessionState(str, enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    BROKEN = "broken"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+
+
+class RankState(str, enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    DEAD = "dead"
+
+
+@dataclass
+class RankRecord:
+    """The live state of one rank."""
+
+    place: RankPlace
+    host: str
+    node: NodeAgent | None = None  # the agent that started it (None: someone else did)
+    state: RankState = RankState.STARTING
+    pid: int | None = None
+    client: RankClient | None = None
+    exit_code: int | None = None
+    exit_tail: str = ""  # the end of its log when it died
+    log: str = ""
+    connection: dict[str, Any] | None = None  # reachable from this process (tunnelled)
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+
+class RankGroup:
+    """Kernel clients for the ranks of one session, and the cell protocol over them."""
+
+    def __init__(self, spec: SessionSpec, key: str) -> None:
+        self.spec = spec
+        self.key = key  # HMAC key of every kernel message in the session
+        self.ranks: dict[int, RankRecord] = {}
+        self.on_change: Callable[[RankGroup], None] | None = None
+        self._state = SessionState.STARTING
+        self.broken_reason = ""
+        self.cells_run = 0
+        self._context = zmq.asyncio.Context()
+        # a kernel binds its ports a few ms after it is forked: reconnect quickly
+        self._context.setsockopt(zmq.RECONNECT_IVL, 10)
+        # a flooding rank is held back by its own send queue, not buffered here
+        self._context.setsockopt(zmq.RCVHWM, 32)
+        self._current: CellRun | None = None
+        self.stale = False  # its ranks were replaced behind this object's back
+        self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)
+        self.abort_after_s = seconds_from_env(ABORT_AFTER_VAR, ABORT_AFTER_S)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @state.setter
+    def state(self, value: SessionState) -> None:
+        self._state = value
+        self._changed()
+
+    def _changed(self) -> None:
+        """Tell whoever watches (the server's event stream) that something moved."""
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def _rank_died(self, rank: int, returncode: int, log_tail: str) -> None:
+        """Record a rank's death: the session breaks and a running cell learns of it."""
+        rec = self.ranks.get(rank)
+        if rec is None or rec.state == RankState.DEAD:
+            return
+        rec.state = RankState.DEAD
+        rec.exit_code = returncode
+        rec.exit_tail = log_tail
+        self._changed()
+        if rec.client:
+            rec.client.fail_waiters(SessionError(f"rank {rank} {describe_returncode(returncode)}"))
+        if self.state in (SessionState.READY, SessionState.STARTING):
+            self.broken_reason = (
+                f"rank {rank} (host {rec.host}, pid {rec.pid}) {describe_returncode(returncode)}"
+            )
+            self.state = SessionState.BROKEN
+            log.info("session %s: %s", self.name, self.broken_reason)
+        if self._current is not None:
+            self._current.rank_died(rank, returncode, rec.pid, log_tail)
+
+    def _check_usable(self) -> None:
+        if self.state == SessionState.BROKEN:
+            raise SessionError(
+                f"session {self.name!r} lost {self.broken_reason}; its process group cannot "
+                f"continue. Run `%dist restart --session {self.name}` to start fresh ranks "
+                "(the ranks' variables are lost)"
+            )
+        if self.state != SessionState.READY:
+            raise SessionError(f"session {self.name!r} is {self.state.value}, not ready")
+
+    def check_ranks(self, ranks: Sequence[int] | None) -> list[int]:
+        chosen = sorted(self.ranks) if ranks is None else sorted(ranks)
+        missing = [r for r in chosen if r not in self.ranks]
+        if missing:
+            raise SpecError(
+                f"--ranks: rank {missing[0]} does not exist; session {self.name!r} has ranks "
+                f"0-{self.spec.world_size - 1}"
+            )
+        return chosen
+
+    # -- cells --------------------------------------------------------------------------
+    async def execute(
+        self,
+        code: str,
+        ranks: Sequence[int] | None = None,
+        sink: queue.SimpleQueue[CellEvent] | None = None,
+        timeout: float | None = None,
+    ) -> CellResult:
+        """Run ``code`` on ``ranks`` (all by default) and wait for every one of them."""
+        self._check_usable()
+        chosen = self.check_ranks(ranks)
+        self.cells_run += 1
+        result = await self._run_cell(code, chosen, sink, timeout)
+        if sink is not None:
+            sink.put(CellFinished(result))
+        return result
+
+    async def _run_cell(
+        self,
+        code: str,
+        ranks: list[int],
+        sink: queue.SimpleQueue[CellEvent] | None,
+        timeout: float | None,
+        silent: bool = False,
+    ) -> CellResult:
+        run = CellRun(
+            {r: (self.ranks[r].host, self.ranks[r].place.local_rank) for r in ranks}, sink
+        )
+        self._current = run
+        sent: dict[int, str] = {}
+        try:
+            for r in ranks:
+                rec = self.ranks[r]
+                if rec.state == RankState.DEAD or rec.client is None:
+                    run.rank_died(r, rec.exit_code or -9, rec.pid, "")
+                    continue
+                rec.state = RankState.BUSY
+                sent[r] = rec.client.execute(code, run.handler(r), silent=silent)
+            self._changed()
+            try:
+                await asyncio.wait_for(self._watch(run, sink), timeout)
+            except asyncio.TimeoutError:
+                run.timed_out = True
+                log.info("session %s: cell timed out after %s s", self.name, timeout)
+                busy = run.busy_ranks
+                dumps = await self._dumps(busy)
+                if sink is not None and dumps:
+                    where = stacks.describe(dumps)
+                    sink.put(Notice(f"still running after {timeout} s; where ranks are:\n{where}"))
+                await self.interrupt(busy)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(run.done.wait(), INTERRUPT_GRACE_S)
+                run.stuck = tuple(
+                    run.give_up(
+                        "timeout",
+                        f"still running {timeout} s after the cell started, and did not "
+                        f"stop within {INTERRUPT_GRACE_S:.0f} s of an interrupt",
+                        details={r: _timeout_detail(run, r, dumps) for r in run.busy_ranks},
+                    )
+                )
+        finally:
+            self._current = None
+            for r, msg_id in sent.items():
+                rec = self.ranks[r]
+                if rec.client:
+                    rec.client.forget(msg_id)
+                if rec.state == RankState.BUSY:
+                    rec.state = RankState.IDLE
+            self._changed()
+        return run.result()
+
+    async def _watch(self, run: CellRun, sink: queue.SimpleQueue[CellEvent] | None) -> None:
+        """Wait for the cell.
+
+        When a rank raised or died, the others get `abort_after_s` to finish; then they
+        are interrupted, and those still running `STUCK_AFTER_S` later are given up on
+        (`CellRun.stuck`: blocked in a collective the failed rank never joined). Else,
+        say once which ranks are still busy when the others have been done for
+        `straggler_s`.
+        """
+        first_done: float | None = None
+        said = False
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(run.done.wait()), WATCH_TICK_S)
+                return
+            except asyncio.TimeoutError:
+                pass
+            busy = run.busy_ranks
+            failed_at = run.first_failure_at
+            if busy and failed_at and time.monotonic() - failed_at >= self.abort_after_s:
+                await self._wind_down(run, busy, sink)
+                return
+            if not busy or len(busy) == len(run.progress) or said or sink is None:
+                continue
+            first_done = first_done or loop.time()
+            if loop.time() - first_done >= self.straggler_s:
+                said = True
+                where = await self._stacks_text(busy, frames=False)
+                sink.put(
+                    Notice(
+                        f"{ranks_label(busy)} still running {self.straggler_s:.0f} s after "
+                        f"the other ranks finished" + (f": {where}" if where else "")
+                        + f"; `%dist stacks --session {self.name}` shows where"
+                    )
+                )  # fmt: skip
+
+    async def _wind_down(
+        self, run: CellRun, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None
+    ) -> None:
+        """Interrupt the ranks still running after another failed; give up on the deaf."""
+        root = run.root_failure()
+        assert root is not None
+        cause = f"rank {root.rank} {'died' if root.kind == 'died' else 'failed'}"
+        if sink is not None:
+            sink.put(
+                Notice(
+                    f"{cause} ({root.headline()}); interrupting {ranks_label(busy)}, still "
+                    f"running {self.abort_after_s:g} s later"
+                )
+            )
+        await self.interrupt(busy)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(run.done.wait()), STUCK_AFTER_S)
+        deaf = run.busy_ranks
+        if not deaf:
+            return
+        where = await self._stacks_text(deaf, frames=False)
+        run.stuck = tuple(
+            run.give_up(
+                "stuck",
+                f"still running {self.abort_after_s:g} s after {cause}, and deaf to an "
+                f"interrupt" + (f"; {where}" if where else ""),
+                ename="Stuck",
+            )
+        )
+
+    async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
+        """Each rank's stack dump (faulthandler text of every thread)."""
+        raise SessionError(f"session {self.name!r}: stack dumps are not available here")
+
+    async def _dumps(self, ranks: Sequence[int]) -> dict[int, str]:
+        """`stacks`, or none when they cannot be had."""
+        try:
+            return await asyncio.wait_for(self.stacks(ranks), STACKS_TIMEOUT_S)
+        except Exception as err:
+            log.info("session %s: no stack dumps: %s", self.name, err)
+            return {}
+
+    async def _stacks_text(self, ranks: Sequence[int], frames: bool = True) -> str:
+        dumps = await self._dumps(ranks)
+        if not dumps:
+            return ""
+        return stacks.describe(dumps) if frames else stacks.one_line(dumps)
+
+    def raise_for(self, result: CellResult, note: str = "") -> None:
+        """Turn a failed `CellResult` into the exception the notebook cell raises."""
+        if not result.failures:
+            return
+        cls = CellTimeout if result.timed_out else RanksFailed
+        raise cls(self.name, self.spec.world_size, result.failures, note)
+
+    async def interrupt(self, ranks: Sequence[int] | None = None) -> None:
+        """Interrupt ``ranks`` (all by default): a KeyboardInterrupt in their running code."""
+        for r in self.check_ranks(ranks):
+            rec = self.ranks[r]
+            if rec.client and rec.state != RankState.DEAD:
+                rec.client.interrupt()
+
+    # -- objects ------------------------------------------------------------------------
+    async def push(self, payload: pickling.Payload, ranks: Sequence[int] | None = None) -> None:
+        """Send pickled ``{name: value}`` to each rank's namespace."""
+        self._check_usable()
+        chosen = self.check_ranks(ranks)
+        replies = await asyncio.gather(
+            *(
+                self._client(r).objects_request(
+                    {"op": "push", **payload.signed_fields()}, payload.frames
+                )
+                for r in chosen
+            ),
+            return_exceptions=True,
+        )
+        errors = [(r, rep) for r, rep in zip(chosen, replies, strict=True) if _failed(rep)]
+        if errors:
+            r, rep = errors[0]
+            raise PushError(f"push failed on {len(errors)} rank(s); rank {r}: {_why(rep)}")
+
+    async def pull(self, name: str, ranks: Sequence[int] | None = None) -> list[Any]:
+        """The value of ``name`` on each rank, in rank order."""
+        self._check_usable()
+        chosen = self.check_ranks(ranks)
+        replies = await asyncio.gather(
+            *(self._client(r).objects_request({"op": "pull", "name": name}) for r in chosen),
+            return_exceptions=True,
+        )
+        values = []
+        for r, rep in zip(chosen, replies, strict=True):
+            if _failed(rep):
+                raise PushError(f"pull {name!r} failed on rank {r}: {_why(rep)}")
+            assert isinstance(rep, tuple)
+            data, buffers = rep
+            values.append(pickling.load(buffers, data["digest"], data["sizes"]))
+        return values
+
+    def _client(self, rank: int) -> RankClient:
+        client = self.ranks[rank].client
+        if client is None:
+            raise SessionError(f"rank {rank} has no kernel connection")
+        return client
+
+    async def close_clients(self) -> None:
+        """Close this process's kernel connections (the rank processes live on)."""
+        for rec in self.ranks.values():
+            if rec.client:
+                await rec.client.close()
+                rec.client = None
+
+
+def _timeout_detail(run: CellRun, rank: int, dumps: Mapping[int, str]) -> str:
+    """What a timed-out rank had done of the cell, and where its main thread was."""
+    parts = [run.stage(rank)]
+    if dumps.get(rank):
+        parts.append(f"it was {stacks.place_of(dumps[rank]).text}")
+    return "; ".join(p for p in parts if p)
+
+
+def _failed(reply: object) -> bool:
+    if isinstance(reply, BaseException):
+        return True
+    assert isinstance(reply, tuple)
+    return bool(reply[0].get("op") == "error")
+
+
+def _why(reply: object) -> str:
+    if isinstance(reply, BaseException):
+        return f"{type(reply).__name__}: {reply}"
+    assert isinstance(reply, tuple)
+    data = reply[0]
+    return f"{data.get('ename')}: {data.get('evalue')}"

@@ -1,0 +1,351 @@
+"""A session: agents on its nodes, the rank kernels they started, and their lifecycle.
+
+`Session` is the `RankGroup` that owns its ranks: it starts agents and rank kernels,
+bootstraps torch.distributed, restarts and shuts them down. It knows nothing of IPython or
+widgets: it runs on the control-plane loop and reports through `CellEvent` values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_dist.common.agent_protocol import describe_returncode
+from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
+from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.control.agent_client import AgentInfo, NodeAgent
+from jupyter_dist.control.launchers import launcher_for
+from jupyter_dist.control.rank_client import RankClient
+from jupyter_dist.control.rank_env import omp_threads, places, rank_env
+from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState, SessionState
+from jupyter_dist.control.rendezvous import Rendezvous, check_reachable, plan_rendezvous
+from jupyter_dist.errors import AgentError, NoGPUError, RanksFailed, SessionError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionTimeouts:
+    start: float = 120.0  # agent ready + kernels answering
+    process_group: float = 300.0  # init_process_group's own timeout
+
+
+Progress = Callable[[str], None]
+
+
+class Session(RankGroup):
+    """Persistent rank kernels plus everything needed to start, restart and stop them."""
+
+    def __init__(
+        self,
+        spec: SessionSpec,
+        timeouts: SessionTimeouts | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(spec, secrets.token_hex(32))
+        self.timeouts = timeouts or SessionTimeouts()
+        self.cwd = cwd or os.getcwd()
+        self.user_env = dict(os.environ if env is None else env)
+        self.nodes: list[NodeAgent] = []
+        self.rendezvous: Rendezvous | None = None
+        self.node_env: dict[int, dict[str, str]] = {}
+        self.started_at = 0.0
+
+    # -- start-up ---------------------------------------------------------------------
+    async def start(self, progress: Progress = lambda _: None) -> None:
+        """Start agents and ranks, then bootstrap every rank; undo everything on failure."""
+        began = time.monotonic()
+        try:
+            await self._start_nodes(progress)
+            await self._start_ranks(progress)
+        except BaseException:
+            await self.shutdown()
+            raise
+        self.state = SessionState.READY
+        self.started_at = time.time()
+        log.info(
+            "session %s started: %s in %.2f s",
+            self.name,
+            self.spec.describe(),
+            time.monotonic() - began,
+        )
+
+    async def _start_nodes(self, progress: Progress) -> None:
+        ports = self.user_env.get(PORTS_VAR, "")
+        if ports:
+            parse_port_range(ports)  # a bad range is named before any node starts
+
+        def agent_env(node: int) -> dict[str, str]:
+            env = {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env, node)}
+            return {**env, PORTS_VAR: ports} if ports else env
+
+        self.nodes = [
+            NodeAgent(launcher_for(self.spec, node), node, self._on_rank_exit, self._on_node_lost)
+            for node in range(self.spec.nodes)
+        ]
+        remote = bool(self.spec.hosts)
+
+        async def start(node: NodeAgent) -> AgentInfo:
+            began = time.monotonic()
+            if remote:
+                progress(f"node {node.launcher.host}: connecting")
+            info = await node.start(self.name, agent_env(node.node_rank), self.timeouts.start)
+            if remote:
+                gpus = f", {len(info.gpus)} GPUs" if info.gpus else ""
+                progress(f"node {info.host}: agent ready in {time.monotonic() - began:.1f} s{gpus}")
+            return info
+
+        results = await asyncio.gather(*(start(n) for n in self.nodes), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # cancelled, interrupted
+        failed = [r for r in results if isinstance(r, Exception)]
+        if len(failed) == 1:
+            raise failed[0]
+        if failed:
+            raise AgentError(
+                f"{len(failed)} of {len(self.nodes)} nodes failed to start:\n"
+                + "\n".join(f"  - {err}" for err in failed)
+            )
+        infos = [r for r in results if isinstance(r, AgentInfo)]
+        for node, info in enumerate(infos):
+            have, want = len(info.gpus), self.spec.procs_on(node)
+            if self.spec.device == "cuda" and have < want:
+                raise NoGPUError(
+                    f"--gpus {want}: node {info.host!r} has {have} CUDA "
+                    f"device{'s' if have != 1 else ''}; use --procs {want} "
+                    "for CPU ranks with the gloo backend"
+                )
+        if not remote:
+            progress(f"agent ready on {infos[0].host}")
+
+    async def _start_ranks(self, progress: Progress) -> None:
+        rdzv, self.node_env = await plan_rendezvous(self.spec, self.nodes, self.user_env)
+        self.rendezvous = rdzv
+        self.ranks = {
+            p.rank: RankRecord(p, self.nodes[p.node_rank].host, self.nodes[p.node_rank])
+            for p in places(self.spec)
+        }
+        await asyncio.gather(*(self._spawn(rec) for rec in self.ranks.values()))
+        if self.spec.init_process_group:
+            progress(f"{self.spec.world_size} rank kernels up; joining the process group")
+        hosted = await self._run_cell(
+            "import jupyter_dist.rank.bootstrap as _jd_bootstrap\n"
+            f"_jd_bootstrap.host_store({rdzv.master_addr!r}, {rdzv.master_port}, "
+            f"{self.spec.world_size}, {self.timeouts.process_group!r})\n"
+            "del _jd_bootstrap\n",
+            [0],
+            sink=None,
+            timeout=self.timeouts.start,
+            silent=True,
+        )
+        if hosted.failures:
+            raise RanksFailed(self.name, self.spec.world_size, hosted.failures)
+        await check_reachable(self.spec, self.nodes, rdzv)
+        result = await self._run_cell(
+            "import jupyter_dist.rank.bootstrap as _jd_bootstrap\n"
+            f"_jd_bootstrap.bootstrap({self.spec.init_process_group!r}, "
+            f"{self.timeouts.process_group!r})\n"
+            "del _jd_bootstrap\n",
+            sorted(self.ranks),
+            sink=None,
+            timeout=self.timeouts.process_group + 30,
+            silent=True,
+        )
+        if result.failures:
+            raise RanksFailed(self.name, self.spec.world_size, result.failures)
+        for rec in self.ranks.values():
+            rec.state = RankState.IDLE
+        self._changed()
+
+    async def _spawn(self, rec: RankRecord) -> None:
+        assert self.rendezvous is not None and rec.node is not None
+        env = rank_env(self.spec, rec.place, self.rendezvous, self.user_env)
+        env.update(self.node_env.get(rec.place.node_rank, {}))
+        spawned = await rec.node.spawn(rec.rank, rec.place.local_rank, env, self.key, self.cwd)
+        rec.pid = spawned.pid
+        rec.log = spawned.log
+        rec.connection = await rec.node.launcher.tunnel(rec.rank, spawned.connection)
+        rec.client = RankClient(rec.rank, rec.connection, self.key, self._context)
+
+        def dead() -> str | None:
+            return None if rec.state != RankState.DEAD else describe_returncode(rec.exit_code)
+
+        try:
+            await rec.client.connect(self.timeouts.start, dead)
+        except SessionError as err:
+            if rec.state == RankState.DEAD:
+                raise
+            where = await self._where_is(rec)
+            raise SessionError(f"{err}{where}") from None
+
+    async def _where_is(self, rec: RankRecord) -> str:
+        """A rank that will not answer: its stack (faulthandler) and the end of its log."""
+        assert rec.node is not None
+        try:  # the log first: the dump is appended to it
+            tail = await asyncio.wait_for(
+                rec.node.request("read_log", rank=rec.rank, offset=0), 10.0
+            )
+            dumps = await asyncio.wait_for(rec.node.stacks([rec.rank]), 10.0)
+        except Exception as err:
+            return f" (no stack dump: {type(err).__name__}: {err})"
+        dump = dumps.get(rec.rank, "").strip()
+        log_tail = "\n".join(str(tail.get("text", "")).strip().splitlines()[-20:])
+        parts = [f"\n  its stack:\n{dump}" if dump else ""]
+        parts.append(f"\n  the end of its log ({rec.log}):\n{log_tail}" if log_tail else "")
+        return "".join(parts)
+
+    # -- rank deaths ------------------------------------------------------------------
+    def _on_rank_exit(self, rank: int, returncode: int, log_tail: str) -> None:
+        self._rank_died(rank, returncode, log_tail)
+
+    def _on_node_lost(self, node: NodeAgent) -> None:
+        """The agent went away: its ranks die with it (PDEATHSIG), unreported; say so."""
+        tail = node.launcher.stderr_tail()
+        for rec in self.ranks.values():
+            if rec.node is node and rec.state != RankState.DEAD:
+                self._on_rank_exit(
+                    rec.rank, -9, f"the agent of node {node.host!r} exited\n{tail}".strip()
+                )
+
+    async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
+        """Each rank's stack dump, asked of the agents of the ranks' nodes."""
+        chosen = self.check_ranks(ranks)
+        by_node: dict[NodeAgent, list[int]] = {}
+        for r in chosen:
+            rec = self.ranks[r]
+            if rec.node is not None and not rec.node.lost and rec.state != RankState.DEAD:
+                by_node.setdefault(rec.node, []).append(r)
+        found: dict[int, str] = {}
+        for dumps in await asyncio.gather(*(n.stacks(rs) for n, rs in by_node.items())):
+            found.update(dumps)
+        for r in chosen:
+            if r not in found:
+                found[r] = ""
+        return found
+
+    # -- restart and shutdown -------------------------------------------------------------
+    async def _stop_ranks(self, grace: float) -> None:
+        await self.close_clients()
+        live = [n for n in self.nodes if not n.lost]
+        await asyncio.gather(*(n.kill(None, grace) for n in live), return_exceptions=True)
+        deadline = time.monotonic() + grace + 5.0
+        reporting = [r for r in self.ranks.values() if r.node and not r.node.lost]
+        while any(r.state != RankState.DEAD for r in reporting):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.005)
+
+    async def restart(self, progress: Progress = lambda _: None) -> None:
+        """Fresh rank kernels, same shape; the agents (and their warm imports) stay."""
+        if self.state == SessionState.STOPPED:
+            raise SessionError(f"session {self.name!r} was shut down; start it again instead")
+        self.state = SessionState.RESTARTING
+        try:
+            if any(n.lost for n in self.nodes):
+                await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+                await self._stop_ranks(0.0)
+                await self._start_nodes(progress)
+            else:
+                await self._stop_ranks(0.0)
+            await self._start_ranks(progress)
+        except BaseException:
+            self.state = SessionState.BROKEN
+            self.broken_reason = "its restart failed"
+            raise
+        self.state = SessionState.READY
+        self.broken_reason = ""
+        log.info("session %s restarted", self.name)
+
+    async def shutdown(self) -> None:
+        """Stop every rank and agent; safe to call twice and from any state."""
+        if self.state == SessionState.STOPPED:
+            return
+        self.state = SessionState.STOPPED
+        await self.close_clients()
+        await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+        with contextlib.suppress(Exception):
+            self._context.destroy(linger=0)
+        log.info("session %s shut down", self.name)
+
+    # -- reporting ---------------------------------------------------------------------
+    def connection_info(self) -> dict[str, Any]:
+        """What another process on this machine needs to talk to the rank kernels itself:
+        the session's HMAC key and each rank's (local or forwarded) sockets. Secret."""
+        self._check_usable()
+        return {
+            "name": self.name,
+            "key": self.key,
+            "signature_scheme": "hmac-sha256",
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "local_rank": r.place.local_rank,
+                    "node_rank": r.place.node_rank,
+                    "host": r.host,
+                    "connection": r.connection,
+                }
+                for r in sorted(self.ranks.values(), key=lambda r: r.rank)
+            ],
+        }
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able picture of the session, for `%dist status` and the UI."""
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "shape": self.spec.describe(),
+            "spec": self.spec.to_json(),
+            "world_size": self.spec.world_size,
+            "backend": self.spec.backend,
+            "device": self.spec.device,
+            "cells_run": self.cells_run,
+            "broken_reason": self.broken_reason,
+            "master": (
+                f"{self.rendezvous.master_addr}:{self.rendezvous.master_port}"
+                if self.rendezvous
+                else None
+            ),
+            "nodes": [
+                {
+                    "node_rank": n.node_rank,
+                    "host": n.host,
+                    "agent_pid": n.info.pid if n.info else None,
+                    "gpus": [g.to_json() for g in n.info.gpus] if n.info else [],
+                    "lost": n.lost,
+                }
+                for n in self.nodes
+            ],
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "local_rank": r.place.local_rank,
+                    "node_rank": r.place.node_rank,
+                    "host": r.host,
+                    "pid": r.pid,
+                    "state": r.state.value,
+                    "exit": describe_returncode(r.exit_code) if r.exit_code is not None else None,
+                    "returncode": r.exit_code,
+                    "exit_tail": r.exit_tail,
+                    "log": r.log,
+                }
+                for r in sorted(self.ranks.values(), key=lambda r: r.rank)
+            ],
+        }
+
+
+__all__ = [
+    "RankRecord",
+    "RankState",
+    "Session",
+    "SessionState",
+    "SessionTimeouts",
+]

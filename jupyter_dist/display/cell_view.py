@@ -1,0 +1,408 @@
+"""The widget view of one ``%%distributed`` cell: status chips, a view per rank, node and
+all ranks, live metric charts, a "stacks" button (where every rank is, answered while the
+cell runs) and a footer with the cell's summary and log folder.
+
+It is a `Renderer` like the text one: the notebook thread feeds it `CellEvent` values
+and calls `tick` between them. Kernel-side changes are coalesced: the widgets are
+redrawn at most every `RENDER_INTERVAL_S`, and only the views that changed, so a flood of
+output does not freeze the browser. A rank that has printed more than the output limit
+(``JUPYTER_DIST_OUTPUT_LIMIT``) in the cell is flooding: its view is redrawn at most every
+`FLOOD_RENDER_INTERVAL_S`, and the node and all-ranks views show a marker naming its log
+instead of the rest of its output. Switching views happens in the browser (the selector
+is linked to the view stack there), so it works while the cell still runs.
+
+When the cell ends, its display is updated with a text/plain copy of everything (the
+folded, rank-prefixed text), which is what a notebook shows where widgets cannot render.
+
+ipywidgets keeps every widget of the kernel alive until it is closed (a view is some 25
+widgets and their comms), so only the last `LIVE_VIEWS` cell views stay live: an older
+one is retired, its display replaced by a static copy (chips, text, footer) and its widgets
+closed, and the notebook kernel's memory does not grow with every cell it runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import ipywidgets as widgets
+
+from jupyter_dist.common.events import (
+    CellEvent,
+    CellFinished,
+    ClearOut,
+    MetricsOut,
+    Notice,
+    RankFinished,
+    RankStarted,
+    RichOut,
+    StreamOut,
+    WidgetComm,
+)
+from jupyter_dist.display.metrics_charts import MetricsView
+from jupyter_dist.display.output_store import LineWriter, RankLogs, ViewOutput, output_limit
+from jupyter_dist.display.render_text import TextRenderer
+from jupyter_dist.display.stacks_panel import StacksPanel
+from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary, chips_html
+from jupyter_dist.display.widget_relay import WidgetRelay
+from jupyter_dist.errors import ranks_label
+
+#: at most this many redraws a second
+RENDER_INTERVAL_S = 0.1
+#: ... and a flooding rank's view at most this often
+FLOOD_RENDER_INTERVAL_S = 1.0
+#: more ranks than this: a dropdown instead of a row of buttons
+BUTTONS_UP_TO = 8
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+#: how many cell views stay live widgets; older ones are retired to a static copy
+LIVE_VIEWS = 30
+
+DisplayFn = Callable[..., Any]
+
+
+class View:
+    """One entry of the selector: its kept output and the widget showing it."""
+
+    def __init__(self, label: str, log_hint: str) -> None:
+        self.label = label
+        self.log_hint = log_hint
+        self.output = ViewOutput()
+        self.widget = widgets.Output(layout=widgets.Layout(max_height="480px", overflow="auto"))
+        self.widget.add_class("jd-view")
+        self.drawn = -1
+        self.drawn_at = 0.0
+        self.interval = 0.0  # at least this long between redraws (a flooding rank's view)
+
+    def render(self, now: float = 0.0, final: bool = True) -> None:
+        if self.output.version == self.drawn:
+            return
+        if not final and now - self.drawn_at < self.interval:
+            return
+        self.drawn = self.output.version
+        self.drawn_at = now
+        outputs = self.output.as_outputs()
+        if self.output.hidden:
+            marker = {
+                "output_type": "stream",
+                "name": "stdout",
+                "text": f"... {self.output.hidden} earlier lines hidden; full log: "
+                f"{self.log_hint}\n",
+            }
+            outputs.insert(0, marker)
+        self.widget.outputs = tuple(outputs)
+
+
+class CellView:
+    """Renders one cell's events into ipywidgets."""
+
+    def __init__(
+        self,
+        session: str,
+        cell: int,
+        places: dict[int, tuple[str, int]],  # rank -> (host, node rank)
+        relay: WidgetRelay | None = None,
+        display: DisplayFn | None = None,
+        read_stacks: Callable[[], str] | None = None,
+    ) -> None:
+        self.ranks = sorted(places)
+        self.statuses = {r: RankStatus(r, places[r][0], places[r][1]) for r in self.ranks}
+        self.logs = RankLogs(session, cell)
+        self.limit = output_limit()
+        self.printed = dict.fromkeys(self.ranks, 0)  # characters each rank printed
+        self.relay = relay
+        self.notices: list[str] = []
+        self.metrics = MetricsView(self.ranks)
+        self.finished = False
+        self._last_render = 0.0
+
+        self.rank_views = {r: View(f"rank {r}", str(self.logs.path(r))) for r in self.ranks}
+        self._rank_writers = {
+            (r, s): LineWriter(self.rank_views[r].output, s)
+            for r in self.ranks
+            for s in ("stdout", "stderr")
+        }
+        nodes = sorted({node for _host, node in places.values()})
+        self.node_views: dict[int, View] = {}
+        self._node_text: dict[int, TextRenderer] = {}
+        if len(nodes) > 1:
+            for node in nodes:
+                members = [r for r in self.ranks if places[r][1] == node]
+                host = places[members[0]][0]
+                view = self.node_views[node] = View(f"node {node} ({host})", str(self.logs.folder))
+                self._node_text[node] = _text_into(view, members, self.logs, self.limit)
+        self.all_view = View("all ranks", str(self.logs.folder))
+        self._all_text = _text_into(self.all_view, self.ranks, self.logs, self.limit)
+        self.views = [
+            *self.rank_views.values(),
+            *self.node_views.values(),
+            *([self.all_view] if len(self.ranks) > 1 else []),
+        ]
+
+        self.header = widgets.HTML(chips_html(list(self.statuses.values())))
+        self.header.add_class("jd-status")
+        self.stack = widgets.Stack([v.widget for v in self.views], selected_index=0)
+        labels = [v.label for v in self.views]
+        self.selector: widgets.ToggleButtons | widgets.Dropdown
+        if len(self.ranks) <= BUTTONS_UP_TO:
+            self.selector = widgets.ToggleButtons(
+                options=labels, index=0, style={"button_width": "auto"}
+            )
+        else:
+            self.selector = widgets.Dropdown(options=labels, index=0, description="show")
+        self.selector.add_class("jd-select")
+        self._link = widgets.jslink((self.selector, "index"), (self.stack, "selected_index"))
+        self.footer = widgets.HTML()
+        self.footer.add_class("jd-footer")
+        self.root = widgets.VBox(self._layout(read_stacks))
+        self.root.add_class("jd-cell-view")
+        self._display = display
+        self._handle: Any = None
+        self._text = ""  # the text/plain copy, once the cell ended
+        self.retired = False
+
+    def _layout(self, read_stacks: Callable[[], str] | None) -> list[widgets.Widget]:
+        """The view's parts, top to bottom; a "stacks" button where the kernel can answer
+        it while the cell runs."""
+        self.stacks = StacksPanel.where_answerable(read_stacks) if read_stacks else None
+        tools: list[widgets.Widget] = [self.selector] if len(self.views) > 1 else []
+        if self.stacks is not None:
+            tools.append(self.stacks.button)
+        parts: list[widgets.Widget] = [self.header]
+        if tools:
+            parts.append(widgets.HBox(tools) if len(tools) > 1 else tools[0])
+        if self.stacks is not None:
+            parts.append(self.stacks.text)
+        parts += [self.stack, self.metrics.box, self.footer]
+        return parts
+
+    # -- showing ----------------------------------------------------------------------
+    def show(self) -> None:
+        """Put the view in the cell's output (once, before the first event)."""
+        from IPython.display import display
+
+        show = self._display or display
+        bundle = {
+            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id},
+            "text/plain": f"[jupyter_dist] running on {ranks_label(self.ranks)}",
+        }
+        self._handle = show(bundle, raw=True, display_id=True)
+        _live.append(self)
+        while len(_live) > LIVE_VIEWS:
+            _live.popleft().retire()
+
+    # -- events ---------------------------------------------------------------------------
+    def handle(self, event: CellEvent) -> None:
+        if isinstance(event, StreamOut):
+            self.logs.write(event.rank, event.text)
+            printed = self.printed[event.rank] = self.printed[event.rank] + len(event.text)
+            if self.limit and printed > self.limit:
+                self.rank_views[event.rank].interval = FLOOD_RENDER_INTERVAL_S
+            name = "stderr" if event.name == "stderr" else "stdout"
+            self._rank_writers[(event.rank, name)].write(event.text)
+            self._to_text(event)
+        elif isinstance(event, RichOut):
+            output: dict[str, Any] = {
+                "output_type": "display_data",
+                "data": event.data,
+                "metadata": event.metadata,
+            }
+            if event.msg_type == "execute_result":
+                output = {**output, "output_type": "execute_result", "execution_count": None}
+            if event.msg_type != "update_display_data":
+                self.rank_views[event.rank].output.add_rich(output)
+            self._to_text(event)
+        elif isinstance(event, ClearOut):
+            self.rank_views[event.rank].output.clear()
+        elif isinstance(event, RankStarted):
+            status = self.statuses[event.rank]
+            if status.started is None:
+                status.started = time.monotonic()
+                status.state = "running"
+        elif isinstance(event, RankFinished):
+            self._rank_finished(event)
+            self._to_text(event)
+        elif isinstance(event, MetricsOut):
+            self.metrics.add(event.rank, event.points)
+            if event.process:
+                self.statuses[event.rank].process = event.process
+        elif isinstance(event, WidgetComm):
+            note = self.relay.relay(event) if self.relay else None
+            if note:
+                self._notice(note)
+        elif isinstance(event, Notice):
+            self._notice(event.text)
+        elif isinstance(event, CellFinished):
+            self.finish()
+
+    def _to_text(self, event: CellEvent) -> None:
+        self._all_text.handle(event)
+        rank = getattr(event, "rank", None)
+        for node, renderer in self._node_text.items():
+            if rank is None or self.statuses[rank].node == node:
+                renderer.handle(event)
+
+    def _notice(self, text: str) -> None:
+        """Notes about the cell (a straggler, where ranks hung) go in the footer, where
+        they are seen whichever view is shown, and in the all-ranks view."""
+        self.notices.append(text)
+        self._all_text.handle(Notice(text))
+        self.footer.value = "<br>".join(
+            f"<pre style='margin:0'>{_escape(n)}</pre>" for n in self.notices
+        )
+
+    def _rank_finished(self, event: RankFinished) -> None:
+        status = self.statuses[event.rank]
+        status.state = STATE_OF_FINISH.get(event.status, "error")
+        status.elapsed = event.elapsed
+        failure = event.failure
+        if failure is None:
+            return
+        for name in ("stdout", "stderr"):
+            self._rank_writers[(event.rank, name)].flush()
+        view = self.rank_views[event.rank].output
+        if failure.traceback and failure.kind != "died":
+            view.add_rich(
+                {
+                    "output_type": "error",
+                    "ename": failure.ename,
+                    "evalue": failure.evalue,
+                    "traceback": list(failure.traceback),
+                }
+            )
+        else:
+            view.add_line("stderr", f"{failure.ename}: {failure.evalue}")
+            for line in failure.traceback:
+                view.add_line("stderr", line)
+
+    # -- drawing ----------------------------------------------------------------------------
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_render >= RENDER_INTERVAL_S:
+            self._all_text.tick()
+            for renderer in self._node_text.values():
+                renderer.tick()
+            self.render(now, final=False)
+
+    def render(self, now: float | None = None, final: bool = True) -> None:
+        now = time.monotonic() if now is None else now
+        self._last_render = now
+        with self.root.hold_sync():
+            self.header.value = chips_html(list(self.statuses.values()), now)
+            for view in self.views:
+                view.render(now, final)
+            self.metrics.render()
+
+    def finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        for writer in self._rank_writers.values():
+            writer.flush()
+        self._all_text.finish()
+        for renderer in self._node_text.values():
+            renderer.finish()
+        for status in self.statuses.values():
+            if status.state in ("queued", "running"):
+                status.state = "error"
+        self.logs.close()
+        summary = cell_summary(list(self.statuses.values()))
+        lines = [summary, *self.metrics.summary(), f"logs: {self.logs.folder}"]
+        notes = "".join(f"<pre style='margin:0'>{_escape(n)}</pre>" for n in self.notices)
+        self.footer.value = notes + "<br>".join(_escape(line) for line in lines)
+        self.render()
+        view = self.all_view if len(self.ranks) > 1 else self.rank_views[self.ranks[0]]
+        text = view.output
+        self._text = "\n".join([text.plain_text(), f"[jupyter_dist] {summary}"])
+        if self._handle is not None:
+            bundle = {
+                WIDGET_MIME: {
+                    "version_major": 2,
+                    "version_minor": 0,
+                    "model_id": self.root.model_id,
+                },
+                "text/plain": self._text,
+            }
+            self._handle.update(bundle, raw=True)
+
+    def retire(self) -> None:
+        """Replace the view in the notebook by a static copy, and close its widgets."""
+        if self.retired:
+            return
+        self.finish()
+        self.retired = True
+        if self._handle is not None:
+            html = (
+                f"<div class='jd-cell-view jd-retired'>{self.header.value}"
+                f"<pre>{_escape(self._text)}</pre>{self.footer.value}</div>"
+            )
+            self._handle.update({"text/plain": self._text, "text/html": html}, raw=True)
+        for widget in [self._link, *_widget_tree(self.root)]:
+            widget.close()
+
+    def state(self) -> dict[str, Any]:
+        """What the view shows, as plain data (for tests and debugging)."""
+        return {
+            "chips": {r: s.state for r, s in self.statuses.items()},
+            "views": [v.label for v in self.views],
+            "lines": {r: v.output.plain_text() for r, v in self.rank_views.items()},
+            "hidden": {r: v.output.hidden for r, v in self.rank_views.items()},
+            "rich": {
+                r: [sorted(e[1].get("data", {})) for e in v.output.entries if e[0] == "rich"]
+                for r, v in self.rank_views.items()
+            },
+            "all": self.all_view.output.plain_text(),
+            "metrics": self.metrics.state(),
+            "notices": list(self.notices),
+            "logs": str(self.logs.folder),
+            "footer": self.footer.value,
+            "stacks": self.stacks.text.value if self.stacks is not None else None,
+        }
+
+
+#: the views still live, oldest first
+_live: collections.deque[CellView] = collections.deque()
+
+
+def _widget_tree(root: widgets.Widget) -> Iterator[widgets.Widget]:
+    """``root`` and every widget it holds, through any trait (children, layout, style,
+    a chart's marks, axes and scales), each once."""
+    seen: set[int] = set()
+    stack: list[Any] = [root]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, widgets.Widget):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            yield value
+            stack.extend(getattr(value, name, None) for name in value.keys)
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+
+
+def _text_into(view: View, ranks: Sequence[int], logs: RankLogs, limit: int) -> TextRenderer:
+    """A text renderer (prefixes, folding) writing into ``view``; past ``limit``, a rank's
+    output is left to its log (which the cell view writes)."""
+
+    def rich(data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        view.output.add_rich({"output_type": "display_data", "data": data, "metadata": metadata})
+
+    return TextRenderer(
+        ranks,
+        LineWriter(view.output, "stdout"),
+        LineWriter(view.output, "stderr"),
+        rich,
+        limit=limit,
+        logs=logs,
+        write_logs=False,
+    )
+
+
+def _escape(text: str) -> str:
+    import html
+
+    return html.escape(text)

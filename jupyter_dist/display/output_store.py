@@ -1,0 +1,263 @@
+"""Bounded output of one view of a cell: the last lines kept, the rest counted.
+
+A view (one rank, one node, or every rank interleaved) keeps at most `LINE_LIMIT` lines
+(and `CHAR_LIMIT` characters of them) plus its rich outputs, in the order they came; older
+ones are dropped and counted, and a line longer than `LINE_CHARS` is cut, so the
+notebook's memory stays bounded however much a rank prints, in lines or in one line that
+never ends. Each rank's full output also goes to a log file (`RankLogs`) whose path the
+view shows. `output_limit` is how much of each rank's output a cell passes on as text
+(``JUPYTER_DIST_OUTPUT_LIMIT``); the rest is only in the log.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from jupyter_dist.errors import SpecError
+from jupyter_dist.settings import OUTPUT_LIMIT_VAR
+
+LINE_LIMIT = 400
+#: a view keeps at most this many characters of lines (for 1 KiB lines, the last 100)
+CHAR_LIMIT = 100_000
+#: a longer line is cut in the views (the log has it whole)
+LINE_CHARS = 10_000
+#: characters of each rank's output a cell passes on as text, unless the variable says
+DEFAULT_OUTPUT_LIMIT = 2 * 1024 * 1024
+_SIZE = re.compile(r"(\d+)\s*([kmg]?)(i?b)?", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def output_limit(environ: Mapping[str, str] | None = None) -> int:
+    """``JUPYTER_DIST_OUTPUT_LIMIT``: how many characters of each rank's output one cell
+    passes on as text (``2M`` by default; ``k``, ``M``, ``G`` suffixes; ``0``: no limit)."""
+    raw = (os.environ if environ is None else environ).get(OUTPUT_LIMIT_VAR, "").strip()
+    if not raw:
+        return DEFAULT_OUTPUT_LIMIT
+    match = _SIZE.fullmatch(raw)
+    if match is None:
+        raise SpecError(
+            f"{OUTPUT_LIMIT_VAR}={raw!r}: expected a size such as 2M, 500k or 0 (no limit)"
+        )
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match.group(2).lower()]
+    return int(match.group(1)) * scale
+
+
+def format_size(chars: int) -> str:
+    """``1.0 GiB``, ``2.0 MiB``, ``512 KiB``, ``30 B`` (characters, read as bytes)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if chars >= scale:
+            return f"{chars / scale:.1f} {unit}"
+    return f"{chars >> 10} KiB" if chars >= 1 << 10 else f"{chars} B"
+
+
+def cut_line(line: str, extra: int = 0) -> str:
+    """``line`` cut to `LINE_CHARS`, saying how much more there was (``extra`` characters
+    of it were never kept)."""
+    if len(line) + extra <= LINE_CHARS:
+        return line
+    over = len(line) + extra - LINE_CHARS
+    return f"{line[:LINE_CHARS]} ... [{over} more characters in the full log]"
+
+
+@dataclass
+class ViewOutput:
+    """The kept entries of one view: ``("stdout"|"stderr", line)`` or ``("rich", output)``."""
+
+    limit: int = LINE_LIMIT
+    entries: collections.deque[tuple[str, Any]] = field(default_factory=collections.deque)
+    hidden: int = 0
+    version: int = 0  # bumped on every change, so a view redraws only when it moved
+    char_limit: int = CHAR_LIMIT
+    chars: int = 0  # characters of the kept lines
+
+    def add_line(self, stream: str, line: str) -> None:
+        self.entries.append((stream, line))
+        self.chars += len(line)
+        self._trim()
+
+    def add_lines(self, stream: str, lines: list[str], skipped: int = 0) -> None:
+        """Several lines at once, after ``skipped`` earlier ones that were never added
+        (counted as hidden)."""
+        self.hidden += skipped
+        self.entries.extend((stream, line) for line in lines)
+        self.chars += sum(map(len, lines))
+        self._trim()
+
+    def add_rich(self, output: dict[str, Any]) -> None:
+        self.entries.append(("rich", output))
+        self._trim()
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.chars = 0
+        self.version += 1
+
+    def _trim(self) -> None:
+        entries = self.entries
+        while len(entries) > self.limit or (self.chars > self.char_limit and len(entries) > 1):
+            kind, value = entries.popleft()
+            if kind != "rich":
+                self.chars -= len(value)
+            self.hidden += 1
+        self.version += 1
+
+    def as_outputs(self) -> list[dict[str, Any]]:
+        """Jupyter output dicts (an Output widget's ``outputs``): runs of lines of one stream
+        become one stream output; rich outputs stay where they came."""
+        outputs: list[dict[str, Any]] = []
+        run: list[str] = []
+        run_name = ""
+        for kind, value in self.entries:
+            if kind == "rich":
+                if run:
+                    outputs.append(_stream(run_name, run))
+                    run = []
+                outputs.append(value)
+                continue
+            if run and kind != run_name:
+                outputs.append(_stream(run_name, run))
+                run = []
+            run_name = kind
+            run.append(value)
+        if run:
+            outputs.append(_stream(run_name, run))
+        return outputs
+
+    def plain_text(self) -> str:
+        lines = [v if k != "rich" else _rich_text(v) for k, v in self.entries]
+        return "\n".join(_ANSI.sub("", line) for line in lines)
+
+
+class LineWriter:
+    """A text file that feeds complete lines of one stream into a `ViewOutput`.
+
+    However much comes in one write, only the lines the view can keep are split out (the
+    others are counted), and a line that goes on and on is held only up to `LINE_CHARS`.
+    """
+
+    def __init__(self, view: ViewOutput, stream: str) -> None:
+        self.view = view
+        self.stream = stream
+        self._partial = ""  # the line begun, at most LINE_CHARS of it
+        self._extra = 0  # characters of that line past LINE_CHARS, not held
+
+    def write(self, text: str) -> int:
+        last = text.rfind("\n")
+        if last < 0:
+            self._hold(text)
+            return len(text)
+        first = text.find("\n")
+        self._hold(text[:first])
+        self.view.add_line(self.stream, self._take())
+        if first < last:
+            start = first + 1
+            count = text.count("\n", start, last) + 1  # lines between the two
+            keep = min(count, self.view.limit)
+            begin = start
+            if count > keep:  # only the last `keep` of them can stay in the view
+                begin = last
+                for _ in range(keep):
+                    begin = text.rfind("\n", start, begin)
+                begin += 1
+            lines = [cut_line(line) for line in text[begin:last].split("\n")]
+            self.view.add_lines(self.stream, lines, skipped=count - keep)
+        self._hold(text[last + 1 :])
+        return len(text)
+
+    def _hold(self, text: str) -> None:
+        room = LINE_CHARS - len(self._partial)
+        if room > 0:
+            self._partial += text[:room]
+        self._extra += max(0, len(text) - max(room, 0))
+
+    def _take(self) -> str:
+        line = cut_line(self._partial, self._extra)
+        self._partial, self._extra = "", 0
+        return line
+
+    def flush(self) -> None:
+        if self._partial or self._extra:
+            self.view.add_line(self.stream, self._take())
+
+
+class RankLogs:
+    """Every line each rank printed in a cell, in ``<folder>/rank-N.log`` (0600 files in a
+    0700 folder of this user's)."""
+
+    def __init__(self, session: str, cell: int, base: str | None = None) -> None:
+        root = Path(base or _logs_root()) / session / f"cell-{cell}"
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.folder = root
+        self._files: dict[int, TextIO] = {}
+        self._begun: set[int] = set()  # ranks whose file was made: later opens append
+
+    def path(self, rank: int) -> Path:
+        return self.folder / f"rank-{rank}.log"
+
+    def write(self, rank: int, text: str) -> None:
+        f = self._files.get(rank)
+        if f is None:
+            how = os.O_APPEND if rank in self._begun else os.O_TRUNC
+            fd = os.open(self.path(rank), os.O_WRONLY | os.O_CREAT | how, 0o600)
+            f = self._files[rank] = open(fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+            self._begun.add(rank)
+        f.write(text)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+_root: str | None = None
+
+
+LOGS_PREFIX = "jupyter_dist-logs-"
+
+
+def _logs_root() -> str:
+    """One private folder per notebook process for every cell's logs. The folders of
+    processes that are gone are removed then: their logs outlive a crash until the next
+    notebook process starts."""
+    global _root
+    if _root is None:
+        _prune(Path(tempfile.gettempdir()))
+        _root = tempfile.mkdtemp(prefix=f"{LOGS_PREFIX}{os.getpid()}-")
+    return _root
+
+
+def _prune(base: Path) -> None:
+    for folder in base.glob(f"{LOGS_PREFIX}*-*"):
+        pid = folder.name.removeprefix(LOGS_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or folder.owner() != _me():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
+def _me() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+def _stream(name: str, lines: list[str]) -> dict[str, Any]:
+    return {"output_type": "stream", "name": name, "text": "\n".join(lines) + "\n"}
+
+
+def _rich_text(output: dict[str, Any]) -> str:
+    if output.get("output_type") == "error":
+        return "\n".join(output.get("traceback", []))
+    return str(output.get("data", {}).get("text/plain", "[rich output]"))

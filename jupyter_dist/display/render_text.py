@@ -1,0 +1,276 @@
+"""Draw cell events as text: ``[rank N]`` prefixes, identical output folded.
+
+Used wherever widgets cannot render (terminal IPython, nbconvert, nbclient) and as the
+fallback of the widget view. Lines that every still-running rank printed identically are
+shown once as ``[ranks 0-3] line``; a line waits at most `HOLD_S` for its twins.
+
+Each rank's output in a cell is passed on up to a limit (`output_limit`,
+``JUPYTER_DIST_OUTPUT_LIMIT``); past it, a marker names the rank's full log, where all of
+it goes, and the cell ends with a line saying how much was left out. A rank printing a
+gigabyte then costs the notebook a file write per chunk, not a gigabyte of frontend.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from jupyter_dist.common.events import (
+    CellEvent,
+    CellFinished,
+    Notice,
+    RankFinished,
+    RichOut,
+    StreamOut,
+)
+from jupyter_dist.display.output_store import RankLogs, format_size, output_limit
+from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary
+from jupyter_dist.errors import ranks_label
+from jupyter_dist.settings import OUTPUT_LIMIT_VAR
+
+HOLD_S = 0.5
+#: cells at least this long always end with a summary line of per-rank times
+SUMMARY_AFTER_S = 1.0
+STREAMS = ("stdout", "stderr")
+
+DisplayFn = Callable[[dict[str, Any], dict[str, Any]], None]
+#: numbers the log folders of renderers that were given none
+_cells = itertools.count(1)
+
+
+class TextSink(Protocol):
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class TextRenderer:
+    """Turns `CellEvent` values into prefixed text on ``out`` / ``err``.
+
+    ``limit``: characters of each rank's output passed on (default `output_limit()`; 0:
+    all). ``logs``: where each rank's full output is, written there unless ``write_logs``
+    is false (someone else writes it); by default a `RankLogs` made at the first output.
+    """
+
+    def __init__(
+        self,
+        ranks: Sequence[int],
+        out: TextSink,
+        err: TextSink,
+        display: DisplayFn | None = None,
+        fold: bool = True,
+        summary: bool = False,
+        limit: int | None = None,
+        logs: RankLogs | None = None,
+        write_logs: bool = True,
+    ) -> None:
+        self.ranks = sorted(ranks)
+        self.files = {"stdout": out, "stderr": err}
+        self.display = display
+        self.fold = fold and len(self.ranks) > 1
+        self.running = set(self.ranks)
+        self.partial: dict[tuple[str, int], str] = {}
+        self.pending: dict[str, dict[int, collections.deque[tuple[float, str]]]] = {
+            name: {r: collections.deque() for r in self.ranks} for name in STREAMS
+        }
+        self.results: list[RichOut] = []
+        self.results_shown = 0
+        self.lines_written = 0
+        self.summary = summary
+        self.finished: dict[int, RankStatus] = {}
+        self.limit = output_limit() if limit is None else limit
+        self.logs = logs
+        self.write_logs = write_logs
+        self.taken: dict[int, int] = {}  # characters of each rank's output passed on
+        self.dropped: dict[int, int] = {}  # ... and past the limit, left out
+
+    # -- events -----------------------------------------------------------------------
+    def handle(self, event: CellEvent) -> None:
+        if isinstance(event, StreamOut):
+            self._stream(event)
+        elif isinstance(event, RichOut):
+            if event.msg_type == "execute_result":
+                self.results.append(event)
+            else:
+                self.flush(final=True)
+                self._show_rich([event.rank], event)
+        elif isinstance(event, RankFinished):
+            self._end_partial(event.rank)
+            self.running.discard(event.rank)
+            state = STATE_OF_FINISH.get(event.status, "error")
+            self.finished[event.rank] = RankStatus(event.rank, "", 0, state, elapsed=event.elapsed)
+        elif isinstance(event, Notice):
+            self.flush(final=True)
+            self.files["stdout"].write(f"[jupyter_dist] {event.text}\n")
+        elif isinstance(event, CellFinished):
+            self.finish()
+        else:  # ClearOut, CallDone: clearing the cell would erase every other rank's output
+            pass  # clearing the notebook cell would erase every other rank's output
+
+    def tick(self) -> None:
+        self.flush(final=False)
+
+    def finish(self) -> None:
+        for rank in self.ranks:
+            self._end_partial(rank)
+        self.running.clear()
+        self.flush(final=True)
+        self._show_results()
+        for rank, dropped in sorted(self.dropped.items()):
+            self.files["stdout"].write(
+                f"[jupyter_dist] rank {rank}: {format_size(dropped)} more output not shown "
+                f"({OUTPUT_LIMIT_VAR} is {format_size(self.limit)}); full log: "
+                f"{self._log_path(rank)}\n"
+            )
+        self.dropped.clear()
+        if self.logs is not None and self.write_logs:
+            self.logs.close()
+        if self.summary and self.finished and self._summary_worth_it():
+            self.files["stdout"].write(
+                f"[jupyter_dist] {cell_summary(list(self.finished.values()))}\n"
+            )
+        self.finished.clear()
+        for f in self.files.values():
+            f.flush()
+
+    def _summary_worth_it(self) -> bool:
+        """A silent cell that was quick and ran fine gets no summary line: it would be the
+        cell's only output, and one more message costs a quick cell a third of its time."""
+        statuses = self.finished.values()
+        slow = max(s.seconds(0.0) for s in statuses) >= SUMMARY_AFTER_S
+        failed = any(s.state != "done" for s in statuses)
+        return slow or failed or self.lines_written > 0 or bool(self.results_shown)
+
+    # -- streams ------------------------------------------------------------------------
+    def _stream(self, event: StreamOut) -> None:
+        name = event.name if event.name in STREAMS else "stdout"
+        rank = event.rank
+        text = event.text
+        if self.write_logs and text:
+            self._logs().write(rank, text)
+        marker = ""
+        if self.limit:
+            taken = self.taken.get(rank, 0)
+            room = max(self.limit - taken, 0)
+            if len(text) > room:
+                first = rank not in self.dropped
+                self.dropped[rank] = self.dropped.get(rank, 0) + len(text) - room
+                if not first:
+                    return
+                text = text[:room]
+                marker = (
+                    f"... more than {format_size(self.limit)} of output in this cell; the rest "
+                    f"is only in the full log: {self._log_path(rank)}"
+                )
+            self.taken[rank] = taken + len(text)
+        key = (name, rank)
+        text = self.partial.pop(key, "") + text
+        *lines, rest = text.split("\n")
+        if marker:  # the line cut short ends here
+            lines += [rest, marker] if rest else [marker]
+        elif rest:
+            self.partial[key] = rest
+        if lines:
+            now = time.monotonic()
+            queue = self.pending[name].setdefault(rank, collections.deque())
+            queue.extend((now, line) for line in lines)
+
+    def _logs(self) -> RankLogs:
+        if self.logs is None:
+            self.logs = RankLogs("text", next(_cells))
+        return self.logs
+
+    def _log_path(self, rank: int) -> str:
+        if self.logs is None and not self.write_logs:
+            return "not kept"
+        return str(self._logs().path(rank))
+
+    def _end_partial(self, rank: int) -> None:
+        for name in STREAMS:
+            rest = self.partial.pop((name, rank), None)
+            if rest:
+                self.pending[name].setdefault(rank, collections.deque()).append(
+                    (time.monotonic(), rest)
+                )
+
+    def flush(self, final: bool = False) -> None:
+        now = time.monotonic()
+        for name in STREAMS:
+            chunks = self._drain(self.pending[name], now, final)
+            if chunks:
+                self.files[name].write("".join(chunks))
+                self.lines_written += len(chunks)
+        if final:
+            for f in self.files.values():
+                f.flush()
+
+    def _drain(
+        self, queues: dict[int, collections.deque[tuple[float, str]]], now: float, final: bool
+    ) -> list[str]:
+        """Emit pending lines row by row: one line per rank, identical lines of a row folded.
+
+        Ranks usually print the same number of lines, some per-rank ("rank 3 of 8") and
+        some shared ("loss 0.25"); taking them in rows keeps the ranks aligned, so the
+        shared rows fold even after a per-rank one. A rank that has not printed its line
+        of the row yet is waited for at most `HOLD_S`.
+        """
+        chunks: list[str] = []
+        while True:
+            ranks = sorted(r for r, q in queues.items() if q)
+            if not ranks:
+                return chunks
+            # ranks that could still print their line of this row
+            complete = self.running <= set(ranks)
+            if not complete and self.fold and not final:
+                oldest = min(queues[r][0][0] for r in ranks)
+                if now - oldest < HOLD_S:
+                    return chunks
+            # whole rows every rank has printed can go in one batch; a partial row alone
+            rows = min(len(queues[r]) for r in ranks) if complete else 1
+            columns = [[queues[r].popleft()[1] for _ in range(rows)] for r in ranks]
+            if not self.fold:
+                for r, column in zip(ranks, columns, strict=True):
+                    chunks.extend(f"[rank {r}] {line}\n" for line in column)
+                continue
+            everyone = f"[{ranks_label(ranks)}] "
+            alone = [f"[rank {r}] " for r in ranks]
+            for row in zip(*columns, strict=True):
+                first = row[0]
+                if row.count(first) == len(row):
+                    chunks.append(everyone + first + "\n")
+                    continue
+                if len(set(row)) == len(row):
+                    chunks.extend(p + line + "\n" for p, line in zip(alone, row, strict=True))
+                    continue
+                groups: dict[str, list[int]] = {}
+                for r, line in zip(ranks, row, strict=True):
+                    groups.setdefault(line, []).append(r)
+                chunks.extend(f"[{ranks_label(rs)}] {text}\n" for text, rs in groups.items())
+
+    # -- rich output ----------------------------------------------------------------------
+    def _show_rich(self, ranks: list[int], event: RichOut) -> None:
+        data = event.data
+        label = ranks_label(ranks)
+        out = self.files["stdout"]
+        if set(data) <= {"text/plain"} or self.display is None:
+            text = str(data.get("text/plain", ""))
+            prefix = f"[{label}] Out: " if event.msg_type == "execute_result" else f"[{label}] "
+            out.write(prefix + text.replace("\n", "\n" + " " * len(prefix)) + "\n")
+            return
+        out.write(f"[{label}]\n")
+        out.flush()
+        self.display(data, event.metadata)
+
+    def _show_results(self) -> None:
+        groups: dict[str, tuple[list[int], RichOut]] = {}
+        for event in sorted(self.results, key=lambda e: e.rank):
+            key = repr(sorted(event.data.items()))
+            ranks, _ = groups.setdefault(key if self.fold else str(event.rank), ([], event))
+            ranks.append(event.rank)
+        for ranks, event in groups.values():
+            self._show_rich(ranks, event)
+            self.results_shown += 1
+        self.results.clear()

@@ -1,0 +1,6 @@
+"""``python -m jupyter_dist.node``: the line every launcher runs on a node."""
+
+from jupyter_dist.node.agent import main
+
+if __name__ == "__main__":
+    main()

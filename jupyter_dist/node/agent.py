@@ -1,0 +1,446 @@
+"""The per-node agent: spawns this node's rank kernels and watches them.
+
+Run as ``python -m jupyter_dist.node`` by a launcher (a local subprocess now; over SSH
+for remote nodes), it talks JSON lines on stdin/stdout (see `agent_protocol`).
+
+The agent imports torch and ipykernel once, before any rank exists, and then forks each
+rank kernel from that warm process: a rank starts in a fraction of the time a fresh
+interpreter needs, and a restart of the session costs only the fork. For fork to be
+safe the agent stays single-threaded and never initialises CUDA (GPUs are counted
+through NVML).
+
+It guarantees no orphans: each rank gets ``PR_SET_PDEATHSIG`` and ``JPY_PARENT_PID`` so
+it dies with the agent, and the agent kills every rank when its stdin closes (the
+notebook kernel or the SSH connection went away), on ``shutdown``, or on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import importlib
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_dist.common.agent_protocol import PROTOCOL_VERSION, STACKS_SIGNAL, decode, encode
+
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "cloudpickle",
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    "ipykernel.zmqshell",
+    "jupyter_dist.rank.bootstrap",
+    "jupyter_dist.rank.kernel_app",
+)
+_PR_SET_PDEATHSIG = 1
+LOG_TAIL_BYTES = 16384
+STACKS_READ_LIMIT = 256 * 1024
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent exits (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+@dataclass
+class RankChild:
+    rank: int
+    pid: int
+    log: str
+    connection_file: str
+
+
+class Agent:
+    """One node's agent; see the module docstring."""
+
+    def __init__(self, out_fd: int, session: str) -> None:
+        self.out_fd = out_fd
+        self.pid = os.getpid()
+        self.base_env = dict(os.environ)
+        # short: Unix socket paths inside it must stay under ~100 bytes
+        self.dir = tempfile.mkdtemp(prefix=f"jd-{session[:16]}-")
+        self.children: dict[int, RankChild] = {}  # by pid
+        self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
+        self.stopping = False
+        self.preload_errors: dict[str, str] = {}
+        self._inbuf = b""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    # -- output ---------------------------------------------------------------------
+    def emit(self, message: dict[str, Any]) -> None:
+        data = encode(message)
+        while data:
+            try:
+                data = data[os.write(self.out_fd, data) :]
+            except BrokenPipeError:
+                self.stopping = True
+                return
+
+    # -- start-up -------------------------------------------------------------------
+    def preload(self) -> None:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception as err:  # reported to the launcher, which names the node
+                self.preload_errors[name] = f"{type(err).__name__}: {err}"
+
+    def ready(self) -> None:
+        from jupyter_dist._version import __version__
+        from jupyter_dist.common.gpus import discover_gpus
+        from jupyter_dist.common.ports import PORTS_VAR, free_port, parse_port_range
+
+        torch_mod = sys.modules.get("torch")
+        ports = os.environ.get(PORTS_VAR, "")
+        self.emit(
+            {
+                "event": "ready",
+                "protocol": PROTOCOL_VERSION,
+                "host": socket.gethostname(),
+                "pid": self.pid,
+                "python": sys.executable,
+                "dir": self.dir,
+                "gpus": [g.to_json() for g in discover_gpus()],
+                # any interface: other nodes connect here
+                "free_port": free_port("", parse_port_range(ports) if ports else None),
+                "versions": {
+                    "jupyter_dist": __version__,
+                    "torch": getattr(torch_mod, "__version__", None),
+                    "python": sys.version.split()[0],
+                },
+                "preload_errors": self.preload_errors,
+            }
+        )
+
+    # -- main loop ------------------------------------------------------------------
+    def run(self) -> None:
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        poller = select.poll()
+        poller.register(0, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        try:
+            while not (self.stopping and not self.children):
+                timeout = self._next_timeout()
+                try:
+                    ready = poller.poll(timeout)
+                except InterruptedError:
+                    ready = []
+                for fd, _ in ready:
+                    if fd == 0:
+                        self._read_commands()
+                    else:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                self._reap()
+                self._enforce_deadlines()
+                if self.stopping and self.children and not self.kill_deadlines:
+                    self.kill(None, grace=2.0)
+        finally:
+            self._cleanup()
+
+    def _on_term(self, *_: object) -> None:
+        self.stopping = True
+
+    def _next_timeout(self) -> int | None:
+        if not self.kill_deadlines:
+            return 1000 if self.stopping else None
+        wait = min(self.kill_deadlines.values()) - time.monotonic()
+        return max(0, int(wait * 1000) + 1)
+
+    def _read_commands(self) -> None:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:  # launcher gone: nobody may use these ranks any more
+            self.stopping = True
+            return
+        self._inbuf += chunk
+        *lines, self._inbuf = self._inbuf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self._handle(line)
+
+    def _handle(self, line: bytes) -> None:
+        try:
+            cmd = decode(line)
+            op = cmd.get("op")
+            if op == "spawn":
+                self.spawn(cmd)
+            elif op == "signal":
+                self.signal_rank(int(cmd["rank"]), str(cmd["signal"]))
+            elif op == "kill":
+                ranks = cmd.get("ranks")
+                self.kill(None if ranks is None else set(ranks), float(cmd.get("grace", 2.0)))
+            elif op == "route":
+                self.emit({"event": "reply", "id": cmd["id"], **route_to(str(cmd["addr"]))})
+            elif op == "probe":
+                reply = probe(str(cmd["addr"]), int(cmd["port"]), float(cmd.get("timeout_s", 5)))
+                self.emit({"event": "reply", "id": cmd["id"], **reply})
+            elif op == "stacks":
+                ranks = cmd.get("ranks")
+                offsets = self.dump_stacks(None if ranks is None else set(ranks))
+                self.emit({"event": "reply", "id": cmd["id"], "offsets": offsets})
+            elif op == "read_log":
+                text = _read_from(self._log_of(int(cmd["rank"])), int(cmd["offset"]))
+                self.emit({"event": "reply", "id": cmd["id"], "text": text})
+            elif op == "shutdown":
+                self.stopping = True
+            else:
+                self.emit({"event": "error", "message": f"unknown op {op!r}", "rank": None})
+        except Exception as err:
+            self.emit({"event": "error", "message": f"{type(err).__name__}: {err}", "rank": None})
+
+    # -- ranks ----------------------------------------------------------------------
+    def _pid_of(self, rank: int) -> int | None:
+        for pid, child in self.children.items():
+            if child.rank == rank:
+                return pid
+        return None
+
+    def spawn(self, cmd: dict[str, Any]) -> None:
+        from jupyter_client.connect import write_connection_file
+
+        rank = int(cmd["rank"])
+        if self._pid_of(rank) is not None:
+            raise RuntimeError(f"rank {rank} is already running on this node")
+        conn_path = os.path.join(self.dir, f"rank-{rank}.json")
+        log_path = os.path.join(self.dir, f"rank-{rank}.log")
+        # Unix sockets in the agent's private (0700) folder: no TCP port is opened, and
+        # only this user can connect (messages are HMAC-signed on top)
+        _, cfg = write_connection_file(
+            conn_path,
+            ip=os.path.join(self.dir, f"rank-{rank}"),
+            key=str(cmd["key"]).encode(),
+            transport="ipc",
+            signature_scheme="hmac-sha256",
+            kernel_name="jupyter-dist-rank",
+        )
+        env = {**self.base_env, **cmd.get("env", {}), "JPY_PARENT_PID": str(self.pid)}
+        cwd = str(cmd.get("cwd") or os.getcwd())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the rank; never returns
+            code = 1
+            try:
+                code = self._become_rank(conn_path, log_path, env, cwd)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        self.children[pid] = RankChild(rank, pid, log_path, conn_path)
+        connection = {k: v for k, v in cfg.items() if k != "key"}
+        self.emit(
+            {
+                "event": "spawned",
+                "rank": rank,
+                "pid": pid,
+                "connection": connection,
+                "log": log_path,
+            }
+        )
+
+    def _become_rank(self, conn_path: str, log_path: str, env: dict[str, str], cwd: str) -> int:
+        os.setsid()  # own process group: interrupts reach the rank and its workers only
+        set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != self.pid:
+            return 1
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for fd in (self._wake_r, self._wake_w, self.out_fd):
+            os.close(fd)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        null_fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null_fd, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(null_fd)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            os.chdir(cwd)
+        except OSError:  # the notebook's folder need not exist on another node
+            cwd = os.path.expanduser("~")
+            os.chdir(cwd)
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+        from jupyter_dist.rank.kernel_app import run_rank_kernel
+
+        run_rank_kernel(conn_path, self.pid, log_fd)
+        return 0
+
+    def _log_of(self, rank: int) -> str:
+        for child in self.children.values():
+            if child.rank == rank:
+                return child.log
+        raise RuntimeError(f"rank {rank} does not run on this node")
+
+    def dump_stacks(self, ranks: set[int] | None) -> dict[str, int]:
+        """Ask each rank's faulthandler for every thread's Python stack; it writes them to
+        the rank's log at once, even while the main thread is stuck in C code. Returns where
+        each log ended before the dump (read it back with ``read_log``)."""
+        offsets: dict[str, int] = {}
+        for pid, child in self.children.items():
+            if ranks is not None and child.rank not in ranks:
+                continue
+            try:
+                offsets[str(child.rank)] = os.path.getsize(child.log)
+                os.kill(pid, STACKS_SIGNAL)  # the process only, not its workers
+            except (OSError, ProcessLookupError):
+                continue
+        return offsets
+
+    def signal_rank(self, rank: int, name: str) -> None:
+        pid = self._pid_of(rank)
+        if pid is None:
+            return
+        sig = signal.Signals[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+
+    def kill(self, ranks: set[int] | None, grace: float) -> None:
+        """SIGTERM the ranks' process groups, SIGKILL whatever is left after ``grace``."""
+        deadline = time.monotonic() + grace
+        for pid, child in list(self.children.items()):
+            if ranks is not None and child.rank not in ranks:
+                continue
+            sig = signal.SIGTERM if grace > 0 else signal.SIGKILL
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            self.kill_deadlines.setdefault(pid, deadline)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for pid, deadline in list(self.kill_deadlines.items()):
+            if pid not in self.children:
+                del self.kill_deadlines[pid]
+            elif now >= deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                self.kill_deadlines[pid] = now + 5.0
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            self.kill_deadlines.pop(pid, None)
+            if child is None:
+                continue
+            # the rank's own children (data loader workers...) go with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.unlink(child.connection_file)
+            self.emit(
+                {
+                    "event": "exited",
+                    "rank": child.rank,
+                    "pid": pid,
+                    "returncode": os.waitstatus_to_exitcode(status),
+                    "log_tail": _tail(child.log),
+                    "log": child.log,
+                }
+            )
+
+    def _cleanup(self) -> None:
+        for pid in list(self.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while self.children and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.01)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _read_from(path: str, offset: int, limit: int = STACKS_READ_LIMIT) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(limit).decode(errors="replace")
+
+
+def _tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
+    except OSError as err:
+        if err.errno == errno.ENOENT:
+            return ""
+        raise
+
+
+def route_to(addr: str) -> dict[str, Any]:
+    """Which local address and interface this node uses to reach ``addr``."""
+    info: dict[str, Any] = {"addr": addr, "ip": None, "ifname": None}
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))  # UDP: picks a route, sends nothing
+            info["ip"] = s.getsockname()[0]
+    except OSError as err:
+        info["error"] = f"{type(err).__name__}: {err}"
+        return info
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == info["ip"] for a in addrs):
+            info["ifname"] = name
+    return info
+
+
+def probe(addr: str, port: int, timeout: float) -> dict[str, Any]:
+    """Can this node open a TCP connection to ``addr:port``?"""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            return {"ok": True}
+    except OSError as err:
+        return {"ok": False, "error": f"{type(err).__name__}: {err}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jupyter_dist.node", description=__doc__)
+    parser.add_argument("--session", default="default", help="session name, for file names")
+    parser.add_argument("--parent-pid", type=int, default=0, help="exit if this is not the parent")
+    args = parser.parse_args(argv)
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints from imported libraries must not corrupt the protocol
+    set_parent_death_signal(signal.SIGTERM)
+    if args.parent_pid and os.getppid() != args.parent_pid:
+        return 1
+    agent = Agent(out_fd, args.session)
+    agent.preload()
+    agent.ready()
+    agent.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

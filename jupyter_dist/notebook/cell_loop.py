@@ -1,0 +1,169 @@
+"""The notebook thread's side of a running cell: draw events, forward interrupts.
+
+The control plane runs the cell on its loop thread; this module waits in the notebook's
+main thread, rendering events as they come. A KeyboardInterrupt (the user pressed
+stop) interrupts every rank, keeps drawing while they wind down, then re-raises.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import queue
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from jupyter_dist.common.events import CallDone, CellEvent, CellFinished, CellResult, Notice
+from jupyter_dist.control.event_queue import EventSink
+from jupyter_dist.control.rank_group import RankGroup
+from jupyter_dist.errors import ranks_label
+from jupyter_dist.notebook.owners import SessionOwner
+
+#: seconds to keep drawing after an interrupt before giving control back
+INTERRUPT_WAIT_S = 10.0
+POLL_S = 0.05
+
+
+class Renderer(Protocol):
+    def handle(self, event: CellEvent) -> None: ...
+
+    def tick(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def drive(
+    future: concurrent.futures.Future[Any],
+    sink: queue.SimpleQueue[CellEvent],
+    renderer: Renderer,
+    on_interrupt: Callable[[], None] | None = None,
+) -> bool:
+    """Render events until ``future`` is done; return whether the user interrupted.
+
+    Events that came in while the renderer was busy (a slow redraw) are all handled before
+    its next tick: a tick must not judge a rank late (and stop waiting to fold its lines
+    with the others') only because the notebook thread had not read them yet.
+    """
+    try:
+        return _drive(future, sink, renderer, on_interrupt)
+    finally:
+        if isinstance(sink, EventSink):
+            sink.close()  # events still to come (an interrupted cell's) go nowhere
+
+
+def _drive(
+    future: concurrent.futures.Future[Any],
+    sink: queue.SimpleQueue[CellEvent],
+    renderer: Renderer,
+    on_interrupt: Callable[[], None] | None,
+) -> bool:
+    interrupted_at: float | None = None
+    future.add_done_callback(lambda _: sink.put(CallDone()))
+    backlog: collections.deque[CellEvent] = collections.deque()
+    call_done = False
+    last_tick = time.monotonic()
+    while True:
+        try:
+            if not backlog:
+                with contextlib.suppress(queue.Empty):
+                    backlog.append(sink.get(timeout=POLL_S))
+                for _ in range(sink.qsize()):
+                    backlog.append(sink.get_nowait())
+            while backlog:
+                event = backlog.popleft()
+                if isinstance(event, CallDone):
+                    call_done = True
+                    continue
+                renderer.handle(event)
+                if isinstance(event, CellFinished):
+                    return interrupted_at is not None
+            if call_done and sink.empty():
+                return interrupted_at is not None
+            now = time.monotonic()
+            if now - last_tick >= POLL_S:  # steady output must not starve the redraws
+                last_tick = now
+                renderer.tick()
+            if interrupted_at and time.monotonic() - interrupted_at > INTERRUPT_WAIT_S:
+                return True
+        except KeyboardInterrupt:
+            if interrupted_at is not None or on_interrupt is None:
+                return True  # a second interrupt: stop waiting for the ranks
+            interrupted_at = time.monotonic()
+            on_interrupt()
+
+
+def run_cell(
+    control: SessionOwner,
+    session: RankGroup,
+    code: str,
+    ranks: list[int] | None,
+    timeout: float | None,
+    renderer: Renderer,
+    sink: queue.SimpleQueue[CellEvent],
+) -> CellResult | None:
+    """Run ``code`` and draw it; raise the cell's aggregated error, or KeyboardInterrupt."""
+    future = control.loop.submit(session.execute(code, ranks, sink, timeout))
+
+    def interrupt() -> None:
+        control.loop.submit(session.interrupt(ranks))
+        sink.put(Notice(f"interrupting {ranks_label(ranks or sorted(session.ranks))}"))
+
+    interrupted = drive(future, sink, renderer, interrupt)
+    if interrupted:
+        renderer.finish()
+        if future.done() and not future.exception():
+            result = future.result()
+            _report_interrupted(result)
+            if result.stuck:
+                print(f"[jupyter_dist] {restart_stuck(control, session, result)}", file=sys.stderr)
+        raise KeyboardInterrupt
+    result = future.result()
+    session.raise_for(result, restart_stuck(control, session, result) if result.stuck else "")
+    return result
+
+
+def restart_stuck(control: SessionOwner, session: RankGroup, result: CellResult) -> str:
+    """Restart a session whose ranks were given up on while still running, and say so.
+
+    A rank blocked in a collective that a failed rank never joins cannot be interrupted
+    (the wait is in C++) and would hold the process group, and its GPU, for good: the
+    only clean way on is fresh ranks.
+    """
+    stuck = ranks_label(list(result.stuck))
+    print(
+        f"[jupyter_dist] restarting session {session.name!r}: {stuck} did not stop",
+        file=sys.stderr,
+    )
+    try:
+        control.run(control.manager.restart(session.name))
+    except Exception as err:
+        return (
+            f"{stuck} did not stop, and restarting session {session.name!r} failed "
+            f"({type(err).__name__}: {err}); run `%dist restart --session {session.name}`"
+        )
+    return (
+        f"{stuck} did not answer an interrupt (blocked, most likely inside a collective "
+        f"that another rank never joined), so session {session.name!r} was restarted with "
+        "fresh ranks: the ranks' variables are lost; run your setup cells again"
+    )
+
+
+def _report_interrupted(result: CellResult) -> None:
+    stopped = [f.rank for f in result.failures if f.kind == "interrupted"]
+    if stopped:
+        print(f"[jupyter_dist] interrupted {ranks_label(stopped)}", file=sys.stderr)
+
+
+def wait_with_notices(
+    future: concurrent.futures.Future[Any], sink: queue.SimpleQueue[CellEvent], renderer: Renderer
+) -> Any:
+    """Wait for a control-plane call (start, restart), drawing its progress notices."""
+    interrupted = drive(future, sink, renderer)
+    if interrupted:
+        future.cancel()
+        raise KeyboardInterrupt
+    renderer.finish()
+    return future.result()

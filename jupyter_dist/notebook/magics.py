@@ -1,0 +1,455 @@
+"""``%%distributed`` and ``%dist``: parse the arguments, then delegate.
+
+``%%distributed?`` and ``%dist?`` print the argparse manual generated from the
+decorators below.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import queue
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import publish_display_data
+
+from jupyter_dist.common import cluster_env, pickling
+from jupyter_dist.common.events import CellEvent, Notice
+from jupyter_dist.common.hosts import parse_hosts, read_hostfile
+from jupyter_dist.common.spec import (
+    DEFAULT_SESSION,
+    ShapeRequest,
+    check_same_shape,
+    check_session_name,
+    parse_counts,
+    parse_names,
+    parse_ranks,
+)
+from jupyter_dist.control.event_queue import EventSink
+from jupyter_dist.control.rank_group import RankGroup, SessionState
+from jupyter_dist.display.render_text import TextRenderer
+from jupyter_dist.errors import DistError, SpecError
+from jupyter_dist.notebook import owners as planes
+from jupyter_dist.notebook.cell_loop import Renderer, run_cell, wait_with_notices
+from jupyter_dist.notebook.owners import SessionOwner, session_owner
+from jupyter_dist.settings import OUTPUT_VAR
+
+OUTPUT_MODES = ("auto", "widget", "text")
+#: seconds the cell view's stacks button waits for the ranks' dumps
+STACKS_READ_S = 15.0
+DIST_COMMANDS = (
+    "status",
+    "stacks",
+    "attach",
+    "shutdown",
+    "restart",
+    "interrupt",
+    "push",
+    "pull",
+)
+
+
+def _display(data: dict[str, Any], metadata: dict[str, Any]) -> None:
+    publish_display_data(data=data, metadata=metadata)
+
+
+def _renderer(ranks: list[int], summary: bool = False) -> TextRenderer:
+    return TextRenderer(ranks, sys.stdout, sys.stderr, _display, summary=summary)
+
+
+def output_mode(shell: Any, asked: str | None) -> str:
+    """``widget`` in a notebook kernel (a frontend that can draw widgets may be there),
+    ``text`` in a terminal; ``--output`` or ``JUPYTER_DIST_OUTPUT`` decide first."""
+    mode = (asked or os.environ.get(OUTPUT_VAR) or "auto").strip().lower()
+    if mode not in OUTPUT_MODES:
+        where = f"--output {asked!r}" if asked else f"{OUTPUT_VAR}={mode!r}"
+        raise SpecError(f"{where}: expected one of {', '.join(OUTPUT_MODES)}")
+    if mode == "auto":
+        return "widget" if getattr(shell, "kernel", None) is not None else "text"
+    return mode
+
+
+def _check_syntax(shell: Any, cell: str) -> None:
+    """Refuse a cell with a syntax error before anything is sent to the ranks."""
+    source = shell.transform_cell(cell) if shell is not None else cell
+    try:
+        compile(source, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except SyntaxError as err:
+        line = (err.text or "").rstrip()
+        raise SpecError(
+            f"the cell has a syntax error at line {err.lineno}: {err.msg}"
+            + (f"\n    {line}" if line else "")
+            + "\nNothing was sent to the ranks."
+        ) from None
+
+
+@magics_class
+class DistMagics(Magics):
+    """The jupyter_dist magics."""
+
+    def __init__(self, shell: Any, plane: SessionOwner | None = None) -> None:
+        super().__init__(shell)
+        self._control = plane
+        self._default_session: str | None = None  # set by %dist attach
+        self._cells = 0
+        self.last_view: Any = None  # the latest cell view (tests and debugging look at it)
+
+    @property
+    def control(self) -> SessionOwner:
+        if self._control is None:
+            self._control = session_owner()
+        return self._control
+
+    def _name(self, given: str | None) -> str:
+        """The session a command means: ``--session``, else the one attached to, else the
+        default (``default``; under a server, named after the notebook)."""
+        return check_session_name(
+            given or self._default_session or self.control.manager.default_name
+        )
+
+    # -- helpers ------------------------------------------------------------------------
+    def _call(self, make: Callable[[queue.SimpleQueue[CellEvent]], Any]) -> Any:
+        """Run a control-plane coroutine, drawing its progress notices as they come."""
+        sink: queue.SimpleQueue[CellEvent] = EventSink()
+        future = self.control.loop.submit(make(sink))
+        return wait_with_notices(future, sink, _renderer([]))
+
+    def _session(self, name: str | None) -> RankGroup:
+        return self.control.run(self.control.manager.find(self._name(name)))
+
+    def _user_values(self, names: list[str]) -> dict[str, Any]:
+        ns = self.shell.user_ns if self.shell is not None else {}
+        missing = [n for n in names if n not in ns]
+        if missing:
+            raise SpecError(
+                f"--push {','.join(names)}: {missing[0]!r} is not defined in the notebook"
+            )
+        return {n: ns[n] for n in names}
+
+    # -- %%distributed --------------------------------------------------------------------
+    @magic_arguments()
+    @argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="number of nodes (default: 1, or the number of hosts given)",
+    )
+    @argument(
+        "--hosts",
+        default=None,
+        help="nodes over SSH: name, user@name or name:port, comma separated; names "
+        "may be ~/.ssh/config aliases",
+    )
+    @argument(
+        "--hostfile",
+        default=None,
+        help="a file with one host a line, optionally 'slots=N' (ranks on it)",
+    )
+    @argument(
+        "--python",
+        default=None,
+        help="the Python on the nodes (default: the notebook's path if the node has "
+        "it, else python3)",
+    )
+    @argument(
+        "--slurm",
+        action="store_true",
+        help="inside a Slurm allocation: its nodes (SLURM_JOB_NODELIST), agents started with srun",
+    )
+    @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
+    @argument(
+        "--gpus",
+        default=None,
+        help="ranks per node, one per CUDA device, NCCL backend; one count, or one per node "
+        "like 4,2",
+    )
+    @argument(
+        "--procs",
+        default=None,
+        help="CPU ranks per node, gloo backend; one count, or one per node like 2,1",
+    )
+    @argument("--backend", default=None, help="process group backend: nccl or gloo")
+    @argument("--ranks", default=None, help="run on these ranks only, e.g. 0,2-3")
+    @argument(
+        "--session",
+        default=None,
+        help=f"session name; several sessions can run side by side (default: {DEFAULT_SESSION!r}, "
+        "or under a Jupyter server the notebook's name)",
+    )
+    @argument("--push", default=None, help="notebook variables to send to the ranks first: a,b")
+    @argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds before the ranks are interrupted and the cell fails",
+    )
+    @argument(
+        "--no-init", action="store_true", help="do not create the torch.distributed process group"
+    )
+    @argument(
+        "--output",
+        default=None,
+        help="how output is shown: widget (a view per rank, status, charts), text (prefixed "
+        "lines), or auto (widget in a notebook, text in a terminal; JUPYTER_DIST_OUTPUT)",
+    )
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> None:
+        """Run the cell on every rank of a session (started on first use).
+
+        The first cell of a session chooses its shape, e.g. ``--procs 2`` (CPU, gloo) or
+        ``--gpus 4`` (one rank per CUDA device, nccl); later cells reuse the running ranks
+        and their variables. Each rank sees torchrun's environment (RANK, LOCAL_RANK,
+        WORLD_SIZE, MASTER_ADDR, ...) with the default process group initialised.
+        ``--hosts``, ``--hostfile`` or ``--slurm`` put the ranks on other nodes over SSH.
+
+        In a notebook the cell shows a widget view: a status chip per rank, rank 0's output
+        with a selector for any rank, node or all ranks (identical lines folded), charts of
+        what ranks send with ``jupyter_dist.log``, and a "stacks" button that shows where
+        every rank is while the cell runs. Elsewhere (or ``--output text``) output comes
+        back as text prefixed ``[rank N]``. Each rank's full output is in a log file; past
+        ``JUPYTER_DIST_OUTPUT_LIMIT`` (2M) a cell shows a marker naming it instead.
+
+        A rank that raises or dies fails the cell with the root cause; ranks left waiting
+        for it are interrupted (or the session restarted, saying so). ``%dist stacks``
+        shows where ranks hang.
+        """
+        args = parse_argstring(self.distributed, line)
+        try:
+            self._distributed(args, cell)
+        except DistError as err:
+            if isinstance(err, SpecError):
+                raise UsageError(str(err)) from None
+            raise
+
+    def _distributed(self, args: Any, cell: str) -> None:
+        name = self._name(args.session)
+        if args.timeout is not None and args.timeout <= 0:
+            raise SpecError(f"--timeout {args.timeout}: expected a positive number of seconds")
+        given = [f for f, v in (("--hosts", args.hosts), ("--hostfile", args.hostfile),
+                                ("--slurm", args.slurm)) if v]  # fmt: skip
+        if len(given) > 1:
+            raise SpecError(f"{' and '.join(given)}: give one of them")
+        hosts = (
+            parse_hosts(args.hosts)
+            if args.hosts
+            else read_hostfile(args.hostfile)
+            if args.hostfile
+            else ()
+        )
+        gpus = parse_counts("--gpus", args.gpus) if args.gpus else None
+        procs = parse_counts("--procs", args.procs) if args.procs else None
+        fresh = name not in self.control.manager.sessions
+        if args.slurm:
+            detected = cluster_env.detect_slurm(os.environ)
+            if detected is None:
+                raise SpecError(
+                    "--slurm: not inside a Slurm allocation (no SLURM_JOB_ID / "
+                    "SLURM_JOB_NODELIST); start the notebook server under salloc or sbatch, "
+                    "or give the nodes with --hosts"
+                )
+        else:
+            detected = (
+                cluster_env.detect_skypilot(os.environ) if not hosts and args.nodes != 1 else None
+            )
+        if detected is not None and (fresh or args.slurm):
+            hosts = detected.hosts
+            if gpus is None and procs is None and detected.gpus_per_node:
+                gpus = (detected.gpus_per_node,)
+            if fresh:
+                hint = "" if args.slurm else "; --nodes 1 for this machine only"
+                print(
+                    f"[jupyter_dist] using the {detected.source} cluster: "
+                    f"{len(hosts)} nodes ({', '.join(str(h) for h in hosts)}){hint}"
+                )
+        request = ShapeRequest(
+            launcher="slurm" if args.slurm else None,
+            nodes=args.nodes,
+            gpus=gpus,
+            procs=procs,
+            backend=args.backend,
+            init=False if args.no_init else None,
+            hosts=hosts,
+            python=args.python,
+            ssh_config=args.ssh_config,
+        )
+        mode = output_mode(self.shell, args.output)
+        _check_syntax(self.shell, cell)
+        ranks = parse_ranks(args.ranks) if args.ranks else None
+        payload = pickling.dump(self._user_values(parse_names(args.push))) if args.push else None
+
+        manager = self.control.manager
+
+        async def start(sink: queue.SimpleQueue[CellEvent]) -> RankGroup:
+            session, started = await manager.get_or_start(
+                name, request, lambda text: sink.put(Notice(text))
+            )
+            if started:
+                sink.put(Notice(f"session {name!r} ready: {session.spec.describe()}"))
+            return session
+
+        running = manager.sessions.get(name)
+        if running is not None and running.state != SessionState.STOPPED and not running.stale:
+            check_same_shape(running.spec, request)  # the common case: no loop round trip
+            session = running
+        else:
+            session = self._call(start)
+        chosen = session.check_ranks(ranks)
+        if payload is not None:
+            self.control.run(session.push(payload, chosen))
+        sink: queue.SimpleQueue[CellEvent] = EventSink()
+        renderer: Renderer
+        if mode == "widget":
+            renderer = self._cell_view(session, chosen)
+        else:
+            renderer = _renderer(chosen, summary=True)
+        run_cell(self.control, session, cell, chosen, args.timeout, renderer, sink)
+
+    def _cell_view(self, session: RankGroup, ranks: list[int]) -> Renderer:
+        from jupyter_dist.display.cell_view import CellView
+        from jupyter_dist.display.widget_relay import relay_for_this_kernel
+
+        self._cells += 1
+        places = {r: (session.ranks[r].host, session.ranks[r].place.node_rank) for r in ranks}
+
+        def read_stacks() -> str:  # on the click subshell's thread, while the cell runs
+            from jupyter_dist.common import stacks
+
+            return stacks.describe(self.control.run(session.stacks(ranks), STACKS_READ_S))
+
+        view = CellView(
+            session.name, self._cells, places, relay_for_this_kernel(), read_stacks=read_stacks
+        )
+        view.show()
+        self.last_view = view
+        return view
+
+    # -- %dist ------------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("command", help=f"one of: {', '.join(DIST_COMMANDS)}")
+    @argument("names", nargs="*", help="variable names, for push and pull")
+    @argument("--session", default=None, help="which session (default: the current one)")
+    @argument("--ranks", default=None, help="only these ranks (push, pull, interrupt, stacks)")
+    @argument(
+        "--all",
+        action="store_true",
+        help="shutdown: every session (of this kernel, or of the Jupyter server that owns them)",
+    )
+    @line_magic
+    def dist(self, line: str) -> Any:
+        """Manage sessions: status, stacks, attach NAME, shutdown, restart, interrupt,
+        push NAMES, pull NAME.
+
+        ``%dist stacks`` shows where every rank is (its Python stack, grouped: "ranks 0,1
+        in all_reduce ..., cell line 4"), also while ranks hang in a collective.
+
+        ``%dist attach NAME`` makes NAME this notebook's session (under a Jupyter server,
+        any notebook can attach to any session the server runs).
+
+        ``%dist pull x`` returns a list with one value per rank; ``%dist push a b``
+        sends notebook variables to every rank (cloudpickle, binary buffers).
+        """
+        args = parse_argstring(self.dist, line)
+        if args.command not in DIST_COMMANDS:
+            raise UsageError(
+                f"%dist {args.command}: unknown command; expected one of {', '.join(DIST_COMMANDS)}"
+            )
+        try:
+            return getattr(self, f"_dist_{args.command}")(args)
+        except SpecError as err:
+            raise UsageError(str(err)) from None
+
+    def _ranks_arg(self, args: Any, session: RankGroup) -> list[int] | None:
+        return list(parse_ranks(args.ranks, session.spec.world_size)) if args.ranks else None
+
+    def _dist_status(self, args: Any) -> None:
+        manager = self.control.manager
+        sessions = self.control.run(manager.list_status())
+        owner = f"sessions run in {manager.where}"
+        if planes.fallback_reason:
+            owner += f": {planes.fallback_reason}"
+        if not sessions:
+            print(f"no jupyter_dist sessions are running ({owner})")
+            return
+        print(f"{owner}; this notebook's session: {self._name(None)!r}")
+        for s in sessions:
+            master = f", master {s['master']}" if s["master"] else ""
+            print(
+                f"session {s['name']!r}: {s['state']}, {s['shape']}{master}, "
+                f"{s['cells_run']} cells run"
+            )
+            if s["broken_reason"]:
+                print(f"  lost {s['broken_reason']}")
+            for r in s["ranks"]:
+                exit_note = f" ({r['exit']})" if r["exit"] else ""
+                print(
+                    f"  rank {r['rank']}: {r['state']}{exit_note}, host {r['host']}, "
+                    f"local rank {r['local_rank']}, pid {r['pid']}"
+                )
+
+    def _dist_shutdown(self, args: Any) -> None:
+        manager = self.control.manager
+        if args.all:
+            self.control.run(manager.shutdown_all())
+            print("[jupyter_dist] every session shut down")
+            return
+        name = self._name(args.session)
+        self.control.run(manager.shutdown(name))
+        print(f"[jupyter_dist] session {name!r} shut down")
+
+    def _dist_restart(self, args: Any) -> None:
+        name = self._name(args.session)
+        manager = self.control.manager
+
+        async def restart(sink: queue.SimpleQueue[CellEvent]) -> RankGroup:
+            return await manager.restart(name, lambda text: sink.put(Notice(text)))
+
+        session: RankGroup = self._call(restart)
+        print(f"[jupyter_dist] session {name!r} restarted: {session.spec.describe()}")
+
+    def _dist_stacks(self, args: Any) -> None:
+        from jupyter_dist.common import stacks
+
+        session = self._session(args.session)
+        dumps = self.control.run(session.stacks(self._ranks_arg(args, session)))
+        print(f"[jupyter_dist] where the ranks of session {session.name!r} are:")
+        print(stacks.describe(dumps))
+
+    def _dist_attach(self, args: Any) -> None:
+        if len(args.names) != 1:
+            raise SpecError(
+                f"%dist attach: expected one session name, got {len(args.names)}; "
+                "`%dist status` lists them"
+            )
+        name = check_session_name(args.names[0])
+        session = self._session(name)
+        self._default_session = name
+        print(
+            f"[jupyter_dist] attached to session {name!r} ({session.spec.describe()}, "
+            f"{session.state.value}) in {self.control.manager.where}; %%distributed cells "
+            "without --session run there"
+        )
+
+    def _dist_interrupt(self, args: Any) -> None:
+        session = self._session(args.session)
+        self.control.run(session.interrupt(self._ranks_arg(args, session)))
+
+    def _dist_push(self, args: Any) -> None:
+        if not args.names:
+            raise SpecError("%dist push: expected variable names, e.g. %dist push model data")
+        session = self._session(args.session)
+        names = parse_names(",".join(args.names))
+        payload = pickling.dump(self._user_values(names))
+        self.control.run(session.push(payload, self._ranks_arg(args, session)))
+
+    def _dist_pull(self, args: Any) -> list[Any]:
+        if len(args.names) != 1:
+            raise SpecError(f"%dist pull: expected one variable name, got {len(args.names)}")
+        (name,) = parse_names(args.names[0], "%dist pull")
+        session = self._session(args.session)
+        values: list[Any] = self.control.run(session.pull(name, self._ranks_arg(args, session)))
+        return values

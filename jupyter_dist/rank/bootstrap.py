@@ -1,0 +1,168 @@
+"""What runs inside each rank kernel before the first cell.
+
+`bootstrap` sets the thread count and CUDA device the way torchrun's workers expect,
+creates the default process group from the environment (``env://``), and registers the
+comm target through which the notebook pushes and pulls objects. The rank side imports
+nothing of widgets or the server.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+from jupyter_dist.common import pickling
+from jupyter_dist.common.wire_names import OBJECTS_TARGET
+from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR
+
+
+def _user_ns() -> dict[str, Any]:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("jupyter_dist rank bootstrap must run inside an IPython kernel")
+    ns: dict[str, Any] = shell.user_ns
+    return ns
+
+
+def _on_objects_open(comm: Any, _open_msg: dict[str, Any]) -> None:
+    def on_msg(msg: dict[str, Any]) -> None:
+        data = msg["content"]["data"]
+        request_id = data.get("id")
+        try:
+            if data.get("op") == "push":
+                values = pickling.load(msg.get("buffers") or [], data["digest"], data["sizes"])
+                _user_ns().update(values)
+                comm.send({"op": "ok", "id": request_id, "names": sorted(values)})
+            elif data.get("op") == "pull":
+                name = data["name"]
+                ns = _user_ns()
+                if name not in ns:
+                    rank = os.environ.get("RANK", "?")
+                    raise NameError(f"name {name!r} is not defined on rank {rank}")
+                payload = pickling.dump(ns[name])
+                comm.send(
+                    {"op": "value", "id": request_id, **payload.signed_fields()},
+                    buffers=payload.frames,
+                )
+            else:
+                raise ValueError(f"unknown objects op {data.get('op')!r}")
+        except Exception as err:
+            comm.send(
+                {"op": "error", "id": request_id, "ename": type(err).__name__, "evalue": str(err)}
+            )
+
+    comm.on_msg(on_msg)
+
+
+def register_objects_target() -> None:
+    import comm
+
+    comm.get_comm_manager().register_target(OBJECTS_TARGET, _on_objects_open)
+
+
+#: the rendezvous store this rank hosts (rank 0 only); kept alive with the kernel
+_store: Any = None
+#: how long one try at starting the store may take, and how many tries there are
+STORE_START_S = 20.0
+STORE_TRIES = 3
+
+
+def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
+    """Rank 0 only: serve the TCPStore every rank of the session meets at.
+
+    torchrun's agent hosts this store and sets TORCHELASTIC_USE_AGENT_STORE=True so that
+    workers connect as clients; here rank 0's kernel plays the agent's part. The store is
+    listening before any rank connects, so nobody waits in a connect back-off, and a user
+    who destroys and re-creates the process group meets the same store again.
+
+    Making the store includes its own client's connection to it, which waits in C++ (no
+    interrupt reaches it) for as long as the store's timeout, and whose logging looks up
+    the peer's name: a name server that drops that query costs 5 to 10 s before torch
+    gives lookups up. So a try may take `STORE_START_S` at most and is repeated on a fresh
+    listening socket; the store then gets the session's own timeout.
+    """
+    global _store
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    failures: list[str] = []
+    for _ in range(STORE_TRIES):
+        try:
+            store = TCPStore(
+                addr,
+                port,
+                world_size,
+                is_master=True,
+                timeout=timedelta(seconds=min(timeout_s, STORE_START_S)),
+                wait_for_workers=False,
+                master_listen_fd=listen_on(addr, port),
+            )
+        except RuntimeError as err:  # torch's DistError family
+            failures.append(f"{type(err).__name__}: {str(err).splitlines()[0]}")
+            if "EADDRINUSE" in str(err):
+                break  # another process holds the port: trying again will not help
+            continue
+        store.set_timeout(timedelta(seconds=timeout_s))
+        _store = store
+        return
+    raise RuntimeError(
+        f"could not start the rendezvous store at {addr}:{port} ("
+        + "; ".join(f"try {n}: {why}" for n, why in enumerate(failures, 1))
+        + ")"
+    )
+
+
+def listen_on(addr: str, port: int) -> int | None:
+    """A socket listening on the address the ranks will connect to, and only there.
+
+    TCPStore on its own listens on every interface; a single-node session's store thus
+    stays on the loopback address, and a multi-node one on the interface the other nodes
+    reach. None (TCPStore binds as it would) when that address is not this machine's.
+    """
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, IndexError):
+        return None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        return None
+    return sock.detach()
+
+
+def bootstrap(init_process_group: bool, timeout_s: float) -> None:
+    """Prepare this rank; called once, silently, before the first cell."""
+    register_objects_target()
+    _install_metrics()
+    import torch
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if os.environ.get(DEVICE_VAR) == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if init_process_group:
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            backend=os.environ.get(BACKEND_VAR, "gloo"),
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+
+def _install_metrics() -> None:
+    from IPython import get_ipython
+
+    from jupyter_dist.rank import metrics as rank_metrics
+
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None:
+        rank_metrics.install(kernel, shell)

@@ -1,0 +1,75 @@
+"""Start an IPython kernel in a freshly forked rank process.
+
+Rank kernels are ordinary ipykernel kernels; only a few settings differ from a notebook's
+kernel: history stays in memory (many ranks must not fight over one SQLite file), and the
+banner and start-up chatter are off.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any
+
+import zmq
+from ipykernel.kernelapp import IPKernelApp
+
+from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
+
+RANK_KERNEL_ARGS = (
+    "--HistoryManager.hist_file=:memory:",
+    "--IPKernelApp.quiet=True",
+    # bounded messages, and a writer that waits instead of growing a queue
+    "--IPKernelApp.outstream_class=jupyter_dist.rank.out_stream.RankOutStream",
+)
+
+_crash_log: IO[str] | None = None
+
+
+class RankKernelApp(IPKernelApp):
+    """`IPKernelApp` whose IOPub socket blocks instead of dropping when a subscriber's
+    queue is full (``XPUB_NODROP``; see `rank_streams`).
+
+    The option is set as the socket is made, before the IOPub thread that owns it starts:
+    a zmq socket must not be touched by two threads, and the notebook may already be
+    subscribing while the kernel initialises.
+    """
+
+    def init_iopub(self, context: zmq.Context[Any]) -> None:
+        # the context's default options go to each socket it makes: the IOPub XPUB takes
+        # this one; other kinds refuse it, and pyzmq skips it for them
+        context.setsockopt(zmq.XPUB_NODROP, 1)
+        try:
+            super().init_iopub(context)
+        finally:
+            del context.sockopts[zmq.XPUB_NODROP]
+
+
+def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
+    """Initialise and run the kernel until it is shut down.
+
+    ``log_fd`` is the rank's log file. ipykernel swaps fds 1 and 2 for pipes it forwards
+    to the notebook, and those die with the process; so a fatal error (segfault, abort)
+    is dumped by faulthandler straight into the log, where the agent reads it back.
+    """
+    global _crash_log
+    import faulthandler
+
+    _crash_log = os.fdopen(log_fd, "w", buffering=1)
+    faulthandler.enable(file=_crash_log, all_threads=False)
+    # `%dist stacks`: a dump of every thread on demand, even with the main thread stuck
+    # in a C++ collective (faulthandler writes from its C signal handler)
+    faulthandler.register(STACKS_SIGNAL, file=_crash_log, all_threads=True, chain=False)
+
+    app = RankKernelApp.instance()
+    # the kernel's Unix sockets are made while it initialises: owner-only (0700) on top of
+    # their private folder; the user's own files keep the user's umask
+    umask = os.umask(0o077)
+    try:
+        # parent_handle: ipykernel exits when the agent does (its default is read from the
+        # environment at import time, which happened in the agent, not here)
+        app.initialize(
+            ["-f", connection_file, f"--IPKernelApp.parent_handle={agent_pid}", *RANK_KERNEL_ARGS]
+        )
+    finally:
+        os.umask(umask)
+    app.start()

@@ -1,0 +1,134 @@
+"""The jupyter-server extension: sessions owned by the server, not by one notebook kernel.
+
+Enabled on install (``jupyter_server_config.d/jupyter_dist.json``). It runs the same
+`SessionManager` the magic runs in-process, on the server's event loop, and stops every
+session when the server stops.
+
+It keeps a record of its sessions' processes in the Jupyter runtime folder
+(`session_records`), and on start stops what a dead predecessor's sessions left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.paths import jupyter_runtime_dir
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Float, Unicode, validate
+
+from jupyter_dist.common.hosts import parse_hosts
+from jupyter_dist.common.ports import parse_port_range
+from jupyter_dist.control.manager import SessionDefaults, SessionManager
+from jupyter_dist.control.session import SessionTimeouts
+from jupyter_dist.server.handlers import HANDLERS
+from jupyter_dist.server.process_records import (
+    REAP_GRACE_S,
+    Orphaned,
+    SessionRecorder,
+    find_orphaned,
+    reap,
+)
+
+
+class DistServerApp(ExtensionApp):
+    """jupyter_dist inside a Jupyter server."""
+
+    name = "jupyter_dist"
+    load_other_extensions = True
+
+    start_timeout = Float(
+        120.0, config=True, help="Seconds for a node's agent and rank kernels to come up."
+    )
+    process_group_timeout = Float(
+        300.0, config=True, help="Seconds init_process_group may wait for every rank."
+    )
+    ssh_config = Unicode(
+        None, allow_none=True, config=True, help="ssh config file (default: ~/.ssh/config)."
+    )
+    default_hosts = Unicode(
+        "",
+        config=True,
+        help="Nodes for sessions that name none, like --hosts: 'gpu1,gpu2' (a cell with "
+        "--nodes 1 still runs on the server's machine; --nodes N takes the first N).",
+    )
+    master_port_range = Unicode(
+        "",
+        config=True,
+        help="Ports MASTER_PORT may take, 'first-last' (default: any free port); for "
+        "firewalls that open only a range between the nodes.",
+    )
+    reap_grace = Float(
+        REAP_GRACE_S,
+        config=True,
+        help="Seconds the processes a dead server's sessions left running get between "
+        "SIGTERM and SIGKILL, when a server starts and finds them.",
+    )
+
+    @validate("default_hosts")
+    def _check_hosts(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        if value.strip():
+            parse_hosts(value)
+        return value
+
+    @validate("master_port_range")
+    def _check_ports(self, proposal: dict[str, Any]) -> str:
+        value = str(proposal["value"])
+        if value.strip():
+            parse_port_range(value, "master_port_range")
+        return value
+
+    def initialize_settings(self) -> None:
+        self.manager = SessionManager(
+            SessionTimeouts(start=self.start_timeout, process_group=self.process_group_timeout),
+            SessionDefaults(
+                hosts=parse_hosts(self.default_hosts) if self.default_hosts.strip() else (),
+                ssh_config=self.ssh_config,
+                master_ports=self.master_port_range.strip() or None,
+            ),
+        )
+        self.settings["jupyter_dist_manager"] = self.manager
+        runtime_dir = Path(getattr(self.serverapp, "runtime_dir", None) or jupyter_runtime_dir())
+        self.records = SessionRecorder(runtime_dir, self.log)
+        # before any session of ours exists: what dead servers left; a record under our own
+        # pid is a predecessor's whose pid we got, so it goes now (we hold its contents)
+        orphaned = find_orphaned(runtime_dir, self.log)
+        for found in orphaned:
+            if found.path == self.records.path:
+                found.path.unlink(missing_ok=True)
+        self.manager.add_listener(self._session_event)
+        # in a thread: the event loop need not run yet, nor wait for the grace
+        self._reaper = threading.Thread(
+            target=self._reap, args=(orphaned,), name="jupyter_dist-reaper", daemon=True
+        )
+        if orphaned:
+            self._reaper.start()
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(HANDLERS)
+
+    def _session_event(self, event: dict[str, Any]) -> None:
+        """Keep our record in step with the sessions."""
+        try:
+            self.records.observe(event)
+        except Exception:  # a record must never take the server's sessions down
+            self.log.exception("jupyter_dist: cannot update %s", self.records.path)
+
+    def _reap(self, orphaned: list[Orphaned]) -> None:
+        for found in orphaned:
+            try:
+                reap(found, self.log, self.reap_grace)
+            except Exception:
+                self.log.exception("jupyter_dist: cannot reap the sessions in %s", found.path)
+
+    async def stop_extension(self) -> None:
+        self.log.info("jupyter_dist: stopping %d session(s)", len(self.manager.sessions))
+        try:
+            await self.manager.shutdown_all()
+        finally:
+            self.records.remove()
+        if self._reaper.is_alive():  # a predecessor's leftovers: let the SIGKILLs go out
+            await asyncio.to_thread(self._reaper.join, self.reap_grace + 10)

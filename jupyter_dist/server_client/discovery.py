@@ -1,0 +1,81 @@
+"""Which Jupyter server launched this kernel, so that it can own the kernel's sessions.
+
+jupyter_client puts the launching process's pid in the kernel's ``JPY_PARENT_PID``, and a
+running server describes itself in ``jpserver-<pid>.json`` in the Jupyter runtime folder
+(URL and token; the file is readable by its user only). ``JUPYTER_DIST_SERVER=none``
+keeps sessions in the kernel even under a server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from jupyter_core.paths import jupyter_runtime_dir
+
+from jupyter_dist.settings import SERVER_CHOICE_VAR
+
+#: the environment variable that turns server ownership off ("none")
+CHOICE_VAR = SERVER_CHOICE_VAR
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """How to reach a running Jupyter server."""
+
+    url: str  # ends with the base URL and "/"
+    token: str
+    pid: int
+    root_dir: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.url} (pid {self.pid})"
+
+
+def find_server(env: Mapping[str, str], runtime_dir: str | None = None) -> ServerInfo | None:
+    """The server that started this kernel, or None (plain IPython, nbclient, tests, or
+    turned off with ``JUPYTER_DIST_SERVER=none``)."""
+    if env.get(CHOICE_VAR, "").strip().lower() in ("none", "off", "0", "false", "no"):
+        return None
+    parent = env.get("JPY_PARENT_PID", "")
+    if not parent.isdigit():
+        return None
+    path = Path(runtime_dir or jupyter_runtime_dir()) / f"jpserver-{parent}.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    url = str(info.get("url") or "")
+    if not url.startswith(("http://", "https://")):
+        return None  # a server on a Unix socket: not reachable with a URL
+    base = str(info.get("base_url") or "/")
+    if not url.rstrip("/").endswith(base.rstrip("/")):
+        url = url.rstrip("/") + "/" + base.strip("/")
+    return ServerInfo(
+        url=url.rstrip("/") + "/",
+        token=str(info.get("token") or ""),
+        pid=int(info.get("pid") or parent),
+        root_dir=str(info.get("root_dir") or ""),
+    )
+
+
+def notebook_session_name(env: Mapping[str, str], root_dir: str = "") -> str | None:
+    """A default session name for the notebook this kernel runs, from the path the server
+    gave it (``JPY_SESSION_NAME``, relative to the server's ``root_dir`` when it is an
+    absolute path): ``runs/train.ipynb`` -> ``runs-train``. The same notebook gets the same
+    name after a kernel restart, so it finds its session again."""
+    path = env.get("JPY_SESSION_NAME", "").strip()
+    if not path:
+        return None
+    notebook = Path(path)
+    if notebook.is_absolute() and root_dir:
+        with contextlib.suppress(ValueError):
+            notebook = notebook.relative_to(Path(root_dir).expanduser())
+    parts = notebook.with_suffix("").parts[-2:]
+    name = _UNSAFE.sub("-", "-".join(p for p in parts if p not in ("/", ""))).strip("-._")
+    return name[:64] or None

@@ -1,0 +1,198 @@
+"""The notebook kernel's client of the server extension's REST API and event stream.
+
+Runs on the control-plane loop (tornado's HTTP client on asyncio). Errors come back as
+the exceptions the server raised: the server names the error class in the response's
+``reason``, and its message is kept word for word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from jupyter_dist import errors
+from jupyter_dist.server_client.discovery import ServerInfo
+
+log = logging.getLogger(__name__)
+API = "jupyter-dist/api/v1"
+#: error classes the server may name, rebuilt here with the server's message
+_KNOWN_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.UnknownSession,
+        errors.ShapeMismatchError,
+        errors.SpecError,
+        errors.NoGPUError,
+        errors.AgentError,
+        errors.SessionError,
+        errors.DistError,
+    )
+}
+EventHandler = Callable[[str, dict[str, Any]], None]
+
+
+class ServerError(errors.DistError):
+    """The server answered with an error it did not name, or could not be reached."""
+
+
+class ServerClient:
+    """REST calls and the event stream of one Jupyter server's jupyter_dist API."""
+
+    def __init__(self, server: ServerInfo, request_timeout: float = 600.0) -> None:
+        self.server = server
+        self.request_timeout = request_timeout
+        self._http: AsyncHTTPClient | None = None
+
+    @property
+    def http(self) -> AsyncHTTPClient:
+        if self._http is None:  # made on the loop that uses it
+            self._http = AsyncHTTPClient(force_instance=True)
+        return self._http
+
+    def _url(self, path: str) -> str:
+        return f"{self.server.url}{API}/{path}"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.server.token:
+            headers["Authorization"] = f"token {self.server.token}"
+        return headers
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        """One REST call; returns the decoded JSON (None for 204)."""
+        request = HTTPRequest(
+            self._url(path),
+            method=method,
+            headers=self._headers(),
+            body=json.dumps(body) if body is not None else ("" if method == "POST" else None),
+            request_timeout=self.request_timeout,
+        )
+        try:
+            response = await self.http.fetch(request)
+        except HTTPClientError as err:
+            raise _as_error(err, method, path) from None
+        except OSError as err:
+            raise ServerError(
+                f"cannot reach the Jupyter server at {self.server.url}: {err}"
+            ) from None
+        if response.code == 204 or not response.body:
+            return None
+        return json.loads(response.body)
+
+    # -- the API ------------------------------------------------------------------------
+    async def sessions(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = await self.call("GET", "sessions")
+        return found
+
+    async def create(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Start a session, or find the running one; returns its status and whether it
+        was started now."""
+        request = HTTPRequest(
+            self._url("sessions"),
+            method="POST",
+            headers=self._headers(),
+            body=json.dumps(body),
+            request_timeout=self.request_timeout,
+        )
+        try:
+            response = await self.http.fetch(request)
+        except HTTPClientError as err:
+            raise _as_error(err, "POST", "sessions") from None
+        return json.loads(response.body), response.code == 201
+
+    async def status(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = await self.call("GET", f"sessions/{quote(name)}")
+        return found
+
+    async def connection(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = await self.call("GET", f"sessions/{quote(name)}/connection")
+        return found
+
+    async def stacks(self, name: str, ranks: list[int] | None) -> dict[int, str]:
+        query = f"?ranks={','.join(map(str, ranks))}" if ranks else ""
+        found = await self.call("GET", f"sessions/{quote(name)}/stacks{query}")
+        return {int(r): str(d) for r, d in found["stacks"].items()}
+
+    async def restart(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = await self.call("POST", f"sessions/{quote(name)}/restart")
+        return found
+
+    async def delete(self, name: str) -> None:
+        await self.call("DELETE", f"sessions/{quote(name)}")
+
+    async def follow_events(self, on_event: EventHandler) -> None:
+        """Read ``/events`` until the server closes it; ``on_event(type, data)`` for each."""
+        parser = SSEParser(on_event)
+        request = HTTPRequest(
+            self._url("events"),
+            headers=self._headers(),
+            streaming_callback=parser.feed,
+            request_timeout=0,  # the stream stays open; the server sends keep-alives
+        )
+        try:
+            await self.http.fetch(request)
+        except HTTPClientError as err:
+            if err.code != 599:  # 599: the connection closed, the usual end of a stream
+                raise _as_error(err, "GET", "events") from None
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+
+class SSEParser:
+    """Server-sent events from chunks of bytes: ``event:`` and ``data:`` lines, blank line
+    ends an event, ``:`` lines are comments (keep-alives)."""
+
+    def __init__(self, on_event: EventHandler) -> None:
+        self.on_event = on_event
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        while b"\n\n" in self._buffer:
+            block, self._buffer = self._buffer.split(b"\n\n", 1)
+            kind, data = "message", []
+            for line in block.decode("utf-8", errors="replace").splitlines():
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+            if data:
+                try:
+                    payload = json.loads("\n".join(data))
+                except ValueError:
+                    log.warning("jupyter_dist: unreadable server event %r", data)
+                    continue
+                self.on_event(kind, payload)
+
+
+def _as_error(err: HTTPClientError, method: str, path: str) -> Exception:
+    """The exception the server raised, rebuilt from its JSON reply."""
+    message, reason = "", ""
+    if err.response is not None and err.response.body:
+        try:
+            reply = json.loads(err.response.body)
+            message, reason = str(reply.get("message") or ""), str(reply.get("reason") or "")
+        except ValueError:
+            message = err.response.body.decode(errors="replace")[:500]
+    if err.code == 403:
+        return ServerError(
+            f"the Jupyter server refused {method} /{API}/{path} (403): this kernel's "
+            "credentials were not accepted"
+        )
+    cls = _KNOWN_ERRORS.get(reason)
+    if cls is not None:
+        return cls(message)
+    if err.code == 504:
+        return errors.SessionError(message or "the server timed out starting the session")
+    return ServerError(f"{method} /{API}/{path}: {err.code} {message or err.message}")

@@ -1,0 +1,173 @@
+"""Sessions owned by the Jupyter server, as seen from a notebook kernel.
+
+The same calls as the embedded `SessionManager` (`get_or_start`, `find`, `restart`,
+`shutdown`, ...), answered by the server extension's REST API. The kernel attaches to the
+ranks itself (`AttachedSession`), so cells do not pass through the server; the server's
+event stream brings start-up progress and rank deaths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape
+from jupyter_dist.control.rank_group import SessionState
+from jupyter_dist.control.session import Progress
+from jupyter_dist.errors import UnknownSession
+from jupyter_dist.server_client.attached_session import AttachedSession
+from jupyter_dist.server_client.discovery import notebook_session_name
+from jupyter_dist.server_client.rest_client import ServerClient
+
+log = logging.getLogger(__name__)
+#: seconds to wait for the event stream before starting a session without progress news
+SUBSCRIBE_WAIT_S = 5.0
+CONNECT_TIMEOUT_S = 60.0
+
+
+class ServerSessions:
+    """The server's sessions, attached to on first use."""
+
+    def __init__(self, client: ServerClient, env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        self.client = client
+        self.where = f"the Jupyter server at {client.server.url}"
+        root = client.server.root_dir
+        self.default_name = notebook_session_name(env, root) or DEFAULT_SESSION
+        self.sessions: dict[str, AttachedSession] = {}
+        self._env = dict(env)
+        self._progress: dict[str, Progress] = {}
+        self._events: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+        self._closing: set[asyncio.Future[None]] = set()
+        self.lost = ""  # why the server's event stream ended
+
+    # -- events -------------------------------------------------------------------------
+    async def _follow(self) -> None:
+        try:
+            await self.client.follow_events(self._on_event)
+            reason = "the Jupyter server closed its event stream (did it stop?)"
+        except Exception as err:
+            reason = f"the Jupyter server's event stream failed: {err}"
+        self.lost = reason
+        self._subscribed.clear()
+        for session in self.sessions.values():
+            session.server_lost(reason)
+
+    def _on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "snapshot":
+            self._subscribed.set()
+            for status in data.get("sessions", []):
+                self._apply(status)
+        elif kind == "session":
+            self._apply(data["session"])
+        elif kind == "removed":
+            session = self.sessions.pop(data["name"], None)
+            if session is not None:
+                session.server_lost(f"session {data['name']!r} was shut down on the server")
+                closing = asyncio.ensure_future(session.close_clients())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+        elif kind == "progress":
+            report = self._progress.get(data.get("name", ""))
+            if report is not None:
+                report(str(data.get("text", "")))
+
+    def _apply(self, status: dict[str, Any]) -> None:
+        session = self.sessions.get(status.get("name", ""))
+        if session is not None:
+            session.apply_status(status)
+
+    async def _ensure_events(self) -> None:
+        if self._events is None or self._events.done():
+            self.lost = ""
+            self._events = asyncio.ensure_future(self._follow())
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._subscribed.wait(), SUBSCRIBE_WAIT_S)
+
+    # -- attaching ----------------------------------------------------------------------
+    def _usable(self, name: str) -> AttachedSession | None:
+        session = self.sessions.get(name)
+        if session is None or session.stale or session.state == SessionState.STOPPED:
+            return None
+        return session
+
+    async def _attach(self, name: str) -> AttachedSession:
+        await self._ensure_events()
+        connection = await self.client.connection(name)
+        status = await self.client.status(name)
+        old = self.sessions.pop(name, None)
+        if old is not None:
+            await old.close_clients()
+        session = AttachedSession(status, connection)
+        session.fetch_stacks = lambda ranks: self.client.stacks(name, ranks)
+        try:
+            await session.connect(CONNECT_TIMEOUT_S)
+        except BaseException:
+            await session.close_clients()
+            raise
+        self.sessions[name] = session
+        return session
+
+    async def find(self, name: str) -> AttachedSession:
+        return self._usable(name) or await self._attach(name)
+
+    async def get_or_start(
+        self, name: str, request: ShapeRequest, progress: Progress = lambda _: None
+    ) -> tuple[AttachedSession, bool]:
+        attached = self._usable(name)
+        if attached is not None:
+            check_same_shape(attached.spec, request)
+            return attached, False
+        await self._ensure_events()
+        body = {
+            "name": name,
+            **request.to_json(),
+            "cwd": os.getcwd(),
+            "env": {k: v for k, v in self._env.items() if not k.startswith("JPY_")},
+        }
+        self._progress[name] = progress
+        try:
+            _status, started = await self.client.create(body)
+        finally:
+            self._progress.pop(name, None)
+        return await self._attach(name), started
+
+    async def restart(self, name: str, progress: Progress = lambda _: None) -> AttachedSession:
+        await self._ensure_events()
+        self._progress[name] = progress
+        try:
+            await self.client.restart(name)
+        finally:
+            self._progress.pop(name, None)
+        return await self._attach(name)
+
+    # -- stopping -----------------------------------------------------------------------
+    async def shutdown(self, name: str) -> None:
+        session = self.sessions.pop(name, None)
+        if session is not None:
+            await session.close_clients()
+        await self.client.delete(name)
+
+    async def shutdown_all(self) -> None:
+        for status in await self.client.sessions():
+            with contextlib.suppress(UnknownSession):
+                await self.shutdown(status["name"])
+
+    async def list_status(self) -> list[dict[str, Any]]:
+        return await self.client.sessions()
+
+    async def close(self) -> None:
+        """Let go of the ranks (the server keeps them) and of the event stream."""
+        for session in list(self.sessions.values()):
+            await session.close_clients()
+        self.sessions.clear()
+        if self._events is not None:
+            self._events.cancel()
+            with contextlib.suppress(BaseException):
+                await self._events
+        self.client.close()

@@ -1,0 +1,67 @@
+"""Every ``JUPYTER_DIST_*`` environment variable, defined once, and how a number of
+seconds is read from one.
+
+* ``JUPYTER_DIST_OUTPUT`` (notebook: magics): ``auto``, ``widget`` or ``text``, the cell
+  view.
+* ``JUPYTER_DIST_OUTPUT_LIMIT`` (notebook: display): each rank's text a cell passes on
+  (``2M`` by default; ``0``: no limit).
+* ``JUPYTER_DIST_SERVER`` (notebook: server client): ``none`` keeps sessions in the kernel
+  under a server.
+* ``JUPYTER_DIST_STRAGGLER_S`` (control plane): seconds before ranks still running beside
+  finished ones are named.
+* ``JUPYTER_DIST_ABORT_AFTER_S`` (control plane): seconds the other ranks get after one
+  fails, before they are interrupted.
+* ``JUPYTER_DIST_MASTER_PORTS`` (control plane, node agent): ``lo-hi``, the ports
+  MASTER_PORT may take.
+* ``JUPYTER_DIST_SESSION``, ``JUPYTER_DIST_DEVICE``, ``JUPYTER_DIST_BACKEND`` (rank, set
+  by the control plane): the session's name, ``cuda`` or ``cpu``, the process group's
+  backend.
+
+The first six are the user's to set; the last three are set on every rank, as torchrun's
+own variables are. A test checks that no module names a ``JUPYTER_DIST_`` variable
+anywhere but here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+from jupyter_dist.errors import SpecError
+
+OUTPUT_VAR = "JUPYTER_DIST_OUTPUT"
+OUTPUT_LIMIT_VAR = "JUPYTER_DIST_OUTPUT_LIMIT"
+SERVER_CHOICE_VAR = "JUPYTER_DIST_SERVER"
+STRAGGLER_VAR = "JUPYTER_DIST_STRAGGLER_S"
+ABORT_AFTER_VAR = "JUPYTER_DIST_ABORT_AFTER_S"
+MASTER_PORTS_VAR = "JUPYTER_DIST_MASTER_PORTS"
+SESSION_VAR = "JUPYTER_DIST_SESSION"
+DEVICE_VAR = "JUPYTER_DIST_DEVICE"
+BACKEND_VAR = "JUPYTER_DIST_BACKEND"
+
+ALL_VARS = (
+    OUTPUT_VAR,
+    OUTPUT_LIMIT_VAR,
+    SERVER_CHOICE_VAR,
+    STRAGGLER_VAR,
+    ABORT_AFTER_VAR,
+    MASTER_PORTS_VAR,
+    SESSION_VAR,
+    DEVICE_VAR,
+    BACKEND_VAR,
+)
+
+
+def seconds_from_env(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """A finite positive number of seconds from the environment variable ``name``."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SpecError(f"{name}={raw!r}: expected a positive number of seconds")
+    return value

@@ -1,0 +1,49 @@
+"""The notebook thread's event loop: what came in during a slow redraw goes first."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import time
+from typing import Any
+
+from jupyter_dist.common.events import CellEvent, Notice
+from jupyter_dist.notebook.cell_loop import drive
+
+
+class SlowFirstTick:
+    """Records handle/tick calls; its first tick is a slow redraw during which a rank's
+    output arrives."""
+
+    def __init__(self, sink: queue.SimpleQueue[CellEvent], future: Any) -> None:
+        self.sink, self.future = sink, future
+        self.calls: list[str] = []
+
+    def handle(self, event: CellEvent) -> None:
+        assert isinstance(event, Notice)
+        self.calls.append(event.text)
+        if event.text == "late line":
+            self.future.set_result(None)
+
+    def tick(self) -> None:
+        self.calls.append("tick")
+        if self.calls.count("tick") == 1:
+            self.sink.put(Notice("late line"))
+            time.sleep(0.3)
+
+    def finish(self) -> None:  # pragma: no cover - part of the protocol only
+        pass
+
+
+def test_events_that_came_during_a_slow_tick_are_handled_before_the_next_tick() -> None:
+    """A tick after a slow redraw must not see a rank's line as late (and stop waiting to
+    fold it with the other ranks' lines) when the line is only waiting in the queue."""
+    sink: queue.SimpleQueue[CellEvent] = queue.SimpleQueue()
+    future: concurrent.futures.Future[None] = concurrent.futures.Future()
+    renderer = SlowFirstTick(sink, future)
+    sink.put(Notice("first line"))
+    interrupted = drive(future, sink, renderer)
+    assert not interrupted
+    first_tick = renderer.calls.index("tick")
+    assert renderer.calls[:first_tick] == ["first line"]
+    assert renderer.calls[first_tick + 1] == "late line", renderer.calls

@@ -1,0 +1,108 @@
+"""Finding the server that launched a kernel, and the JSON forms sent to it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.common.spec import SessionSpec, ShapeRequest, validate_request
+from jupyter_dist.errors import SpecError
+from jupyter_dist.server.handlers import shape_from_json
+from jupyter_dist.server_client.discovery import find_server, notebook_session_name
+from jupyter_dist.server_client.rest_client import SSEParser
+
+
+def write_info(runtime: Path, pid: int, **info: Any) -> None:
+    runtime.mkdir(exist_ok=True)
+    (runtime / f"jpserver-{pid}.json").write_text(json.dumps({"pid": pid, **info}))
+
+
+def test_the_parent_servers_runtime_file_is_found(tmp_path: Path) -> None:
+    write_info(tmp_path, 4242, url="http://localhost:8888/lab/", base_url="/lab/", token="t0k")
+    write_info(tmp_path, 99, url="http://localhost:9999/", base_url="/", token="other")
+    found = find_server({"JPY_PARENT_PID": "4242"}, str(tmp_path))
+    assert found is not None
+    assert (found.url, found.token, found.pid) == ("http://localhost:8888/lab/", "t0k", 4242)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # plain IPython
+        {"JPY_PARENT_PID": "777"},  # launched by something that is not a server (nbclient)
+        {"JPY_PARENT_PID": "4242", "JUPYTER_DIST_SERVER": "none"},  # turned off
+    ],
+)
+def test_no_server_means_none(tmp_path: Path, env: dict[str, str]) -> None:
+    write_info(tmp_path, 4242, url="http://localhost:8888/", token="t")
+    assert find_server(env, str(tmp_path)) is None
+
+
+def test_a_server_on_a_unix_socket_is_not_used(tmp_path: Path) -> None:
+    write_info(tmp_path, 5, url="http+unix://%2Ftmp%2Fjp.sock/", sock="/tmp/jp.sock")
+    assert find_server({"JPY_PARENT_PID": "5"}, str(tmp_path)) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("train.ipynb", "train"),
+        ("runs/exp 1/Train (copy).ipynb", "exp-1-Train-copy"),
+        ("/abs/.hidden.ipynb", "abs-.hidden"),
+        ("", None),
+    ],
+)
+def test_notebook_session_names(path: str, name: str | None) -> None:
+    assert notebook_session_name({"JPY_SESSION_NAME": path} if path else {}) == name
+
+
+def test_sse_events_are_parsed_across_chunks_and_comments_skipped() -> None:
+    seen: list[tuple[str, Any]] = []
+    parser = SSEParser(lambda kind, data: seen.append((kind, data)))
+    raw = b': keep-alive\n\nevent: session\ndata: {"a": 1}\n\nevent: removed\ndata: {"name"'
+    parser.feed(raw[:20])
+    parser.feed(raw[20:])
+    parser.feed(b': "x"}\n\n')
+    assert seen == [("session", {"a": 1}), ("removed", {"name": "x"})]
+
+
+def test_a_shape_request_survives_the_trip_through_json() -> None:
+    hosts = (HostSpec("a", "alice", 2222, 4), HostSpec("b", slots=2))
+    request = ShapeRequest(gpus=(4, 2), hosts=hosts, python="/opt/py", launcher="slurm")
+    body = json.loads(json.dumps({"name": "s1", **request.to_json(), "cwd": "/w"}))
+    parsed = shape_from_json(body)
+    assert (parsed.name, parsed.shape, parsed.cwd, parsed.env) == ("s1", request, "/w", None)
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"gpus": [2, "x"]}, "gpus: [2, 'x'] is not a count or a list of counts"),
+        ({"hosts": [{"name": "a", "port": "22"}]}, "port '22' of 'a'"),
+        ({"env": {"A": 1}}, "env: expected an object of strings"),
+        ({"launcher": "pbs", "hosts": "a"}, "launcher 'pbs'"),
+    ],
+)
+def test_bad_bodies_name_the_value(body: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(SpecError) as err:
+        validate_request(shape_from_json(body).shape)
+    assert fragment in str(err.value)
+
+
+def test_a_session_spec_survives_the_trip_through_json() -> None:
+    spec = SessionSpec(
+        "s", 2, 4, "cuda", "nccl", hosts=(HostSpec("a", port=22), HostSpec("b")),
+        node_procs=(4, 2), launcher="ssh",
+    )  # fmt: skip
+    assert SessionSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+
+
+def test_absolute_notebook_paths_are_named_from_the_server_root() -> None:
+    env = {"JPY_SESSION_NAME": "/srv/lab/exp/train.ipynb"}
+    assert notebook_session_name(env, "/srv/lab") == "exp-train"
+    assert notebook_session_name({"JPY_SESSION_NAME": "/srv/lab/t.ipynb"}, "/srv/lab") == "t"
+    assert notebook_session_name(env, "/elsewhere") == "exp-train"
