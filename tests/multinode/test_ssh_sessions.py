@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_dist._version import __version__
 from jupyter_dist.errors import AgentError, RanksFailed
 from tests.conftest import CellOutput, session_status
 
@@ -167,7 +168,32 @@ def test_node_without_jupyter_dist_is_named(run: Run, cluster: Any, tmp_path: Pa
     out = run(f"%%distributed --session bare {flags(cluster)} --procs 1 --python {bare}\nx = 1")
     assert isinstance(out.error, AgentError)
     assert "No module named 'jupyter_dist'" in str(out.error)
-    assert "install jupyter_dist in that node's Python, or pass --python" in str(out.error)
+    assert f"install jupyter_dist=={__version__} in that node's Python, or pass --python" in str(
+        out.error
+    )
+
+
+def test_node_with_an_older_jupyter_dist_is_told_the_version(
+    run: Run, cluster: Any, tmp_path: Path
+) -> None:
+    """A node whose jupyter_dist predates ``python -m jupyter_dist.node`` (it had
+    ``jupyter_dist.agent``) is told which version to install, not just "No module named"."""
+    old = tmp_path / "old" / "jupyter_dist"
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    (old / "agent.py").write_text("raise SystemExit('the old agent must not run')\n")
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    # no site-packages, no PYTHONPATH: the only jupyter_dist is the old one in the cwd
+    python.write_text(f'#!/bin/sh\ncd {old.parent} && exec python3 -S -E "$@"\n')
+    python.chmod(0o755)
+    out = run(f"%%distributed --session old {flags(cluster)} --procs 1 --python {python}\nx = 1")
+    assert isinstance(out.error, AgentError), out.stdout + out.stderr
+    message = str(out.error)
+    assert "No module named jupyter_dist.node" in message
+    assert f"older than this notebook's {__version__}" in message
+    assert f"install jupyter_dist=={__version__} there" in message
+    assert "the old agent must not run" not in message
 
 
 def test_progress_is_shown_per_node(run: Run, cluster: Any) -> None:

@@ -3,9 +3,36 @@
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
+
+from jupyter_dist._version import __version__
+
+#: the module every launcher runs on a node: ``python -m jupyter_dist.node``
+AGENT_MODULE = "jupyter_dist.node"
+_NO_PACKAGE = re.compile(r"No module named '?jupyter_dist'?(?![.\w])")
+_NO_AGENT_MODULE = re.compile(r"No module named '?" + re.escape(AGENT_MODULE))
+
+
+def install_hint(stderr: str) -> str | None:
+    """What to do when a node's Python cannot run the agent: it has no jupyter_dist, or
+    one older than this notebook's (from before the agent was ``jupyter_dist.node``)."""
+    if _NO_PACKAGE.search(stderr):
+        return f"install jupyter_dist=={__version__} in that node's Python, or pass --python"
+    if _NO_AGENT_MODULE.search(stderr):
+        return (
+            f"that node's jupyter_dist is older than this notebook's {__version__}; "
+            f"install jupyter_dist=={__version__} there, or pass --python"
+        )
+    return None
+
+
+def with_install_hint(stderr: str) -> str:
+    """``stderr`` with `install_hint`'s advice after it, when it applies."""
+    hint = install_hint(stderr)
+    return f"{stderr}\n({hint})" if hint else stderr
 
 
 class LineReader(Protocol):

@@ -13,7 +13,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from jupyter_dist.control.launchers.base import AgentStreams, Launcher
+from jupyter_dist.control.launchers.base import (
+    AGENT_MODULE,
+    AgentStreams,
+    Launcher,
+    with_install_hint,
+)
 from jupyter_dist.errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -44,7 +49,7 @@ class LocalLauncher(Launcher):
             self.process = await asyncio.create_subprocess_exec(
                 self.python,
                 "-m",
-                "jupyter_dist.node",
+                AGENT_MODULE,
                 "--session",
                 session,
                 "--parent-pid",
@@ -69,7 +74,7 @@ class LocalLauncher(Launcher):
             log.debug("agent stderr: %s", text)
 
     def stderr_tail(self) -> str:
-        return "\n".join(self._stderr)
+        return with_install_hint("\n".join(self._stderr))
 
     async def signal(self, signum: int) -> None:
         if self.process and self.process.returncode is None:

@@ -30,7 +30,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from jupyter_dist.common.hosts import HostSpec
-from jupyter_dist.control.launchers.base import AgentStreams, Launcher
+from jupyter_dist.control.launchers.base import (
+    AGENT_MODULE,
+    AgentStreams,
+    Launcher,
+    install_hint,
+    with_install_hint,
+)
 from jupyter_dist.control.launchers.local import STREAM_LIMIT
 from jupyter_dist.control.launchers.ssh import SSHLauncher
 from jupyter_dist.errors import AgentError
@@ -69,7 +75,7 @@ _HINTS = (
         "srun cannot read the cluster's slurm.conf: set SLURM_CONF to its path",
     ),
     (
-        r"execve\(\).*No such file or directory|No module named '?jupyter_dist",
+        r"execve\(\).*No such file or directory",
         "install jupyter_dist in that node's Python, or pass --python",
     ),
 )
@@ -95,7 +101,7 @@ def srun_command(job: str, host: str, python: str, session: str, srun: str = "sr
         "--quiet",
         python,
         "-m",
-        "jupyter_dist.node",
+        AGENT_MODULE,
         "--session",
         session,
     ]
@@ -161,6 +167,8 @@ class SlurmLauncher(Launcher):
 
     def stderr_tail(self) -> str:
         tail = "\n".join(self._stderr)
+        if install_hint(tail):
+            return with_install_hint(tail)
         for pattern, hint in _HINTS:
             if re.search(pattern, tail):
                 nodes = os.environ.get("SLURM_JOB_NODELIST", "?")

@@ -15,7 +15,6 @@ import collections
 import contextlib
 import logging
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -27,7 +26,12 @@ from typing import Any, ClassVar
 import asyncssh
 
 from jupyter_dist.common.hosts import HostSpec
-from jupyter_dist.control.launchers.base import AgentStreams, Launcher
+from jupyter_dist.control.launchers.base import (
+    AGENT_MODULE,
+    AgentStreams,
+    Launcher,
+    with_install_hint,
+)
 from jupyter_dist.errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -40,7 +44,7 @@ def agent_command(session: str, env: Mapping[str, str], python: str | None) -> s
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     chosen = shlex.quote(python or sys.executable)
     pick = f"p={chosen}" if python else f'p={chosen}; [ -x "$p" ] || p=python3'
-    return f'{pick}; exec env {assigns} "$p" -m jupyter_dist.node --session {shlex.quote(session)}'
+    return f'{pick}; exec env {assigns} "$p" -m {AGENT_MODULE} --session {shlex.quote(session)}'
 
 
 class SSHLauncher(Launcher):
@@ -119,10 +123,7 @@ class SSHLauncher(Launcher):
             log.debug("node %s agent stderr: %s", self.spec, text)
 
     def stderr_tail(self) -> str:
-        tail = "\n".join(self._stderr)
-        if re.search(r"No module named '?jupyter_dist", tail):
-            return f"{tail}\n(install jupyter_dist in that node's Python, or pass --python)"
-        return tail
+        return with_install_hint("\n".join(self._stderr))
 
     def peer_address(self) -> str | None:
         if self.conn is None:
