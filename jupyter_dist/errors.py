@@ -24,34 +24,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# the text helpers lived here first: still importable from here (see __all__)
+from jupyter_dist.text import format_ranks, ranks_label, strip_ansi
+
 # execution counters ("In[12]") and object addresses differ between ranks
 _NOISE = re.compile(r"(?<=In\[)\d+(?=\])|0x[0-9a-f]{6,}")
 
-
-def strip_ansi(text: str) -> str:
-    """Remove terminal colour codes (IPython tracebacks carry them)."""
-    return _ANSI.sub("", text)
-
-
-def format_ranks(ranks: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``: the same syntax ``--ranks`` accepts."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def ranks_label(ranks: Sequence[int]) -> str:
-    """``"rank 3"`` or ``"ranks 0-3"``."""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+#: the closed set of `RankFailure.kind`
+FailureKind = Literal["error", "died", "timeout", "stuck", "interrupted"]
 
 
 class DistError(Exception):
@@ -108,7 +90,7 @@ class RankFailure:
     rank: int
     host: str
     local_rank: int
-    kind: str
+    kind: FailureKind
     ename: str
     evalue: str
     traceback: tuple[str, ...] = ()
@@ -146,7 +128,13 @@ def group_failures(failures: Sequence[RankFailure]) -> list[FailureGroup]:
     A rank that died comes before ranks that raised (their errors are usually the
     consequence: a collective that lost its peer); within a kind, the earliest first.
     """
-    priority = {"died": 0, "error": 1, "timeout": 2, "stuck": 3, "interrupted": 4}
+    priority: dict[FailureKind, int] = {
+        "died": 0,
+        "error": 1,
+        "timeout": 2,
+        "stuck": 3,
+        "interrupted": 4,
+    }
     ordered = sorted(failures, key=lambda f: (priority.get(f.kind, 9), f.order, f.rank))
     groups: dict[tuple[str, str, str, str], FailureGroup] = {}
     for failure in ordered:
@@ -223,3 +211,25 @@ class RanksFailed(DistError):
 
 class CellTimeout(RanksFailed):
     """The cell ran longer than ``--timeout``; the ranks were interrupted."""
+
+
+__all__ = [
+    "AgentError",
+    "CellTimeout",
+    "DistError",
+    "FailureGroup",
+    "FailureKind",
+    "NoGPUError",
+    "NotInRankError",
+    "PushError",
+    "RankFailure",
+    "RanksFailed",
+    "SessionError",
+    "ShapeMismatchError",
+    "SpecError",
+    "UnknownSession",
+    "format_ranks",
+    "group_failures",
+    "ranks_label",
+    "strip_ansi",
+]

@@ -11,7 +11,7 @@ Commands (launcher -> agent)::
     {"op": "signal", "rank": 0, "signal": "SIGINT"}
     {"op": "kill", "ranks": [0, 1] | null, "grace": 2.0}
     {"op": "route", "id": "r1", "addr": "10.0.0.1"}
-    {"op": "probe", "id": "r2", "addr": "10.0.0.1", "port": 29500, "timeout": 5}
+    {"op": "probe", "id": "r2", "addr": "10.0.0.1", "port": 29500, "timeout_s": 5}
     {"op": "stacks", "id": "r3", "ranks": [0, 1] | null}   (reply: offsets of the logs)
     {"op": "read_log", "id": "r4", "rank": 0, "offset": 1234}   (reply: text)
     {"op": "shutdown"}
@@ -20,23 +20,32 @@ Events (agent -> launcher)::
 
     {"event": "ready", "host": ..., "pid": ..., "python": ..., "gpus": [...], "versions": {...}}
     {"event": "spawned", "rank": 0, "pid": 123, "connection": {...ports...}, "log": "..."}
-    {"event": "exited", "rank": 0, "pid": 123, "returncode": -9, "log_tail": "..."}
+    {"event": "exited", "rank": 0, "pid": 123, "returncode": -9, "log_tail": "...", "log": "..."}
     {"event": "reply", "id": "r1", ...}    (route: ip, ifname; probe: ok, error)
     {"event": "error", "message": "...", "rank": 0 | null}
+
+Each of them is a `TypedDict` in `common.payloads` (`AgentCommand`, `AgentEvent`).
 """
 
 from __future__ import annotations
 
 import json
 import signal
-from typing import Any
+from typing import Any, cast, get_args
+
+from jupyter_dist.common.payloads import AgentCommand, AgentEvent, AgentEventKind, AgentOp
 
 PROTOCOL_VERSION = 3
 #: makes a rank's faulthandler write every thread's Python stack to its log
 STACKS_SIGNAL = signal.SIGUSR1
 
 
-def encode(message: dict[str, Any]) -> bytes:
+#: the ``op`` of every command and the ``event`` of every event this version knows
+OPS: frozenset[str] = frozenset(get_args(AgentOp))
+EVENT_KINDS: frozenset[str] = frozenset(get_args(AgentEventKind))
+
+
+def encode(message: AgentCommand | AgentEvent) -> bytes:
     return (json.dumps(message, separators=(",", ":")) + "\n").encode()
 
 
@@ -45,6 +54,18 @@ def decode(line: bytes | str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"agent message must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def as_command(data: dict[str, Any]) -> AgentCommand | None:
+    """A decoded message as a command, or None when its ``op`` is not one of `OPS`. Its
+    other fields are as the peer wrote them: a missing one raises KeyError where read."""
+    return cast(AgentCommand, data) if data.get("op") in OPS else None
+
+
+def as_event(data: dict[str, Any]) -> AgentEvent | None:
+    """A decoded message as an event, or None when its ``event`` is not one of
+    `EVENT_KINDS` (a newer agent's: ignored)."""
+    return cast(AgentEvent, data) if data.get("event") in EVENT_KINDS else None
 
 
 def describe_returncode(returncode: int | None) -> str:

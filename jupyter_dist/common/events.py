@@ -1,15 +1,21 @@
 """What happens during a cell, as values the notebook side renders.
 
 The control plane turns Jupyter messages from rank kernels into these events, tagged by
-rank, and hands them to whatever draws them (the text renderer now, widgets later).
+rank, and hands them to whatever draws them: the text renderer
+(`display.render_text`) or the widget view (`display.cell_view`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from jupyter_dist.errors import RankFailure
+from jupyter_dist.errors import FailureKind, RankFailure
+
+#: how a rank ended a cell: ``ok``, or the kind of its failure
+RankOutcome = Literal["ok"] | FailureKind
+#: the stream a rank wrote to
+StreamName = Literal["stdout", "stderr"]
 
 
 @dataclass(frozen=True)
@@ -17,7 +23,7 @@ class StreamOut:
     """Text a rank wrote to stdout or stderr."""
 
     rank: int
-    name: str  # "stdout" or "stderr"
+    name: StreamName
     text: str
 
 
@@ -66,10 +72,11 @@ class RankStarted:
 
 @dataclass(frozen=True)
 class RankFinished:
-    """One rank is done with the cell: ``status`` is ok, error, died, timeout or interrupted."""
+    """One rank is done with the cell: ``status`` is ok, error, died, timeout, stuck or
+    interrupted."""
 
     rank: int
-    status: str
+    status: RankOutcome
     elapsed: float
     failure: RankFailure | None = None
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+
+from jupyter_dist.common.payloads import GPUJSON
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +25,13 @@ class GPUInfo:
     memory_total_mib: int
     uuid: str
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> GPUJSON:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "memory_total_mib": self.memory_total_mib,
+            "uuid": self.uuid,
+        }
 
 
 def _visible(devices: list[GPUInfo], visible: str | None) -> list[GPUInfo]:

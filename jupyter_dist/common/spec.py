@@ -11,12 +11,13 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.common.payloads import Backend, Device, SessionRequest, SpecJSON
 from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS: tuple[Backend, ...] = ("gloo", "nccl")
 REMOTE_LAUNCHERS = ("ssh", "slurm")
 DEFAULT_SESSION = "default"
 DEFAULT_CPU_PROCS = 2
@@ -64,9 +65,11 @@ class ShapeRequest:
     ssh_config: str | None = None
     launcher: str | None = None  # how agents start on the hosts: "ssh" (default) or "slurm"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SessionRequest:
         """The request as the server's ``POST /sessions`` takes it (unsaid fields left out)."""
-        data = {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, ())}
+        data: dict[str, Any] = {
+            k: v for k, v in dataclasses.asdict(self).items() if v not in (None, ())
+        }
         for key in ("gpus", "procs"):
             if isinstance(data.get(key), tuple):
                 data[key] = list(data[key])
@@ -75,7 +78,7 @@ class ShapeRequest:
                 {k: v for k, v in dataclasses.asdict(h).items() if v is not None}
                 for h in self.hosts
             ]
-        return data
+        return cast(SessionRequest, data)
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,8 @@ class SessionSpec:
     name: str = DEFAULT_SESSION
     nodes: int = 1
     procs_per_node: int = DEFAULT_CPU_PROCS
-    device: str = "cpu"  # "cpu" or "cuda"
-    backend: str = "gloo"
+    device: Device = "cpu"
+    backend: Backend = "gloo"
     init_process_group: bool = True
     hosts: tuple[HostSpec, ...] = ()  # empty: this machine, no SSH
     python: str | None = None  # the nodes' interpreter (default: the notebook's, else python3)
@@ -94,8 +97,8 @@ class SessionSpec:
     node_procs: Counts = ()  # ranks on each node when they differ; empty: procs_per_node
     launcher: str = "local"  # "local" (this machine), "ssh", "slurm" (srun in an allocation)
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_json(self) -> SpecJSON:
+        return cast(SpecJSON, dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionSpec:
@@ -246,17 +249,17 @@ def resolve_shape(name: str, req: ShapeRequest, local_gpus: int, host: str) -> S
                 f"{'s' if local_gpus != 1 else ''}; use --procs {gpus[0]} for "
                 f"{gpus[0]} CPU ranks with the gloo backend"
             )
-        return SessionSpec(name, nodes, gpus[0], "cuda", req.backend or "nccl", init)
+        return SessionSpec(name, nodes, gpus[0], "cuda", _backend(req, "nccl"), init)
     if procs is not None:
-        return SessionSpec(name, nodes, procs[0], "cpu", req.backend or "gloo", init)
+        return SessionSpec(name, nodes, procs[0], "cpu", _backend(req, "gloo"), init)
     if req.backend == "nccl" or (req.backend is None and local_gpus > 0):
         if local_gpus == 0:
             raise NoGPUError(
                 f"--backend nccl: node {host!r} has no CUDA device; use --procs N for CPU "
                 "ranks with the gloo backend"
             )
-        return SessionSpec(name, nodes, local_gpus, "cuda", req.backend or "nccl", init)
-    return SessionSpec(name, nodes, DEFAULT_CPU_PROCS, "cpu", req.backend or "gloo", init)
+        return SessionSpec(name, nodes, local_gpus, "cuda", _backend(req, "nccl"), init)
+    return SessionSpec(name, nodes, DEFAULT_CPU_PROCS, "cpu", _backend(req, "gloo"), init)
 
 
 def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
@@ -264,7 +267,7 @@ def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
     init = True if req.init is None else req.init
     nodes = len(req.hosts)
 
-    def spec(counts: Counts, device: str, backend: str) -> SessionSpec:
+    def spec(counts: Counts, device: Device, backend: Backend) -> SessionSpec:
         per_node = counts * nodes if len(counts) == 1 else counts
         uneven = per_node if len(set(per_node)) > 1 else ()
         return SessionSpec(
@@ -275,7 +278,7 @@ def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
 
     procs = as_counts(req.procs)
     if procs is not None:
-        return spec(procs, "cpu", req.backend or "gloo")
+        return spec(procs, "cpu", _backend(req, "gloo"))
     gpus = as_counts(req.gpus)
     slots = [h.slots for h in req.hosts]
     if gpus is None and all(s is not None for s in slots):
@@ -291,7 +294,12 @@ def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
             "say how many ranks each node runs: --gpus G (one per CUDA device) or --procs P "
             "(CPU ranks), one count or one per node, or slots=N in the hostfile"
         )
-    return spec(gpus, "cuda", req.backend or "nccl")
+    return spec(gpus, "cuda", _backend(req, "nccl"))
+
+
+def _backend(req: ShapeRequest, default: Backend) -> Backend:
+    """The backend a request names (`validate_request` checked it is one), else ``default``."""
+    return next((b for b in BACKENDS if b == req.backend), default)
 
 
 def check_same_shape(running: SessionSpec, req: ShapeRequest) -> None:

@@ -1,7 +1,9 @@
-"""Names on the wire between a rank kernel and the notebook side, defined once.
+"""Names on the wire, defined once: between a rank kernel and the notebook side, and
+between the server extension and its clients.
 
-These are part of the protocol: a notebook and its ranks must agree on them, so they never
-follow the module they are used in when code moves.
+These are part of the protocol: a notebook and its ranks, or a server and the kernels and
+browser tabs calling it, must agree on them, so they never follow the module they are used
+in when code moves.
 """
 
 from __future__ import annotations
@@ -10,3 +12,6 @@ from __future__ import annotations
 METRICS_MSG_TYPE = "jupyter_dist_metrics"
 #: comm target through which the notebook pushes and pulls Python objects
 OBJECTS_TARGET = "jupyter_dist.objects"
+#: where the server extension's REST API lives, under the server's base URL (also written
+#: in ``server/rest-api.yaml``)
+API_PREFIX = "/jupyter-dist/api/v1"

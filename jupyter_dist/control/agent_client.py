@@ -1,4 +1,8 @@
-"""The control plane's handle on one node's agent: commands out, events in."""
+"""The control plane's handle on one node's agent: commands out, events in.
+
+The messages are `common.payloads`' `AgentCommand` and `AgentEvent` (JSON lines, see
+`common.agent_protocol`); the agent itself is `node.agent`.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,17 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from jupyter_dist.common.agent_protocol import PROTOCOL_VERSION, decode, encode
+from jupyter_dist.common.agent_protocol import PROTOCOL_VERSION, as_event, decode, encode
 from jupyter_dist.common.gpus import GPUInfo
+from jupyter_dist.common.payloads import (
+    AgentCommand,
+    AgentEvent,
+    KernelConnection,
+    ReplyEvent,
+    RequestOp,
+)
 from jupyter_dist.control.launchers.base import AgentStreams, Launcher
 from jupyter_dist.errors import AgentError
 
@@ -38,7 +49,7 @@ class AgentInfo:
 class SpawnedRank:
     rank: int
     pid: int
-    connection: Mapping[str, Any]
+    connection: KernelConnection
     log: str
 
 
@@ -61,7 +72,7 @@ class NodeAgent:
         self._streams: AgentStreams | None = None
         self._ready: asyncio.Future[AgentInfo] | None = None
         self._spawns: dict[int, asyncio.Future[SpawnedRank]] = {}
-        self._requests: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._requests: dict[str, asyncio.Future[ReplyEvent]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.lost = False
 
@@ -94,7 +105,7 @@ class NodeAgent:
         tail = self.launcher.stderr_tail().strip()
         return f"; its last output:\n{tail}" if tail else ""
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: AgentCommand) -> None:
         if self._streams is None or self.lost:
             raise AgentError(f"node {self.host!r}: the agent is not running")
         try:
@@ -109,7 +120,9 @@ class NodeAgent:
         try:
             while line := await reader.readline():
                 try:
-                    self._dispatch(decode(line))
+                    event = as_event(decode(line))
+                    if event is not None:  # a newer agent's kind of event: ignored
+                        self._dispatch(event)
                 except (ValueError, KeyError) as err:
                     log.warning("node %s: bad agent message %r: %s", self.host, line[:200], err)
         finally:
@@ -128,9 +141,8 @@ class NodeAgent:
                 log.info("node %s: lost its agent%s", self.host, self._stderr_note())
                 self.on_lost(self)
 
-    def _dispatch(self, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "ready":
+    def _dispatch(self, event: AgentEvent) -> None:
+        if event["event"] == "ready":
             if event.get("protocol") != PROTOCOL_VERSION:
                 raise ValueError(f"agent speaks protocol {event.get('protocol')}")
             info = AgentInfo(
@@ -145,19 +157,19 @@ class NodeAgent:
             self.info = info
             if self._ready and not self._ready.done():
                 self._ready.set_result(info)
-        elif kind == "spawned":
+        elif event["event"] == "spawned":
             rank = int(event["rank"])
             spawned = SpawnedRank(rank, int(event["pid"]), event["connection"], event["log"])
             fut = self._spawns.pop(rank, None)
             if fut and not fut.done():
                 fut.set_result(spawned)
-        elif kind == "reply":
+        elif event["event"] == "reply":
             replied = self._requests.pop(str(event["id"]), None)
             if replied and not replied.done():
                 replied.set_result(event)
-        elif kind == "exited":
+        elif event["event"] == "exited":
             self.on_exit(int(event["rank"]), int(event["returncode"]), event.get("log_tail", ""))
-        elif kind == "error":
+        else:  # error
             failed: int | None = event.get("rank")
             message = f"node {self.host!r}: agent error: {event.get('message')}"
             log.warning("%s", message)
@@ -184,24 +196,25 @@ class NodeAgent:
         )
         return await fut
 
-    async def request(self, op: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
-        """Send a query to the agent and wait for its reply."""
+    async def request(self, op: RequestOp, timeout: float = 30.0, **args: Any) -> ReplyEvent:
+        """Send a query to the agent and wait for its reply; ``args`` are the fields of
+        the op's command in `common.payloads` besides ``op`` and ``id``."""
         request_id = uuid.uuid4().hex
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[ReplyEvent] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = fut
         try:
-            await self._send({"op": op, "id": request_id, **args})
+            await self._send(cast(AgentCommand, {"op": op, "id": request_id, **args}))
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise AgentError(f"node {self.host!r}: the agent did not answer {op!r}") from None
         finally:
             self._requests.pop(request_id, None)
 
-    async def route(self, addr: str) -> dict[str, Any]:
+    async def route(self, addr: str) -> ReplyEvent:
         """The interface and local address this node reaches ``addr`` through."""
         return await self.request("route", addr=addr)
 
-    async def probe(self, addr: str, port: int, timeout: float = 5.0) -> dict[str, Any]:
+    async def probe(self, addr: str, port: int, timeout: float = 5.0) -> ReplyEvent:
         """Whether this node can open a TCP connection to ``addr:port``."""
         return await self.request(
             "probe", timeout=timeout + 10, addr=addr, port=port, timeout_s=timeout

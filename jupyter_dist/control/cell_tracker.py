@@ -20,6 +20,7 @@ from jupyter_dist.common.events import (
     ClearOut,
     MetricsOut,
     RankFinished,
+    RankOutcome,
     RankStarted,
     RichOut,
     StreamOut,
@@ -28,11 +29,11 @@ from jupyter_dist.common.events import (
 from jupyter_dist.common.wire_names import METRICS_MSG_TYPE
 from jupyter_dist.control.event_queue import EventSink
 from jupyter_dist.control.rank_client import PacedHandler
-from jupyter_dist.errors import RankFailure
+from jupyter_dist.errors import FailureKind, RankFailure
 
 #: failures after which the other ranks get `abort_after_s` to finish before they are
 #: interrupted (a user's interrupt starts the same wind-down)
-WIND_DOWN_KINDS = ("error", "died", "interrupted")
+WIND_DOWN_KINDS: tuple[FailureKind, ...] = ("error", "died", "interrupted")
 RICH_TYPES = ("display_data", "execute_result", "update_display_data")
 COMM_TYPES = ("comm_open", "comm_msg", "comm_close")
 
@@ -142,7 +143,7 @@ class CellRun:
         failure = None
         if status == "error":
             ename = reply.get("ename", "Error")
-            kind = "interrupted" if ename == "KeyboardInterrupt" else "error"
+            kind: FailureKind = "interrupted" if ename == "KeyboardInterrupt" else "error"
             if kind == "interrupted" and self.timed_out:
                 kind = "timeout"
             failure = self._failure(
@@ -157,7 +158,7 @@ class CellRun:
     def _failure(
         self,
         prog: RankProgress,
-        kind: str,
+        kind: FailureKind,
         ename: str,
         evalue: str,
         traceback: tuple[str, ...] = (),
@@ -175,7 +176,7 @@ class CellRun:
             order=time.monotonic(),
         )
 
-    def _finish(self, prog: RankProgress, status: str, failure: RankFailure | None) -> None:
+    def _finish(self, prog: RankProgress, status: RankOutcome, failure: RankFailure | None) -> None:
         prog.finished = True
         prog.failure = failure
         prog.elapsed = time.monotonic() - prog.started
@@ -213,7 +214,7 @@ class CellRun:
 
     def give_up(
         self,
-        kind: str,
+        kind: FailureKind,
         reason: str,
         ename: str = "CellTimeout",
         details: Mapping[int, str] | None = None,

@@ -13,10 +13,10 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from jupyter_dist.common.gpus import discover_gpus
 from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.common.payloads import ManagerEvent, SessionStatus
 from jupyter_dist.common.ports import PORTS_VAR
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape, resolve_shape
 from jupyter_dist.control.rank_group import RankGroup
@@ -61,26 +61,27 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.timeouts = timeouts or SessionTimeouts()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._watchers: set[asyncio.Queue[dict[str, Any]]] = set()
-        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._watchers: set[asyncio.Queue[ManagerEvent]] = set()
+        self._listeners: list[Callable[[ManagerEvent], None]] = []
 
     # -- change events, for UIs ------------------------------------------------------
-    def subscribe(self, maxsize: int = 1000) -> asyncio.Queue[dict[str, Any]]:
-        """A queue receiving ``{"type": "session", "session": status}`` on every change
-        and ``{"type": "removed", "name": ...}`` when a session goes away."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize)
+    def subscribe(self, maxsize: int = 1000) -> asyncio.Queue[ManagerEvent]:
+        """A queue receiving ``{"type": "session", "session": status}`` on every change,
+        ``{"type": "removed", "name": ...}`` when a session goes away and
+        ``{"type": "progress", "name": ..., "text": ...}`` while one starts."""
+        queue: asyncio.Queue[ManagerEvent] = asyncio.Queue(maxsize)
         self._watchers.add(queue)
         return queue
 
-    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    def unsubscribe(self, queue: asyncio.Queue[ManagerEvent]) -> None:
         self._watchers.discard(queue)
 
-    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+    def add_listener(self, listener: Callable[[ManagerEvent], None]) -> None:
         """Call ``listener`` with each event `subscribe` queues, as it happens (for the
         server's session record, which must never lag behind a start or stop)."""
         self._listeners.append(listener)
 
-    def _publish(self, event: dict[str, Any]) -> None:
+    def _publish(self, event: ManagerEvent) -> None:
         for listener in self._listeners:
             listener(event)
         for queue in self._watchers:
@@ -117,7 +118,7 @@ class SessionManager:
     async def find(self, name: str) -> Session:
         return self.get(name)
 
-    async def list_status(self) -> list[dict[str, Any]]:
+    async def list_status(self) -> list[SessionStatus]:
         return self.status()
 
     async def restart(self, name: str, progress: Progress = lambda _: None) -> Session:
@@ -171,5 +172,5 @@ class SessionManager:
             self._publish({"type": "removed", "name": session.name})
         await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[SessionStatus]:
         return [self.sessions[n].status() for n in self.names()]

@@ -11,12 +11,13 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
+from jupyter_dist.common.payloads import KernelConnection
 from jupyter_dist.common.pickling import Frame
 from jupyter_dist.common.wire_names import OBJECTS_TARGET
 from jupyter_dist.errors import PushError, SessionError
@@ -51,7 +52,7 @@ class RankClient:
     def __init__(
         self,
         rank: int,
-        connection: Mapping[str, Any],
+        connection: KernelConnection,
         key: str,
         context: zmq.asyncio.Context,
     ) -> None:

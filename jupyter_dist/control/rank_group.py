@@ -36,6 +36,7 @@ import zmq.asyncio
 from jupyter_dist.common import pickling, stacks
 from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.events import CellEvent, CellFinished, CellResult, Notice
+from jupyter_dist.common.payloads import KernelConnection
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.cell_tracker import CellRun
 from jupyter_dist.control.rank_client import RankClient
@@ -46,9 +47,9 @@ from jupyter_dist.errors import (
     RanksFailed,
     SessionError,
     SpecError,
-    ranks_label,
 )
 from jupyter_dist.settings import ABORT_AFTER_VAR, STRAGGLER_VAR, seconds_from_env
+from jupyter_dist.text import ranks_label
 
 if TYPE_CHECKING:
     from jupyter_dist.control.agent_client import NodeAgent
@@ -71,6 +72,21 @@ STACKS_TIMEOUT_S = 10.0
 
 
 class SessionState(str, enum.Enum):
+    """Where a session is in its life. `Session` moves it; an `AttachedSession` takes the
+    state the server reports::
+
+        STARTING ──(every rank bootstrapped)──> READY ──(a rank died)──> BROKEN
+            │                                    │  ^                      │
+            │                          (restart) v  │ (restart done)       │ (restart)
+            │                                 RESTARTING <─────────────────┘
+            │ (start failed)                     └──(restart failed)──> BROKEN
+            v
+         STOPPED <── (shutdown, from any state)
+
+    A rank dying while STARTING marks the session BROKEN too; the start then fails and
+    shuts the session down. STOPPED is final: the next start makes a new `Session`.
+    """
+
     STARTING = "starting"
     READY = "ready"
     BROKEN = "broken"
@@ -79,6 +95,17 @@ class SessionState(str, enum.Enum):
 
 
 class RankState(str, enum.Enum):
+    """One rank kernel, as this process sees it::
+
+        STARTING ──(bootstrapped, or attached)──> IDLE <──(cell sent / cell ended)──> BUSY
+            │                                      │                                  │
+            └──────────────────────────────────────┴─(exited, node or server lost)─> DEAD
+
+    A rank is BUSY from the moment its ``execute_request`` goes out until the cell has
+    ended on every rank it ran on; the bootstrap cells run the same way, so a starting
+    rank is BUSY while they run. DEAD is final: a restart makes new `RankRecord` values.
+    """
+
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
@@ -98,7 +125,7 @@ class RankRecord:
     exit_code: int | None = None
     exit_tail: str = ""  # the end of its log when it died
     log: str = ""
-    connection: dict[str, Any] | None = None  # reachable from this process (tunnelled)
+    connection: KernelConnection | None = None  # reachable from this process (tunnelled)
 
     @property
     def rank(self) -> int:

@@ -94,15 +94,16 @@ async def plan_rendezvous(
     routes = await asyncio.gather(*(n.route(addr) for n in nodes))
     node_env: dict[int, dict[str, str]] = {}
     for node, route in zip(nodes, routes, strict=True):
-        if not route.get("ifname"):
+        ifname = route.get("ifname")
+        if not ifname:
             raise AgentError(
                 f"node {node.host!r} has no route to node 0 ({head.host}, {addr}): "
                 f"{route.get('error', 'no interface holds the address it would use')}; "
                 "check the network between the nodes, or set GLOO_SOCKET_IFNAME"
             )
-        env = {}
+        env: dict[str, str] = {}
         for name in IFNAME_VARS:
-            env[name] = user_env.get(name) or route["ifname"]
+            env[name] = user_env.get(name) or ifname
         node_env[node.node_rank] = env
     return rdzv, node_env
 

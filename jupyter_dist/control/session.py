@@ -15,9 +15,10 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from jupyter_dist.common.agent_protocol import describe_returncode
+from jupyter_dist.common.payloads import KernelConnection, SessionConnection, SessionStatus
 from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.agent_client import AgentInfo, NodeAgent
@@ -173,7 +174,9 @@ class Session(RankGroup):
         spawned = await rec.node.spawn(rec.rank, rec.place.local_rank, env, self.key, self.cwd)
         rec.pid = spawned.pid
         rec.log = spawned.log
-        rec.connection = await rec.node.launcher.tunnel(rec.rank, spawned.connection)
+        # a launcher (possibly a plug-in's) hands back the sockets as plain JSON
+        tunnelled = await rec.node.launcher.tunnel(rec.rank, spawned.connection)
+        rec.connection = cast(KernelConnection, tunnelled)
         rec.client = RankClient(rec.rank, rec.connection, self.key, self._context)
 
         def dead() -> str | None:
@@ -277,7 +280,7 @@ class Session(RankGroup):
         log.info("session %s shut down", self.name)
 
     # -- reporting ---------------------------------------------------------------------
-    def connection_info(self) -> dict[str, Any]:
+    def connection_info(self) -> SessionConnection:
         """What another process on this machine needs to talk to the rank kernels itself:
         the session's HMAC key and each rank's (local or forwarded) sockets. Secret."""
         self._check_usable()
@@ -297,7 +300,7 @@ class Session(RankGroup):
             ],
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> SessionStatus:
         """A JSON-able picture of the session, for `%dist status` and the UI."""
         return {
             "name": self.name,

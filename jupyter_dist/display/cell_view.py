@@ -47,7 +47,7 @@ from jupyter_dist.display.render_text import TextRenderer
 from jupyter_dist.display.stacks_panel import StacksPanel
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary, chips_html
 from jupyter_dist.display.widget_relay import WidgetRelay
-from jupyter_dist.errors import ranks_label
+from jupyter_dist.text import ranks_label
 
 #: at most this many redraws a second
 RENDER_INTERVAL_S = 0.1

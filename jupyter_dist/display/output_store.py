@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from jupyter_dist.errors import SpecError
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
+from jupyter_dist.text import strip_ansi
 
 LINE_LIMIT = 400
 #: a view keeps at most this many characters of lines (for 1 KiB lines, the last 100)
@@ -32,7 +33,6 @@ LINE_CHARS = 10_000
 #: characters of each rank's output a cell passes on as text, unless the variable says
 DEFAULT_OUTPUT_LIMIT = 2 * 1024 * 1024
 _SIZE = re.compile(r"(\d+)\s*([kmg]?)(i?b)?", re.IGNORECASE)
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def output_limit(environ: Mapping[str, str] | None = None) -> int:
@@ -133,7 +133,7 @@ class ViewOutput:
 
     def plain_text(self) -> str:
         lines = [v if k != "rich" else _rich_text(v) for k, v in self.entries]
-        return "\n".join(_ANSI.sub("", line) for line in lines)
+        return "\n".join(strip_ansi(line) for line in lines)
 
 
 class LineWriter:

@@ -28,8 +28,8 @@ from jupyter_dist.common.events import (
 )
 from jupyter_dist.display.output_store import RankLogs, format_size, output_limit
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary
-from jupyter_dist.errors import ranks_label
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
+from jupyter_dist.text import ranks_label
 
 HOLD_S = 0.5
 #: cells at least this long always end with a summary line of per-rank times

@@ -1,6 +1,6 @@
 """The cell view's "stacks" button: where every rank is now, grouped, shown under it.
 
-The click is handled on the notebook kernel's click subshell (`click_lane`), beside the
+The click is handled on the notebook kernel's click subshell (`display.busy_clicks`), beside the
 cell that still runs, so the button answers while ranks hang, which is when it is wanted.
 ``read`` does the work (ask each node's agent for its ranks' faulthandler dumps, group
 them) and may take seconds; the button is disabled meanwhile.

@@ -106,7 +106,7 @@ def _process_text(sample: dict[str, float]) -> str:
 def cell_summary(statuses: list[RankStatus]) -> str:
     """One line per cell: ``done on ranks 0-1 in 0.31 s (rank 0 0.30 s, rank 1 0.31 s)``;
     failed ranks are named first."""
-    from jupyter_dist.errors import ranks_label
+    from jupyter_dist.text import ranks_label
 
     if not statuses:
         return "no ranks ran"

@@ -1,7 +1,8 @@
 """The per-node agent: spawns this node's rank kernels and watches them.
 
-Run as ``python -m jupyter_dist.node`` by a launcher (a local subprocess now; over SSH
-for remote nodes), it talks JSON lines on stdin/stdout (see `agent_protocol`).
+Run as ``python -m jupyter_dist.node`` by a launcher (`control.launchers`: a local
+subprocess, or over SSH or srun for other nodes), it talks JSON lines on stdin/stdout (see
+`common.agent_protocol`; the messages are typed in `common.payloads`).
 
 The agent imports torch and ipykernel once, before any rank exists, and then forks each
 rank kernel from that warm process: a rank starts in a fraction of the time a fresh
@@ -31,9 +32,21 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
-from jupyter_dist.common.agent_protocol import PROTOCOL_VERSION, STACKS_SIGNAL, decode, encode
+from jupyter_dist.common.agent_protocol import (
+    PROTOCOL_VERSION,
+    STACKS_SIGNAL,
+    as_command,
+    decode,
+    encode,
+)
+from jupyter_dist.common.payloads import (
+    AgentEvent,
+    KernelConnection,
+    ReplyFields,
+    SpawnCommand,
+)
 
 PRELOAD = (
     "torch",
@@ -85,7 +98,7 @@ class Agent:
         os.set_blocking(self._wake_w, False)
 
     # -- output ---------------------------------------------------------------------
-    def emit(self, message: dict[str, Any]) -> None:
+    def emit(self, message: AgentEvent) -> None:
         data = encode(message)
         while data:
             try:
@@ -180,31 +193,32 @@ class Agent:
 
     def _handle(self, line: bytes) -> None:
         try:
-            cmd = decode(line)
-            op = cmd.get("op")
-            if op == "spawn":
+            data = decode(line)
+            cmd = as_command(data)
+            if cmd is None:
+                message = f"unknown op {data.get('op')!r}"
+                self.emit({"event": "error", "message": message, "rank": None})
+            elif cmd["op"] == "spawn":
                 self.spawn(cmd)
-            elif op == "signal":
+            elif cmd["op"] == "signal":
                 self.signal_rank(int(cmd["rank"]), str(cmd["signal"]))
-            elif op == "kill":
+            elif cmd["op"] == "kill":
                 ranks = cmd.get("ranks")
                 self.kill(None if ranks is None else set(ranks), float(cmd.get("grace", 2.0)))
-            elif op == "route":
+            elif cmd["op"] == "route":
                 self.emit({"event": "reply", "id": cmd["id"], **route_to(str(cmd["addr"]))})
-            elif op == "probe":
+            elif cmd["op"] == "probe":
                 reply = probe(str(cmd["addr"]), int(cmd["port"]), float(cmd.get("timeout_s", 5)))
                 self.emit({"event": "reply", "id": cmd["id"], **reply})
-            elif op == "stacks":
+            elif cmd["op"] == "stacks":
                 ranks = cmd.get("ranks")
                 offsets = self.dump_stacks(None if ranks is None else set(ranks))
                 self.emit({"event": "reply", "id": cmd["id"], "offsets": offsets})
-            elif op == "read_log":
+            elif cmd["op"] == "read_log":
                 text = _read_from(self._log_of(int(cmd["rank"])), int(cmd["offset"]))
                 self.emit({"event": "reply", "id": cmd["id"], "text": text})
-            elif op == "shutdown":
+            else:  # shutdown
                 self.stopping = True
-            else:
-                self.emit({"event": "error", "message": f"unknown op {op!r}", "rank": None})
         except Exception as err:
             self.emit({"event": "error", "message": f"{type(err).__name__}: {err}", "rank": None})
 
@@ -215,7 +229,7 @@ class Agent:
                 return pid
         return None
 
-    def spawn(self, cmd: dict[str, Any]) -> None:
+    def spawn(self, cmd: SpawnCommand) -> None:
         from jupyter_client.connect import write_connection_file
 
         rank = int(cmd["rank"])
@@ -249,7 +263,7 @@ class Agent:
             finally:
                 os._exit(code)
         self.children[pid] = RankChild(rank, pid, log_path, conn_path)
-        connection = {k: v for k, v in cfg.items() if k != "key"}
+        connection = cast(KernelConnection, {k: v for k, v in cfg.items() if k != "key"})
         self.emit(
             {
                 "event": "spawned",
@@ -398,9 +412,9 @@ def _tail(path: str, size: int = LOG_TAIL_BYTES) -> str:
         raise
 
 
-def route_to(addr: str) -> dict[str, Any]:
+def route_to(addr: str) -> ReplyFields:
     """Which local address and interface this node uses to reach ``addr``."""
-    info: dict[str, Any] = {"addr": addr, "ip": None, "ifname": None}
+    info: ReplyFields = {"addr": addr, "ip": None, "ifname": None}
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((addr, 9))  # UDP: picks a route, sends nothing
@@ -416,7 +430,7 @@ def route_to(addr: str) -> dict[str, Any]:
     return info
 
 
-def probe(addr: str, port: int, timeout: float) -> dict[str, Any]:
+def probe(addr: str, port: int, timeout: float) -> ReplyFields:
     """Can this node open a TCP connection to ``addr:port``?"""
     try:
         with socket.create_connection((addr, port), timeout=timeout):

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 from jupyter_dist.common.events import CallDone, CellEvent, CellFinished, CellResult, Notice
 from jupyter_dist.control.event_queue import EventSink
 from jupyter_dist.control.rank_group import RankGroup
-from jupyter_dist.errors import ranks_label
 from jupyter_dist.notebook.owners import SessionOwner
+from jupyter_dist.text import ranks_label
 
 #: seconds to keep drawing after an interrupt before giving control back
 INTERRUPT_WAIT_S = 10.0

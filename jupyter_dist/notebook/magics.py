@@ -11,7 +11,7 @@ import os
 import queue
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -39,7 +39,10 @@ from jupyter_dist.notebook.cell_loop import Renderer, run_cell, wait_with_notice
 from jupyter_dist.notebook.owners import SessionOwner, session_owner
 from jupyter_dist.settings import OUTPUT_VAR
 
-OUTPUT_MODES = ("auto", "widget", "text")
+#: what ``--output`` and ``JUPYTER_DIST_OUTPUT`` may say; ``auto`` picks one of the views
+OutputMode = Literal["auto", "widget", "text"]
+CellViewKind = Literal["widget", "text"]
+OUTPUT_MODES: tuple[OutputMode, ...] = ("auto", "widget", "text")
 #: seconds the cell view's stacks button waits for the ranks' dumps
 STACKS_READ_S = 15.0
 DIST_COMMANDS = (
@@ -62,7 +65,7 @@ def _renderer(ranks: list[int], summary: bool = False) -> TextRenderer:
     return TextRenderer(ranks, sys.stdout, sys.stderr, _display, summary=summary)
 
 
-def output_mode(shell: Any, asked: str | None) -> str:
+def output_mode(shell: Any, asked: str | None) -> CellViewKind:
     """``widget`` in a notebook kernel (a frontend that can draw widgets may be there),
     ``text`` in a terminal; ``--output`` or ``JUPYTER_DIST_OUTPUT`` decide first."""
     mode = (asked or os.environ.get(OUTPUT_VAR) or "auto").strip().lower()
@@ -71,7 +74,7 @@ def output_mode(shell: Any, asked: str | None) -> str:
         raise SpecError(f"{where}: expected one of {', '.join(OUTPUT_MODES)}")
     if mode == "auto":
         return "widget" if getattr(shell, "kernel", None) is not None else "text"
-    return mode
+    return "widget" if mode == "widget" else "text"
 
 
 def _check_syntax(shell: Any, cell: str) -> None:

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, Protocol, TypeVar
 
+from jupyter_dist.common.payloads import SessionStatus
 from jupyter_dist.common.spec import ShapeRequest
 from jupyter_dist.control.manager import SessionManager
 from jupyter_dist.control.rank_group import RankGroup
@@ -56,7 +57,7 @@ class SessionRegistry(Protocol):
 
     async def shutdown_all(self) -> None: ...
 
-    async def list_status(self) -> list[dict[str, Any]]: ...
+    async def list_status(self) -> list[SessionStatus]: ...
 
 
 class SessionOwner(Protocol):

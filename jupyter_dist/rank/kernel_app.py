@@ -27,7 +27,7 @@ _crash_log: IO[str] | None = None
 
 class RankKernelApp(IPKernelApp):
     """`IPKernelApp` whose IOPub socket blocks instead of dropping when a subscriber's
-    queue is full (``XPUB_NODROP``; see `rank_streams`).
+    queue is full (``XPUB_NODROP``; see `rank.out_stream`).
 
     The option is set as the socket is made, before the IOPub thread that owns it starts:
     a zmq socket must not be touched by two threads, and the notebook may already be

@@ -10,7 +10,7 @@ flush: ipykernel 7's IO thread schedules each send through its own event pipe, w
 flush sending hundreds of messages at once fills, and then blocks on.)
 
 The rank kernel's IOPub socket blocks instead of dropping (``XPUB_NODROP``, set by
-`rank_kernel`) when a subscriber's queue is full: a notebook that reads with a small
+`rank.kernel_app`) when a subscriber's queue is full: a notebook that reads with a small
 receive queue then slows a flooding rank down to its own pace, so neither side piles up
 the flood in memory and no output is lost on the way to the rank's log.
 

@@ -5,7 +5,7 @@ Enabled on install (``jupyter_server_config.d/jupyter_dist.json``). It runs the 
 session when the server stops.
 
 It keeps a record of its sessions' processes in the Jupyter runtime folder
-(`session_records`), and on start stops what a dead predecessor's sessions left running.
+(`server.process_records`), and on start stops what a dead predecessor's sessions left running.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Unicode, validate
 
 from jupyter_dist.common.hosts import parse_hosts
+from jupyter_dist.common.payloads import ManagerEvent
 from jupyter_dist.common.ports import parse_port_range
 from jupyter_dist.control.manager import SessionDefaults, SessionManager
 from jupyter_dist.control.session import SessionTimeouts
@@ -110,7 +111,7 @@ class DistServerApp(ExtensionApp):
     def initialize_handlers(self) -> None:
         self.handlers.extend(HANDLERS)
 
-    def _session_event(self, event: dict[str, Any]) -> None:
+    def _session_event(self, event: ManagerEvent) -> None:
         """Keep our record in step with the sessions."""
         try:
             self.records.observe(event)

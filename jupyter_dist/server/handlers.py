@@ -1,13 +1,16 @@
 """REST handlers of the server extension: parse the request, call the SessionManager,
 return JSON. Every handler is authenticated and authorized; domain errors become HTTP
-statuses in one place (`STATUS_OF`). The API is described in ``rest-api.yaml``."""
+statuses in one place (`STATUS_OF`, applied by `maps_errors`). The API is described in
+``rest-api.yaml``; its bodies are typed in `common.payloads`."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -15,7 +18,9 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from jupyter_dist.common.hosts import HostSpec, parse_host, parse_hosts
+from jupyter_dist.common.payloads import ServerEvent, StacksReply
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_session_name, parse_ranks
+from jupyter_dist.common.wire_names import API_PREFIX
 from jupyter_dist.control.manager import SessionManager
 from jupyter_dist.errors import (
     AgentError,
@@ -26,7 +31,6 @@ from jupyter_dist.errors import (
     UnknownSession,
 )
 
-API_PREFIX = "/jupyter-dist/api/v1"
 AUTH_RESOURCE = "jupyter_dist"
 
 #: most specific first: the first match decides the status
@@ -145,6 +149,26 @@ class DistHandler(APIHandler):
         self.finish(json.dumps(data))
 
 
+H = TypeVar("H", bound=DistHandler)
+P = ParamSpec("P")
+
+
+def maps_errors(
+    method: Callable[Concatenate[H, P], Awaitable[None]],
+) -> Callable[Concatenate[H, P], Coroutine[Any, Any, None]]:
+    """Turn the domain errors ``method`` raises into their HTTP status (`DistHandler.fail`);
+    any other exception goes on as it is. Put it below the auth decorators."""
+
+    @functools.wraps(method)
+    async def mapped(self: H, /, *args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            await method(self, *args, **kwargs)
+        except BaseException as err:
+            raise self.fail(err) from err
+
+    return mapped
+
+
 class SessionsHandler(DistHandler):
     """``/sessions``: list them, or start one."""
 
@@ -155,16 +179,14 @@ class SessionsHandler(DistHandler):
 
     @web.authenticated
     @authorized("execute")  # type: ignore[untyped-decorator]
+    @maps_errors
     async def post(self) -> None:
         """Starting ranks runs programs (``python``, ``env``): as for kernels, that needs
         the ``execute`` permission."""
-        try:
-            req = shape_from_json(self.get_json_body())
-            session, started = await self.manager.get_or_start(
-                req.name, req.shape, cwd=req.cwd, env=req.env
-            )
-        except BaseException as err:
-            raise self.fail(err) from err
+        req = shape_from_json(self.get_json_body())
+        session, started = await self.manager.get_or_start(
+            req.name, req.shape, cwd=req.cwd, env=req.env
+        )
         self.reply(session.status(), 201 if started else 200)
 
 
@@ -173,19 +195,15 @@ class SessionHandler(DistHandler):
 
     @web.authenticated
     @authorized
+    @maps_errors
     async def get(self, name: str) -> None:
-        try:
-            self.reply(self.manager.get(name).status())
-        except BaseException as err:
-            raise self.fail(err) from err
+        self.reply(self.manager.get(name).status())
 
     @web.authenticated
     @authorized
+    @maps_errors
     async def delete(self, name: str) -> None:
-        try:
-            await self.manager.shutdown(name)
-        except BaseException as err:
-            raise self.fail(err) from err
+        await self.manager.shutdown(name)
         self.set_status(204)
         self.finish()
 
@@ -199,11 +217,9 @@ class ConnectionHandler(DistHandler):
 
     @web.authenticated
     @authorized("execute")  # type: ignore[untyped-decorator]
+    @maps_errors
     async def get(self, name: str) -> None:
-        try:
-            self.reply(self.manager.get(name).connection_info())
-        except BaseException as err:
-            raise self.fail(err) from err
+        self.reply(self.manager.get(name).connection_info())
 
 
 class StacksHandler(DistHandler):
@@ -212,15 +228,14 @@ class StacksHandler(DistHandler):
 
     @web.authenticated
     @authorized
+    @maps_errors
     async def get(self, name: str) -> None:
-        try:
-            session = self.manager.get(name)
-            text = self.get_query_argument("ranks", "")
-            ranks = parse_ranks(text, session.spec.world_size) if text else None
-            dumps = await session.stacks(ranks)
-        except BaseException as err:
-            raise self.fail(err) from err
-        self.reply({"stacks": {str(r): d for r, d in dumps.items()}})
+        session = self.manager.get(name)
+        text = self.get_query_argument("ranks", "")
+        ranks = parse_ranks(text, session.spec.world_size) if text else None
+        dumps = await session.stacks(ranks)
+        reply: StacksReply = {"stacks": {str(r): d for r, d in dumps.items()}}
+        self.reply(reply)
 
 
 class SessionActionHandler(DistHandler):
@@ -228,17 +243,15 @@ class SessionActionHandler(DistHandler):
 
     @web.authenticated
     @authorized
+    @maps_errors
     async def post(self, name: str, action: str) -> None:
-        try:
-            session = self.manager.get(name)
-            if action == "interrupt":
-                await session.interrupt()
-                self.set_status(204)
-                self.finish()
-                return
-            await self.manager.restart(name)
-        except BaseException as err:
-            raise self.fail(err) from err
+        session = self.manager.get(name)
+        if action == "interrupt":
+            await session.interrupt()
+            self.set_status(204)
+            self.finish()
+            return
+        await self.manager.restart(name)
         self.reply(session.status())
 
 
@@ -268,7 +281,7 @@ class EventsHandler(DistHandler):
         finally:
             self.manager.unsubscribe(queue)
 
-    async def _send(self, event: dict[str, Any]) -> None:
+    async def _send(self, event: ServerEvent) -> None:
         self.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n")
         await self.flush()
 

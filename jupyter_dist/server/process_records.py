@@ -24,12 +24,14 @@ import os
 import signal
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import psutil
+
+from jupyter_dist.common.payloads import ManagerEvent, SessionStatus
 
 RECORD_PREFIX = "jupyter_dist-sessions-"
 RECORD_VERSION = 1
@@ -233,7 +235,7 @@ def find_orphaned(runtime_dir: Path, log: logging.Logger) -> list[Orphaned]:
 
 
 # -- building records from the manager's session status ----------------------------------
-def session_record(status: Mapping[str, Any], server_pid: int) -> SessionRecord:
+def session_record(status: SessionStatus, server_pid: int) -> SessionRecord:
     """The record of a session from its ``Session.status()``.
 
     Local processes are kept only while they are what the session started: the agent a
@@ -263,7 +265,7 @@ def session_record(status: Mapping[str, Any], server_pid: int) -> SessionRecord:
     return SessionRecord(str(status["name"]), tuple(local), tuple(remote))
 
 
-def _identity(status: Mapping[str, Any]) -> tuple[Any, ...]:
+def _identity(status: SessionStatus) -> tuple[Any, ...]:
     """What in a status changes the record: the processes, not the cells run."""
     return (
         tuple((n.get("node_rank"), n.get("agent_pid")) for n in status.get("nodes", [])),
@@ -289,10 +291,9 @@ class SessionRecorder:
         sessions = tuple(self._sessions[name][1] for name in sorted(self._sessions))
         return ServerRecord(self.pid, self.create_time, sessions)
 
-    def observe(self, event: Mapping[str, Any]) -> None:
+    def observe(self, event: ManagerEvent) -> None:
         """Take one `SessionManager` event; rewrite the record if its processes changed."""
-        kind = event.get("type")
-        if kind == "session":
+        if event["type"] == "session":
             status = event["session"]
             name = str(status["name"])
             if status.get("state") == "stopped":
@@ -303,7 +304,7 @@ class SessionRecorder:
                 changed = known is None or known[0] != identity
                 if changed:
                     self._sessions[name] = (identity, session_record(status, self.pid))
-        elif kind == "removed":
+        elif event["type"] == "removed":
             changed = self._sessions.pop(str(event["name"]), None) is not None
         else:
             return

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
+from jupyter_dist.common.payloads import SessionConnection, SessionStatus
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_env import RankPlace
@@ -25,12 +25,13 @@ log = logging.getLogger(__name__)
 class AttachedSession(RankGroup):
     """Kernel clients for the ranks of a server-owned session."""
 
-    def __init__(self, status: Mapping[str, Any], connection: Mapping[str, Any]) -> None:
+    def __init__(self, status: SessionStatus, connection: SessionConnection) -> None:
         super().__init__(SessionSpec.from_json(status["spec"]), str(connection["key"]))
-        self.status_data: dict[str, Any] = dict(status)
+        self.status_data: SessionStatus = status.copy()
         self.ranks = {}
         pids = {r["rank"]: r.get("pid") for r in status.get("ranks", [])}
         for entry in connection["ranks"]:
+            sockets = entry["connection"]
             place = RankPlace(
                 rank=entry["rank"],
                 local_rank=entry["local_rank"],
@@ -40,7 +41,7 @@ class AttachedSession(RankGroup):
                 place,
                 entry["host"],
                 pid=pids.get(place.rank),
-                connection=dict(entry["connection"]),
+                connection=None if sockets is None else sockets.copy(),
             )
         self.fetch_stacks: Callable[[list[int] | None], Awaitable[dict[int, str]]] | None = None
         self._state = SessionState(status["state"])
@@ -58,11 +59,14 @@ class AttachedSession(RankGroup):
         await asyncio.gather(*(one(r) for r in self.ranks.values()))
         self.apply_status(self.status_data)
 
-    def apply_status(self, status: Mapping[str, Any]) -> None:
+    def apply_status(self, status: SessionStatus) -> None:
         """Take in the server's picture: deaths of our ranks, the session's state."""
-        self.status_data = dict(status)
+        self.status_data = status.copy()
         current = {r["rank"]: r for r in status.get("ranks", [])}
-        ours = all(current.get(rank, {}).get("pid") == rec.pid for rank, rec in self.ranks.items())
+        ours = all(
+            (current[rank].get("pid") if rank in current else None) == rec.pid
+            for rank, rec in self.ranks.items()
+        )
         if not ours:  # restarted by someone: these clients talk to the old ranks
             if status.get("state") == SessionState.READY.value:
                 self.stale = True
@@ -91,5 +95,5 @@ class AttachedSession(RankGroup):
         self.broken_reason = reason
         self.state = SessionState.STOPPED
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> SessionStatus:
         return self.status_data

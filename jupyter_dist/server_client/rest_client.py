@@ -2,7 +2,8 @@
 
 Runs on the control-plane loop (tornado's HTTP client on asyncio). Errors come back as
 the exceptions the server raised: the server names the error class in the response's
-``reason``, and its message is kept word for word.
+``reason``, and its message is kept word for word. The JSON it reads is typed in
+`common.payloads` (as the server writes it; nothing checks it here).
 """
 
 from __future__ import annotations
@@ -17,10 +18,19 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from jupyter_dist import errors
+from jupyter_dist.common.payloads import (
+    ServerEvent,
+    SessionConnection,
+    SessionRequest,
+    SessionStatus,
+    StacksReply,
+)
+from jupyter_dist.common.wire_names import API_PREFIX
 from jupyter_dist.server_client.discovery import ServerInfo
 
 log = logging.getLogger(__name__)
-API = "jupyter-dist/api/v1"
+#: the API's path under the server's base URL (which ends with "/")
+API = API_PREFIX.lstrip("/")
 #: error classes the server may name, rebuilt here with the server's message
 _KNOWN_ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
@@ -34,7 +44,8 @@ _KNOWN_ERRORS: dict[str, type[Exception]] = {
         errors.DistError,
     )
 }
-EventHandler = Callable[[str, dict[str, Any]], None]
+#: called with each server-sent event's name and data
+EventHandler = Callable[[str, ServerEvent], None]
 
 
 class ServerError(errors.DistError):
@@ -86,11 +97,11 @@ class ServerClient:
         return json.loads(response.body)
 
     # -- the API ------------------------------------------------------------------------
-    async def sessions(self) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = await self.call("GET", "sessions")
+    async def sessions(self) -> list[SessionStatus]:
+        found: list[SessionStatus] = await self.call("GET", "sessions")
         return found
 
-    async def create(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    async def create(self, body: SessionRequest) -> tuple[SessionStatus, bool]:
         """Start a session, or find the running one; returns its status and whether it
         was started now."""
         request = HTTPRequest(
@@ -104,23 +115,24 @@ class ServerClient:
             response = await self.http.fetch(request)
         except HTTPClientError as err:
             raise _as_error(err, "POST", "sessions") from None
-        return json.loads(response.body), response.code == 201
+        status: SessionStatus = json.loads(response.body)
+        return status, response.code == 201
 
-    async def status(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = await self.call("GET", f"sessions/{quote(name)}")
+    async def status(self, name: str) -> SessionStatus:
+        found: SessionStatus = await self.call("GET", f"sessions/{quote(name)}")
         return found
 
-    async def connection(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = await self.call("GET", f"sessions/{quote(name)}/connection")
+    async def connection(self, name: str) -> SessionConnection:
+        found: SessionConnection = await self.call("GET", f"sessions/{quote(name)}/connection")
         return found
 
     async def stacks(self, name: str, ranks: list[int] | None) -> dict[int, str]:
         query = f"?ranks={','.join(map(str, ranks))}" if ranks else ""
-        found = await self.call("GET", f"sessions/{quote(name)}/stacks{query}")
+        found: StacksReply = await self.call("GET", f"sessions/{quote(name)}/stacks{query}")
         return {int(r): str(d) for r, d in found["stacks"].items()}
 
-    async def restart(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = await self.call("POST", f"sessions/{quote(name)}/restart")
+    async def restart(self, name: str) -> SessionStatus:
+        found: SessionStatus = await self.call("POST", f"sessions/{quote(name)}/restart")
         return found
 
     async def delete(self, name: str) -> None:

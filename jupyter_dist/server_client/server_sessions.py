@@ -13,8 +13,17 @@ import contextlib
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
+from jupyter_dist.common.payloads import (
+    ServerEvent,
+    SessionChanged,
+    SessionProgress,
+    SessionRemoved,
+    SessionRequest,
+    SessionStatus,
+    Snapshot,
+)
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape
 from jupyter_dist.control.rank_group import SessionState
 from jupyter_dist.control.session import Progress
@@ -58,26 +67,29 @@ class ServerSessions:
         for session in self.sessions.values():
             session.server_lost(reason)
 
-    def _on_event(self, kind: str, data: dict[str, Any]) -> None:
+    def _on_event(self, kind: str, data: ServerEvent) -> None:
+        """One server-sent event; ``kind``, the SSE event name, says which `data` is."""
         if kind == "snapshot":
             self._subscribed.set()
-            for status in data.get("sessions", []):
+            for status in cast(Snapshot, data).get("sessions", []):
                 self._apply(status)
         elif kind == "session":
-            self._apply(data["session"])
+            self._apply(cast(SessionChanged, data)["session"])
         elif kind == "removed":
-            session = self.sessions.pop(data["name"], None)
+            name = cast(SessionRemoved, data)["name"]
+            session = self.sessions.pop(name, None)
             if session is not None:
-                session.server_lost(f"session {data['name']!r} was shut down on the server")
+                session.server_lost(f"session {name!r} was shut down on the server")
                 closing = asyncio.ensure_future(session.close_clients())
                 self._closing.add(closing)
                 closing.add_done_callback(self._closing.discard)
         elif kind == "progress":
-            report = self._progress.get(data.get("name", ""))
+            progress = cast(SessionProgress, data)
+            report = self._progress.get(progress.get("name", ""))
             if report is not None:
-                report(str(data.get("text", "")))
+                report(str(progress.get("text", "")))
 
-    def _apply(self, status: dict[str, Any]) -> None:
+    def _apply(self, status: SessionStatus) -> None:
         session = self.sessions.get(status.get("name", ""))
         if session is not None:
             session.apply_status(status)
@@ -124,7 +136,7 @@ class ServerSessions:
             check_same_shape(attached.spec, request)
             return attached, False
         await self._ensure_events()
-        body = {
+        body: SessionRequest = {
             "name": name,
             **request.to_json(),
             "cwd": os.getcwd(),
@@ -158,7 +170,7 @@ class ServerSessions:
             with contextlib.suppress(UnknownSession):
                 await self.shutdown(status["name"])
 
-    async def list_status(self) -> list[dict[str, Any]]:
+    async def list_status(self) -> list[SessionStatus]:
         return await self.client.sessions()
 
     async def close(self) -> None:

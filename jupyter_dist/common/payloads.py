@@ -1,0 +1,326 @@
+"""The JSON objects that cross a process or role boundary, typed in one place.
+
+A session's status, the connection details of its rank kernels, the control plane's change
+events, the agent protocol's commands and events, and the bodies of the server's REST API
+are plain dicts on the wire (JSON), and several modules, in different processes, build
+and read them. Spelling each one out here as a `TypedDict` lets mypy check every key a
+producer writes and a consumer reads against the same definition; the closed sets among
+their values (states, devices, backends) are `Literal` aliases.
+
+Field names are part of the protocol (the REST API, ``rest-api.yaml``, the agent's JSON
+lines): changing one here changes the wire. Keys marked optional are sometimes left out
+(``total=False`` bases, since ``NotRequired`` needs Python 3.11). Nothing here is checked
+at run time: values read off a wire are as trustworthy as the peer that wrote them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, TypedDict
+
+# -- closed sets ---------------------------------------------------------------------------
+#: where a session's ranks compute
+Device = Literal["cpu", "cuda"]
+#: torch.distributed backends a session may use
+Backend = Literal["gloo", "nccl"]
+#: `control.rank_group.SessionState` values
+SessionStateName = Literal["starting", "ready", "broken", "restarting", "stopped"]
+#: `control.rank_group.RankState` values
+RankStateName = Literal["starting", "idle", "busy", "dead"]
+#: how a rank kernel's sockets are addressed (TCP ports, or Unix sockets ``ip-port``)
+Transport = Literal["tcp", "ipc"]
+
+
+# -- values inside other payloads ----------------------------------------------------------
+class GPUJSON(TypedDict):
+    """`common.gpus.GPUInfo.to_json`."""
+
+    index: int
+    name: str
+    memory_total_mib: int
+    uuid: str
+
+
+class _HostOptions(TypedDict, total=False):
+    user: str | None
+    port: int | None
+    slots: int | None
+    python: str | None
+
+
+class HostJSON(_HostOptions):
+    """A `common.hosts.HostSpec` (unset fields may be left out)."""
+
+    name: str
+
+
+class SpecJSON(TypedDict):
+    """`common.spec.SessionSpec.to_json` (sequences are tuples before they are JSON)."""
+
+    name: str
+    nodes: int
+    procs_per_node: int
+    device: Device
+    backend: Backend
+    init_process_group: bool
+    hosts: Sequence[HostJSON]
+    python: str | None
+    ssh_config: str | None
+    node_procs: Sequence[int]
+    launcher: str
+
+
+class KernelConnection(TypedDict):
+    """A rank kernel's sockets, as jupyter_client writes a connection file, less the key
+    (the session's, sent apart)."""
+
+    shell_port: int
+    iopub_port: int
+    stdin_port: int
+    control_port: int
+    hb_port: int
+    ip: str
+    transport: Transport
+    signature_scheme: str
+    kernel_name: str
+
+
+# -- a session's status (`Session.status`, ``GET /sessions``) ------------------------------
+class NodeStatus(TypedDict):
+    node_rank: int
+    host: str
+    agent_pid: int | None
+    gpus: list[GPUJSON]
+    lost: bool
+
+
+class RankStatus(TypedDict):
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    pid: int | None
+    state: RankStateName
+    exit: str | None  # how it exited, in words (`describe_returncode`)
+    returncode: int | None
+    exit_tail: str
+    log: str
+
+
+class SessionStatus(TypedDict):
+    """A JSON-able picture of a session, for ``%dist status``, the UI and the REST API."""
+
+    name: str
+    state: SessionStateName
+    shape: str
+    spec: SpecJSON
+    world_size: int
+    backend: Backend
+    device: Device
+    cells_run: int
+    broken_reason: str
+    master: str | None  # "addr:port" once the rendezvous is planned
+    nodes: list[NodeStatus]
+    ranks: list[RankStatus]
+
+
+# -- connection details (`Session.connection_info`, ``GET /sessions/NAME/connection``) -----
+class RankConnection(TypedDict):
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    connection: KernelConnection | None  # reachable from the owner's machine
+
+
+class SessionConnection(TypedDict):
+    """What another process needs to talk to a session's rank kernels itself. Secret."""
+
+    name: str
+    key: str
+    signature_scheme: str
+    ranks: list[RankConnection]
+
+
+# -- the control plane's change events (`SessionManager.subscribe`, ``GET /events``) -------
+class SessionChanged(TypedDict):
+    type: Literal["session"]
+    session: SessionStatus
+
+
+class SessionRemoved(TypedDict):
+    type: Literal["removed"]
+    name: str
+
+
+class SessionProgress(TypedDict):
+    type: Literal["progress"]
+    name: str
+    text: str
+
+
+class Snapshot(TypedDict):
+    """The first event of the server's stream: every session as it is."""
+
+    type: Literal["snapshot"]
+    sessions: list[SessionStatus]
+
+
+ManagerEvent = SessionChanged | SessionRemoved | SessionProgress
+ServerEvent = Snapshot | SessionChanged | SessionRemoved | SessionProgress
+
+
+# -- REST bodies ---------------------------------------------------------------------------
+class SessionRequest(TypedDict, total=False):
+    """``POST /sessions``: what to start (a `common.spec.ShapeRequest`) and where."""
+
+    name: str
+    nodes: int
+    gpus: int | list[int]
+    procs: int | list[int]
+    backend: str
+    init: bool
+    hosts: list[HostJSON]
+    python: str
+    ssh_config: str
+    launcher: str
+    cwd: str
+    env: dict[str, str]
+
+
+class StacksReply(TypedDict):
+    """``GET /sessions/NAME/stacks``: faulthandler's text by rank (keys are strings)."""
+
+    stacks: dict[str, str]
+
+
+# -- the agent protocol (`common.agent_protocol`) ------------------------------------------
+class SpawnCommand(TypedDict):
+    op: Literal["spawn"]
+    rank: int
+    local_rank: int
+    env: dict[str, str]
+    key: str
+    cwd: str
+
+
+class SignalCommand(TypedDict):
+    op: Literal["signal"]
+    rank: int
+    signal: str  # a `signal.Signals` name, "SIGINT"
+
+
+class KillCommand(TypedDict):
+    op: Literal["kill"]
+    ranks: list[int] | None  # None: every rank of the node
+    grace: float
+
+
+class RouteCommand(TypedDict):
+    op: Literal["route"]
+    id: str
+    addr: str
+
+
+class ProbeCommand(TypedDict):
+    op: Literal["probe"]
+    id: str
+    addr: str
+    port: int
+    timeout_s: float
+
+
+class StacksCommand(TypedDict):
+    op: Literal["stacks"]
+    id: str
+    ranks: list[int] | None
+
+
+class ReadLogCommand(TypedDict):
+    op: Literal["read_log"]
+    id: str
+    rank: int
+    offset: int
+
+
+class ShutdownCommand(TypedDict):
+    op: Literal["shutdown"]
+
+
+AgentCommand = (
+    SpawnCommand
+    | SignalCommand
+    | KillCommand
+    | RouteCommand
+    | ProbeCommand
+    | StacksCommand
+    | ReadLogCommand
+    | ShutdownCommand
+)
+AgentOp = Literal["spawn", "signal", "kill", "route", "probe", "stacks", "read_log", "shutdown"]
+#: the commands answered by a ``reply`` event with the command's ``id``
+RequestOp = Literal["route", "probe", "stacks", "read_log"]
+
+
+class ReadyEvent(TypedDict):
+    event: Literal["ready"]
+    protocol: int
+    host: str
+    pid: int
+    python: str
+    dir: str
+    gpus: list[GPUJSON]
+    free_port: int
+    versions: dict[str, str | None]  # jupyter_dist, torch (None: none), python
+    preload_errors: dict[str, str]  # module -> "ExceptionType: message"
+
+
+class SpawnedEvent(TypedDict):
+    event: Literal["spawned"]
+    rank: int
+    pid: int
+    connection: KernelConnection
+    log: str
+
+
+class ExitedEvent(TypedDict):
+    event: Literal["exited"]
+    rank: int
+    pid: int
+    returncode: int
+    log_tail: str
+    log: str
+
+
+class ReplyFields(TypedDict, total=False):
+    """What a reply carries besides its ``id``; which fields depends on the op."""
+
+    # route: how this node reaches ``addr`` (``error`` when it cannot)
+    addr: str
+    ip: str | None
+    ifname: str | None
+    # route, probe: "ExceptionType: message"
+    error: str
+    # probe: whether a TCP connection to ``addr:port`` opened
+    ok: bool
+    # stacks: rank (as a string) -> where its log ended before the dump
+    offsets: dict[str, int]
+    # read_log
+    text: str
+
+
+class ReplyEvent(ReplyFields):
+    """The answer to a `RequestOp` command."""
+
+    event: Literal["reply"]
+    id: str
+
+
+class AgentErrorEvent(TypedDict):
+    event: Literal["error"]
+    message: str
+    rank: int | None
+
+
+AgentEvent = ReadyEvent | SpawnedEvent | ExitedEvent | ReplyEvent | AgentErrorEvent
+AgentEventKind = Literal["ready", "spawned", "exited", "reply", "error"]
