@@ -2,7 +2,7 @@
 that launched it, and the choice between them.
 
 Under a Jupyter server with jupyter_dist enabled, sessions belong to the server: they
-outlive a kernel restart, other notebooks can attach to them, and the sidebar lists them.
+outlive a kernel restart, other notebooks can attach to them, and the server lists them.
 Anywhere else (plain IPython, nbclient, a server without the extension) the kernel runs
 the same `SessionManager` itself, on a loop thread (`EmbeddedOwner`; every session it
 started is shut down when the process exits). The magic sees one interface,
