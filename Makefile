@@ -17,12 +17,13 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help setup demo test lint bench bench-multinode
+.PHONY: help setup demo test unit lint bench bench-multinode
 
 help:
 	@echo "make setup   create .venv/ and install jupyter_dist with its test and dev extras"
 	@echo "make demo    run notebooks/quickstart.ipynb headless and print its outputs"
 	@echo "make test    lint, install the system packages the tests need, then run pytest"
+	@echo "make unit    the fast tier: tests/unit (no processes, root or network), in seconds"
 	@echo "make lint    ruff check, ruff format --check, mypy"
 	@echo "make bench   run the benchmarks in bench/"
 	@echo "make bench-multinode  SSH sessions on two local sshd nodes (needs root)"
@@ -49,6 +50,11 @@ test: setup lint
 	.ci/setup-system
 	.ci/setup-browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast tier: no processes, root or network (the control plane runs against the
+# in-memory agent of tests/unit/fake_agent.py). `make test` runs these and everything else.
+unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -19,8 +19,15 @@ from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.common.payloads import ManagerEvent, SessionStatus
 from jupyter_dist.common.ports import PORTS_VAR
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape, resolve_shape
+from jupyter_dist.control.launchers import launcher_for
 from jupyter_dist.control.rank_group import RankGroup
-from jupyter_dist.control.session import Progress, Session, SessionState, SessionTimeouts
+from jupyter_dist.control.session import (
+    LauncherFactory,
+    Progress,
+    Session,
+    SessionState,
+    SessionTimeouts,
+)
 from jupyter_dist.errors import SpecError, UnknownSession
 
 log = logging.getLogger(__name__)
@@ -54,9 +61,13 @@ class SessionManager:
     default_name = DEFAULT_SESSION
 
     def __init__(
-        self, timeouts: SessionTimeouts | None = None, defaults: SessionDefaults | None = None
+        self,
+        timeouts: SessionTimeouts | None = None,
+        defaults: SessionDefaults | None = None,
+        launchers: LauncherFactory = launcher_for,
     ) -> None:
         self.defaults = defaults or SessionDefaults()
+        self.launchers = launchers  # how each session starts its nodes' agents
         self.where = "this process"
         self.sessions: dict[str, Session] = {}
         self.timeouts = timeouts or SessionTimeouts()
@@ -150,7 +161,9 @@ class SessionManager:
                 check_same_shape(session.spec, request)
                 return session, False
             spec = resolve_shape(name, request, len(discover_gpus()), socket.gethostname())
-            session = Session(spec, timeouts=self.timeouts, cwd=cwd, env=env)
+            session = Session(
+                spec, timeouts=self.timeouts, cwd=cwd, env=env, launchers=self.launchers
+            )
             session.on_change = self._session_changed
             progress(f"starting session {name!r}: {spec.describe()}")
             await session.start(progress)

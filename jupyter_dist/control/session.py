@@ -22,7 +22,7 @@ from jupyter_dist.common.payloads import KernelConnection, SessionConnection, Se
 from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.agent_client import AgentInfo, NodeAgent
-from jupyter_dist.control.launchers import launcher_for
+from jupyter_dist.control.launchers import Launcher, launcher_for
 from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
 from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState, SessionState
@@ -39,6 +39,8 @@ class SessionTimeouts:
 
 
 Progress = Callable[[str], None]
+#: makes the launcher of node ``node`` of a session (`launcher_for`; tests pass a fake)
+LauncherFactory = Callable[[SessionSpec, int], Launcher]
 
 
 class Session(RankGroup):
@@ -50,8 +52,10 @@ class Session(RankGroup):
         timeouts: SessionTimeouts | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        launchers: LauncherFactory = launcher_for,
     ) -> None:
         super().__init__(spec, secrets.token_hex(32))
+        self.launchers = launchers
         self.timeouts = timeouts or SessionTimeouts()
         self.cwd = cwd or os.getcwd()
         self.user_env = dict(os.environ if env is None else env)
@@ -89,7 +93,7 @@ class Session(RankGroup):
             return {**env, PORTS_VAR: ports} if ports else env
 
         self.nodes = [
-            NodeAgent(launcher_for(self.spec, node), node, self._on_rank_exit, self._on_node_lost)
+            NodeAgent(self.launchers(self.spec, node), node, self._on_rank_exit, self._on_node_lost)
             for node in range(self.spec.nodes)
         ]
         remote = bool(self.spec.hosts)
@@ -346,6 +350,7 @@ class Session(RankGroup):
 
 
 __all__ = [
+    "LauncherFactory",
     "RankRecord",
     "RankState",
     "Session",
