@@ -88,6 +88,7 @@ class NodeAgent:
         try:
             info = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except asyncio.TimeoutError:
+            self._ready.cancel()  # nobody waits for it any more: no "never retrieved" error
             await self.launcher.stop(1.0)
             raise AgentError(
                 f"node {self.host!r}: the agent did not report ready within {timeout:.0f} s"
@@ -143,8 +144,6 @@ class NodeAgent:
 
     def _dispatch(self, event: AgentEvent) -> None:
         if event["event"] == "ready":
-            if event.get("protocol") != PROTOCOL_VERSION:
-                raise ValueError(f"agent speaks protocol {event.get('protocol')}")
             info = AgentInfo(
                 host=event["host"],
                 pid=int(event["pid"]),
@@ -156,7 +155,10 @@ class NodeAgent:
             )
             self.info = info
             if self._ready and not self._ready.done():
-                self._ready.set_result(info)
+                if event.get("protocol") != PROTOCOL_VERSION:
+                    self._ready.set_exception(protocol_mismatch(info, event.get("protocol")))
+                else:
+                    self._ready.set_result(info)
         elif event["event"] == "spawned":
             rank = int(event["rank"])
             spawned = SpawnedRank(rank, int(event["pid"]), event["connection"], event["log"])
@@ -250,6 +252,19 @@ class NodeAgent:
         if self._reader:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._reader, 1.0)
+
+
+def protocol_mismatch(info: AgentInfo, protocol: object) -> AgentError:
+    """The error for an agent that speaks another agent protocol than this notebook's:
+    another jupyter_dist release, so the advice is the version to install."""
+    from jupyter_dist._version import __version__
+
+    theirs = info.versions.get("jupyter_dist") or "another version"
+    return AgentError(
+        f"node {info.host!r}: {info.python} has jupyter_dist {theirs}, whose agent speaks "
+        f"protocol {protocol} (this notebook's speaks {PROTOCOL_VERSION}); install "
+        f"jupyter_dist=={__version__} there (or pass --python to pick another interpreter)"
+    )
 
 
 def check_versions(info: AgentInfo) -> None:
