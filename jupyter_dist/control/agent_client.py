@@ -53,7 +53,7 @@ class SpawnedRank:
     log: str
 
 
-class NodeAgent:
+class AgentClient:
     """Talks to one agent started by a `Launcher`."""
 
     def __init__(
@@ -61,7 +61,7 @@ class NodeAgent:
         launcher: Launcher,
         node_rank: int,
         on_exit: ExitCallback,
-        on_lost: Callable[[NodeAgent], None] = lambda _: None,
+        on_lost: Callable[[AgentClient], None] = lambda _: None,
     ) -> None:
         self.launcher = launcher
         self.node_rank = node_rank

@@ -27,7 +27,7 @@ from jupyter_dist.common.events import (
     WidgetComm,
 )
 from jupyter_dist.common.wire_names import METRICS_MSG_TYPE
-from jupyter_dist.control.event_queue import EventSink
+from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_client import PacedHandler
 from jupyter_dist.errors import FailureKind, RankFailure
 
@@ -52,7 +52,7 @@ class RankProgress:
     elapsed: float = 0.0
 
 
-class CellRun:
+class CellTracker:
     """Collects one cell's messages from every rank it runs on.
 
     Lives on the control-plane loop; events go to ``sink`` (read by the notebook thread).
@@ -266,10 +266,10 @@ def crash_report(log_tail: str, limit: int = 40) -> list[str]:
 
 
 class _RankMessages(PacedHandler):
-    def __init__(self, run: CellRun, rank: int) -> None:
+    def __init__(self, run: CellTracker, rank: int) -> None:
         self.run = run
         self.rank = rank
-        self.sink = run.sink if isinstance(run.sink, EventSink) else None
+        self.sink = run.sink if isinstance(run.sink, EventQueue) else None
 
     def __call__(self, channel: str, msg: dict[str, Any]) -> None:
         self.run.on_message(self.rank, channel, msg)

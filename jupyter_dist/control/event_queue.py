@@ -4,7 +4,7 @@ output waiting in it.
 The loop thread reads the ranks' messages as fast as they come; the notebook thread
 draws them, and on a loaded machine (or behind a slow redraw) it falls behind. Without a
 bound, a rank printing a gigabyte would pile up in this queue. So the loop stops reading a
-rank's messages while more than `SINK_BYTES` of output waits here (`EventSink.room`): the
+rank's messages while more than `SINK_BYTES` of output waits here (`EventQueue.room`): the
 messages then wait in the rank's socket, whose queue is bounded too, and the rank's
 writes block until the notebook catches up. Nothing is dropped; the rank only slows down.
 """
@@ -46,7 +46,7 @@ def _rough_size(value: Any) -> int:
     return 8
 
 
-class EventSink(queue.SimpleQueue[CellEvent]):
+class EventQueue(queue.SimpleQueue[CellEvent]):
     """A `queue.SimpleQueue` of cell events that counts the output waiting in it."""
 
     def __init__(self, limit: int = SINK_BYTES) -> None:

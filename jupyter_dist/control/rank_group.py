@@ -38,7 +38,7 @@ from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.events import CellEvent, CellFinished, CellResult, Notice
 from jupyter_dist.common.payloads import KernelConnection
 from jupyter_dist.common.spec import SessionSpec
-from jupyter_dist.control.cell_tracker import CellRun
+from jupyter_dist.control.cell_tracker import CellTracker
 from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_env import RankPlace
 from jupyter_dist.errors import (
@@ -52,7 +52,7 @@ from jupyter_dist.settings import ABORT_AFTER_VAR, STRAGGLER_VAR, seconds_from_e
 from jupyter_dist.text import ranks_label
 
 if TYPE_CHECKING:
-    from jupyter_dist.control.agent_client import NodeAgent
+    from jupyter_dist.control.agent_client import AgentClient
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class RankRecord:
 
     place: RankPlace
     host: str
-    node: NodeAgent | None = None  # the agent that started it (None: someone else did)
+    node: AgentClient | None = None  # the agent that started it (None: someone else did)
     state: RankState = RankState.STARTING
     pid: int | None = None
     client: RankClient | None = None
@@ -148,7 +148,7 @@ class RankGroup:
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
         # a flooding rank is held back by its own send queue, not buffered here
         self._context.setsockopt(zmq.RCVHWM, 32)
-        self._current: CellRun | None = None
+        self._current: CellTracker | None = None
         self.stale = False  # its ranks were replaced behind this object's back
         self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)
         self.abort_after_s = seconds_from_env(ABORT_AFTER_VAR, ABORT_AFTER_S)
@@ -236,7 +236,7 @@ class RankGroup:
         timeout: float | None,
         silent: bool = False,
     ) -> CellResult:
-        run = CellRun(
+        run = CellTracker(
             {r: (self.ranks[r].host, self.ranks[r].place.local_rank) for r in ranks}, sink
         )
         self._current = run
@@ -282,12 +282,12 @@ class RankGroup:
             self._changed()
         return run.result()
 
-    async def _watch(self, run: CellRun, sink: queue.SimpleQueue[CellEvent] | None) -> None:
+    async def _watch(self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None) -> None:
         """Wait for the cell.
 
         When a rank raised or died, the others get `abort_after_s` to finish; then they
         are interrupted, and those still running `STUCK_AFTER_S` later are given up on
-        (`CellRun.stuck`: blocked in a collective the failed rank never joined). Else,
+        (`CellTracker.stuck`: blocked in a collective the failed rank never joined). Else,
         say once which ranks are still busy when the others have been done for
         `straggler_s`.
         """
@@ -320,7 +320,7 @@ class RankGroup:
                 )  # fmt: skip
 
     async def _wind_down(
-        self, run: CellRun, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None
+        self, run: CellTracker, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None
     ) -> None:
         """Interrupt the ranks still running after another failed; give up on the deaf."""
         root = run.root_failure()
@@ -431,7 +431,7 @@ class RankGroup:
                 rec.client = None
 
 
-def _timeout_detail(run: CellRun, rank: int, dumps: Mapping[int, str]) -> str:
+def _timeout_detail(run: CellTracker, rank: int, dumps: Mapping[int, str]) -> str:
     """What a timed-out rank had done of the cell, and where its main thread was."""
     parts = [run.stage(rank)]
     if dumps.get(rank):

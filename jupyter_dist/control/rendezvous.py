@@ -24,7 +24,7 @@ from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.errors import AgentError
 
 if TYPE_CHECKING:
-    from jupyter_dist.control.agent_client import NodeAgent
+    from jupyter_dist.control.agent_client import AgentClient
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def loopback_env(user_env: Mapping[str, str]) -> dict[str, str]:
 
 
 async def plan_rendezvous(
-    spec: SessionSpec, nodes: Sequence[NodeAgent], user_env: Mapping[str, str]
+    spec: SessionSpec, nodes: Sequence[AgentClient], user_env: Mapping[str, str]
 ) -> tuple[Rendezvous, dict[int, dict[str, str]]]:
     """Where ranks meet, and each node's socket interface toward it.
 
@@ -108,7 +108,9 @@ async def plan_rendezvous(
     return rdzv, node_env
 
 
-async def check_reachable(spec: SessionSpec, nodes: Sequence[NodeAgent], rdzv: Rendezvous) -> None:
+async def check_reachable(
+    spec: SessionSpec, nodes: Sequence[AgentClient], rdzv: Rendezvous
+) -> None:
     """Every node must reach the store rank 0 hosts, else init would just time out."""
     if not spec.hosts:
         return

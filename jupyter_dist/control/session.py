@@ -21,7 +21,7 @@ from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.payloads import KernelConnection, SessionConnection, SessionStatus
 from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
 from jupyter_dist.common.spec import SessionSpec
-from jupyter_dist.control.agent_client import AgentInfo, NodeAgent
+from jupyter_dist.control.agent_client import AgentClient, AgentInfo
 from jupyter_dist.control.launchers import Launcher, launcher_for
 from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
@@ -59,7 +59,7 @@ class Session(RankGroup):
         self.timeouts = timeouts or SessionTimeouts()
         self.cwd = cwd or os.getcwd()
         self.user_env = dict(os.environ if env is None else env)
-        self.nodes: list[NodeAgent] = []
+        self.nodes: list[AgentClient] = []
         self.rendezvous: Rendezvous | None = None
         self.node_env: dict[int, dict[str, str]] = {}
         self.started_at = 0.0
@@ -93,12 +93,14 @@ class Session(RankGroup):
             return {**env, PORTS_VAR: ports} if ports else env
 
         self.nodes = [
-            NodeAgent(self.launchers(self.spec, node), node, self._on_rank_exit, self._on_node_lost)
+            AgentClient(
+                self.launchers(self.spec, node), node, self._on_rank_exit, self._on_node_lost
+            )
             for node in range(self.spec.nodes)
         ]
         remote = bool(self.spec.hosts)
 
-        async def start(node: NodeAgent) -> AgentInfo:
+        async def start(node: AgentClient) -> AgentInfo:
             began = time.monotonic()
             if remote:
                 progress(f"node {node.launcher.host}: connecting")
@@ -214,7 +216,7 @@ class Session(RankGroup):
     def _on_rank_exit(self, rank: int, returncode: int, log_tail: str) -> None:
         self._rank_died(rank, returncode, log_tail)
 
-    def _on_node_lost(self, node: NodeAgent) -> None:
+    def _on_node_lost(self, node: AgentClient) -> None:
         """The agent went away: its ranks die with it (PDEATHSIG), unreported; say so."""
         tail = node.launcher.stderr_tail()
         for rec in self.ranks.values():
@@ -226,7 +228,7 @@ class Session(RankGroup):
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
         """Each rank's stack dump, asked of the agents of the ranks' nodes."""
         chosen = self.check_ranks(ranks)
-        by_node: dict[NodeAgent, list[int]] = {}
+        by_node: dict[AgentClient, list[int]] = {}
         for r in chosen:
             rec = self.ranks[r]
             if rec.node is not None and not rec.node.lost and rec.state != RankState.DEAD:

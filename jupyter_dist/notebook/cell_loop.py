@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from jupyter_dist.common.events import CallDone, CellEvent, CellFinished, CellResult, Notice
-from jupyter_dist.control.event_queue import EventSink
+from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_group import RankGroup
 from jupyter_dist.notebook.owners import SessionOwner
 from jupyter_dist.text import ranks_label
@@ -50,7 +50,7 @@ def drive(
     try:
         return _drive(future, sink, renderer, on_interrupt)
     finally:
-        if isinstance(sink, EventSink):
+        if isinstance(sink, EventQueue):
             sink.close()  # events still to come (an interrupted cell's) go nowhere
 
 

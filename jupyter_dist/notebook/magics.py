@@ -30,7 +30,7 @@ from jupyter_dist.common.spec import (
     parse_names,
     parse_ranks,
 )
-from jupyter_dist.control.event_queue import EventSink
+from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_group import RankGroup, SessionState
 from jupyter_dist.display.render_text import TextRenderer
 from jupyter_dist.errors import DistError, SpecError
@@ -118,7 +118,7 @@ class DistMagics(Magics):
     # -- helpers ------------------------------------------------------------------------
     def _call(self, make: Callable[[queue.SimpleQueue[CellEvent]], Any]) -> Any:
         """Run a control-plane coroutine, drawing its progress notices as they come."""
-        sink: queue.SimpleQueue[CellEvent] = EventSink()
+        sink: queue.SimpleQueue[CellEvent] = EventQueue()
         future = self.control.loop.submit(make(sink))
         return wait_with_notices(future, sink, _renderer([]))
 
@@ -304,7 +304,7 @@ class DistMagics(Magics):
         chosen = session.check_ranks(ranks)
         if payload is not None:
             self.control.run(session.push(payload, chosen))
-        sink: queue.SimpleQueue[CellEvent] = EventSink()
+        sink: queue.SimpleQueue[CellEvent] = EventQueue()
         renderer: Renderer
         if mode == "widget":
             renderer = self._cell_view(session, chosen)

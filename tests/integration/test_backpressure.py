@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from jupyter_dist.common.events import CellFinished, StreamOut
-from jupyter_dist.control.event_queue import EventSink
+from jupyter_dist.control.event_queue import EventQueue
 from tests.conftest import CellOutput
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def test_a_slow_notebook_holds_a_flooding_rank_back_and_loses_nothing(
         "        sys.stdout.write(line)\n"
         "print('end of rank', os.environ['RANK'])\n"
     )
-    sink = EventSink(limit=LIMIT)
+    sink = EventQueue(limit=LIMIT)
     future = plane.loop.submit(session.execute(code, None, sink))
     printed = {0: [], 1: []}
     most_waiting = 0

@@ -32,7 +32,7 @@ import psutil
 
 from jupyter_dist.common.cluster_env import detect_slurm
 from jupyter_dist.common.hosts import HostSpec
-from jupyter_dist.control.agent_client import NodeAgent
+from jupyter_dist.control.agent_client import AgentClient
 from jupyter_dist.control.launchers.slurm import SlurmLauncher
 from jupyter_dist.errors import AgentError
 
@@ -57,7 +57,7 @@ def main() -> int:
     return 0
 
 
-# --- the launcher, through a real NodeAgent -------------------------------------------------
+# --- the launcher, through a real AgentClient -------------------------------------------------
 
 
 def launcher_scenario(facts: dict[str, Any]) -> None:
@@ -74,7 +74,7 @@ def launcher_scenario(facts: dict[str, Any]) -> None:
 async def _agent_and_rank(host: str, facts: dict[str, Any]) -> None:
     """Agent under srun, one rank kernel from it, a cell on that rank, then stop."""
     launcher = SlurmLauncher(HostSpec(host))
-    node = NodeAgent(launcher, 0, on_exit=lambda *_: None)
+    node = AgentClient(launcher, 0, on_exit=lambda *_: None)
     pids: list[int] = []
     try:
         info = await node.start(SESSION, {"JD_SLURM_TEST": "agent"}, START_TIMEOUT)
@@ -100,20 +100,20 @@ async def _agent_killed(host: str, facts: dict[str, Any]) -> None:
     """SIGKILL to srun: Slurm itself must take the step, agent and all, away."""
     launcher = SlurmLauncher(HostSpec(host))
     lost: list[bool] = []
-    node = NodeAgent(launcher, 0, on_exit=lambda *_: None, on_lost=lambda _: lost.append(True))
+    node = AgentClient(launcher, 0, on_exit=lambda *_: None, on_lost=lambda _: lost.append(True))
     try:
         info = await node.start(SESSION, {}, START_TIMEOUT)
         await launcher.signal(signal.SIGKILL)
         facts["killed_alive"] = _wait_gone([info.pid])
         facts["killed_steps_after"] = _wait_no_steps()
-        await asyncio.sleep(0.5)  # the event stream's end reaches NodeAgent
+        await asyncio.sleep(0.5)  # the event stream's end reaches AgentClient
         facts["killed_noticed"] = bool(lost) and not launcher.alive()
     finally:
         await node.stop()
 
 
 async def _node_not_in_allocation(facts: dict[str, Any]) -> None:
-    node = NodeAgent(SlurmLauncher(HostSpec("nosuchnode")), 0, on_exit=lambda *_: None)
+    node = AgentClient(SlurmLauncher(HostSpec("nosuchnode")), 0, on_exit=lambda *_: None)
     try:
         await node.start(SESSION, {}, START_TIMEOUT)
     except AgentError as err:
@@ -181,7 +181,7 @@ def tunnel_scenario(facts: dict[str, Any]) -> None:
 
 async def _tunnelled_rank(host: str, ssh_config: str, facts: dict[str, Any]) -> None:
     launcher = SlurmLauncher(HostSpec(host), ssh_config=ssh_config)
-    node = NodeAgent(launcher, 0, on_exit=lambda *_: None)
+    node = AgentClient(launcher, 0, on_exit=lambda *_: None)
     try:
         await node.start(SESSION, {"JD_SLURM_TEST": "agent"}, START_TIMEOUT)
         key = uuid.uuid4().hex

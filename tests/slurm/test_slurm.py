@@ -22,7 +22,7 @@ import pytest
 
 from jupyter_dist.common.cluster_env import detect_slurm, expand_nodelist
 from jupyter_dist.common.hosts import HostSpec
-from jupyter_dist.control.agent_client import NodeAgent
+from jupyter_dist.control.agent_client import AgentClient
 from jupyter_dist.control.launchers import launcher_class
 from jupyter_dist.control.launchers.slurm import SlurmLauncher, srun_environment
 from jupyter_dist.errors import AgentError
@@ -209,7 +209,7 @@ def test_an_ended_allocation_is_named(
 ) -> None:
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     monkeypatch.setenv("SLURM_JOB_ID", "987654")
-    node = NodeAgent(SlurmLauncher(HostSpec(slurm.node)), 0, on_exit=lambda *_: None)
+    node = AgentClient(SlurmLauncher(HostSpec(slurm.node)), 0, on_exit=lambda *_: None)
 
     async def start() -> None:
         try:

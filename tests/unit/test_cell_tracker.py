@@ -1,4 +1,4 @@
-"""How `CellRun` follows one cell's messages from each rank, and what it says of a rank
+"""How `CellTracker` follows one cell's messages from each rank, and what it says of a rank
 that never finished."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from jupyter_dist.control.cell_tracker import CellRun
+from jupyter_dist.control.cell_tracker import CellTracker
 
 
 def status(state: str) -> dict[str, Any]:
@@ -18,8 +18,8 @@ def reply(state: str = "ok") -> dict[str, Any]:
     return {"msg_type": "execute_reply", "content": {"status": state}}
 
 
-def run_of(*ranks: int) -> CellRun:
-    return CellRun({r: ("h", r) for r in ranks}, None)
+def run_of(*ranks: int) -> CellTracker:
+    return CellTracker({r: ("h", r) for r in ranks}, None)
 
 
 def test_a_rank_is_done_on_its_reply_and_its_idle_status_in_either_order() -> None:

@@ -1,7 +1,7 @@
 """The control plane's lifecycle against in-memory agents (`fake_agent`): no processes.
 
 Sessions start, fail to start, lose ranks and nodes, restart and shut down through the
-real `Session`, `SessionManager` and `NodeAgent`, talking the real agent protocol to
+real `Session`, `SessionManager` and `AgentClient`, talking the real agent protocol to
 `FakeAgent` values (`Session(launchers=...)` is the seam). The ranks are not kernels:
 tests that need a session to get past its kernels take the `kernels` fixture, which
 stands in for the one step that talks to them (`RankClient.connect`, and the bootstrap

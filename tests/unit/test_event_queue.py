@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from jupyter_dist.common.events import Notice, RichOut, StreamOut, WidgetComm
-from jupyter_dist.control.event_queue import EventSink, event_size
+from jupyter_dist.control.event_queue import EventQueue, event_size
 
 
 def test_sizes_count_output_text_and_data() -> None:
@@ -17,7 +17,7 @@ def test_sizes_count_output_text_and_data() -> None:
 
 
 def test_waiting_output_holds_a_reader_until_taken() -> None:
-    sink = EventSink(limit=10)
+    sink = EventQueue(limit=10)
     sink.put(StreamOut(0, "stdout", "x" * 8))
     sink.put(Notice("n"))
     sink.put(StreamOut(1, "stdout", "y" * 8))
@@ -38,7 +38,7 @@ def test_waiting_output_holds_a_reader_until_taken() -> None:
 
 
 def test_a_closed_sink_holds_nobody_and_keeps_nothing() -> None:
-    sink = EventSink(limit=1)
+    sink = EventQueue(limit=1)
     sink.put(StreamOut(0, "stdout", "too much"))
     sink.close()
     asyncio.run(asyncio.wait_for(sink.room(), 5))  # returns at once
