@@ -1,0 +1,129 @@
+"""The REST handlers in a real Jupyter server, in this process (pytest-jupyter's
+``jp_fetch``), with auth on and sessions on in-memory agents (`fake_agent`).
+
+The server extension is loaded as users load it; only its `SessionManager` is swapped
+for one whose launchers are fakes, so these tests cover routing, auth, parsing and the
+error-to-status mapping in seconds. tests/integration/test_server.py covers the same API
+over real agents and kernels in a server process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+# the plugin's fixtures, for this module only (registered as a plugin, its autouse
+# fixtures would give every test of the suite a loop of its own)
+from pytest_jupyter.jupyter_core import *  # noqa: F403
+from pytest_jupyter.jupyter_server import *  # noqa: F403
+from pytest_jupyter.pytest_tornasync import *  # noqa: F403
+from tornado.httpclient import HTTPClientError, HTTPResponse
+
+from jupyter_dist.common.wire_names import API_PREFIX
+from jupyter_dist.control.manager import SessionManager
+from jupyter_dist.server.app import DistServerApp
+from tests.unit.fake_agent import FakeCluster
+from tests.unit.test_control_plane_fake import KernelStub, kernels
+
+__all__ = ["kernels"]
+Fetch = Callable[..., Awaitable[HTTPResponse]]
+
+
+@pytest.fixture
+def jp_server_config() -> dict[str, Any]:
+    return {"ServerApp": {"jpserver_extensions": {"jupyter_dist": True}}}
+
+
+@pytest.fixture
+def cluster(jp_serverapp: Any) -> Iterator[FakeCluster]:
+    """The loaded extension, its manager swapped for one on fake agents."""
+    fake = FakeCluster()
+    apps = jp_serverapp.extension_manager.extension_apps["jupyter_dist"]
+    (app,) = [a for a in apps if isinstance(a, DistServerApp)]
+    manager = SessionManager(launchers=fake.launcher)
+    manager.add_listener(app._session_event)
+    app.manager = manager
+    jp_serverapp.web_app.settings["jupyter_dist_manager"] = manager
+    yield fake
+
+
+@pytest.fixture
+def call(jp_fetch: Fetch, jp_asyncio_loop: Any, cluster: FakeCluster) -> Callable[..., Any]:
+    """``call(method, path, body=None, **fetch_args) -> (status, json)``, errors included."""
+
+    def do(method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        parts = [p for p in f"{API_PREFIX}/{path}".split("/") if p]
+        if body is not None:
+            kwargs["body"] = json.dumps(body)
+        try:
+            reply = jp_asyncio_loop.run_until_complete(jp_fetch(*parts, method=method, **kwargs))
+        except HTTPClientError as err:
+            assert err.response is not None
+            raw = err.response.body
+            return err.code, json.loads(raw) if raw else None
+        return reply.code, json.loads(reply.body) if reply.body else None
+
+    return do
+
+
+def test_a_session_starts_is_listed_and_stops(
+    call: Callable[..., Any], kernels: KernelStub
+) -> None:
+    assert call("GET", "sessions") == (200, [])
+    code, status = call("POST", "sessions", {"name": "t", "procs": 2})
+    assert code == 201, status
+    assert status["name"] == "t"
+    assert status["state"] == "ready"
+    assert [r["rank"] for r in status["ranks"]] == [0, 1]
+    # the same request again finds it: 200, not a second session
+    assert call("POST", "sessions", {"name": "t", "procs": 2})[0] == 200
+    code, listed = call("GET", "sessions")
+    assert code == 200 and [s["name"] for s in listed] == ["t"]
+    assert call("GET", "sessions/t")[1]["world_size"] == 2
+    assert call("DELETE", "sessions/t") == (204, None)
+    assert call("GET", "sessions") == (200, [])
+
+
+def test_domain_errors_become_json_with_a_status_that_means_something(
+    call: Callable[..., Any], kernels: KernelStub
+) -> None:
+    code, body = call("GET", "sessions/nope")
+    assert code == 404 and "nope" in body["message"]
+    code, body = call("POST", "sessions", {"name": "t", "procs": "two"})
+    assert code == 400 and "procs" in body["message"]
+    code, body = call("POST", "sessions", {"name": "t", "colour": "red"})
+    assert code == 400 and "colour" in body["message"]
+    assert call("POST", "sessions", {"name": "t", "procs": 2})[0] == 201
+    code, body = call("POST", "sessions", {"name": "t", "procs": 1})
+    assert code == 409 and "t" in body["message"], body  # another shape under the same name
+    assert call("DELETE", "sessions/t")[0] == 204
+
+
+def test_an_agent_that_fails_to_start_is_a_502_naming_the_node(
+    call: Callable[..., Any], cluster: FakeCluster
+) -> None:
+    cluster.script(0).versions = {"jupyter_dist": "0.0.1"}
+    code, body = call("POST", "sessions", {"name": "old", "procs": 1})
+    assert code == 502, body
+    assert "install jupyter_dist==" in body["message"]
+    assert call("GET", "sessions") == (200, [])  # a failed start is not registered
+    assert all(agent.exited for agent in cluster.agents)
+
+
+def test_every_route_needs_a_token(jp_fetch: Fetch, jp_asyncio_loop: Any, cluster: Any) -> None:
+    for method, path, body in (
+        ("GET", "sessions", None),
+        ("POST", "sessions", json.dumps({"name": "t", "procs": 1})),
+        ("GET", "sessions/t", None),
+        ("DELETE", "sessions/t", None),
+    ):
+        parts = [p for p in f"{API_PREFIX}/{path}".split("/") if p]
+        with pytest.raises(HTTPClientError) as err:
+            jp_asyncio_loop.run_until_complete(
+                jp_fetch(*parts, method=method, body=body, headers={"Authorization": ""})
+            )
+        assert err.value.code == 403, (method, path)
+    assert not cluster.agents  # nothing started for an unauthenticated POST
