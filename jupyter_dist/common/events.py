@@ -61,6 +61,9 @@ class WidgetComm:
     msg_type: str
     content: dict[str, Any]
     buffers: tuple[bytes, ...] = ()
+    #: the message's metadata: ``comm_open`` carries the widget protocol ``version`` there,
+    #: without which the browser refuses the model
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,8 @@ class CellTracker:
             is_widget = content.get("target_name", "jupyter.widget") == "jupyter.widget"
             if is_widget or kind != "comm_open":
                 buffers = tuple(bytes(b) for b in msg.get("buffers") or ())
-                self._emit(WidgetComm(rank, kind, content, buffers))
+                metadata = dict(msg.get("metadata") or {})
+                self._emit(WidgetComm(rank, kind, content, buffers, metadata))
         elif kind == "stream":
             self._emit(StreamOut(rank, content.get("name", "stdout"), content.get("text", "")))
         elif kind in RICH_TYPES:

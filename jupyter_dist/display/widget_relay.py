@@ -41,6 +41,7 @@ class WidgetRelay:
             event.content,
             parent=kernel.get_parent(),
             buffers=list(event.buffers) or None,
+            metadata=event.metadata,  # the widget protocol version travels here
         )
         if event.msg_type != "comm_open":
             return None

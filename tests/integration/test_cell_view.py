@@ -139,6 +139,11 @@ def test_widgets_made_in_a_rank_are_relayed(kernel: Kernel) -> None:
     opened = [m["content"] for m in kernel.of_type("comm_open")]
     relayed = {c["data"]["state"].get("_model_name") for c in opened}
     assert {"FloatProgressModel", "IntSliderModel"} <= relayed
+    # the whole message travels: the browser refuses a comm_open without the widget
+    # protocol version in its metadata ("Wrong widget protocol version")
+    for msg in kernel.of_type("comm_open"):
+        if msg["content"].get("target_name") == "jupyter.widget":
+            assert str(msg["metadata"].get("version", "")).startswith("2."), msg["metadata"]
     state = kernel.state()
     assert any("IntSlider widget" in n and "does not reach the rank" in n for n in state["notices"])
 

@@ -1,0 +1,67 @@
+"""Widgets a rank makes render in that rank's view, live, in a real JupyterLab: an
+ipywidgets progress bar the rank drives and tqdm.auto's bar, with no widget errors on the
+page or in the browser console."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from .lab import OpenNotebook
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+RENDER_TIMEOUT_MS = 60_000
+STEPS = 40
+
+CELLS = [
+    "%load_ext jupyter_dist",
+    "%%distributed --procs 2\n"
+    "import time, ipywidgets\n"
+    "from IPython.display import display\n"
+    "from tqdm.auto import tqdm\n"
+    f"bar = ipywidgets.IntProgress(min=0, max={STEPS}, description='steps')\n"
+    "display(bar)\n"
+    f"for i in tqdm(range({STEPS}), desc='epoch'):\n"
+    "    bar.value = i + 1\n"
+    "    time.sleep(0.15)\n"
+    "print('loop done')",
+]
+WIDGET_ERRORS = re.compile(
+    r"model not found|Wrong widget protocol version|Error displaying widget|"
+    r"Could not create (a )?(model|view)",
+    re.IGNORECASE,
+)
+
+
+def test_a_ranks_progress_bars_render_and_advance_while_the_cell_runs(
+    open_lab_notebook: OpenNotebook,
+) -> None:
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook("rank_widgets", CELLS)
+    nb.start_all()
+    view = nb.output(1).locator(".jd-cell-view")
+    expect(view).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    shown = view.locator(".jd-view:visible")
+    bars = shown.locator(".widget-hprogress .progress-bar")
+    # two bars in rank 0's view: the IntProgress and tqdm's; sample them while the cell runs
+    expect(bars).to_have_count(2, timeout=RENDER_TIMEOUT_MS)
+    widths: set[str] = set()
+    deadline = time.monotonic() + STEPS * 0.15 + 30
+    while time.monotonic() < deadline and len(widths) < 3:
+        if "loop done" in shown.inner_text():
+            break
+        style = bars.first.get_attribute("style") or ""
+        widths.add(style)
+        time.sleep(0.3)
+    assert len(widths) >= 3, f"the bar did not advance while the cell ran: {widths}"
+    nb.screenshot("rank-widgets-running", nb.cell(1))
+    assert nb.wait_all()
+    expect(shown).to_contain_text("loop done", timeout=RENDER_TIMEOUT_MS)
+    expect(shown.locator(".widget-hprogress")).to_have_count(2)
+    assert not WIDGET_ERRORS.search(nb.output(1).inner_text())
+    widget_errors = [e for e in nb.console_errors if WIDGET_ERRORS.search(e)]
+    assert not widget_errors, widget_errors
+    nb.screenshot("rank-widgets-done", nb.cell(1))
