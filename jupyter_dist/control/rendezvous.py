@@ -7,12 +7,15 @@ MASTER_ADDR is node 0's address as the other nodes reach it (the address its SSH
 connection landed on), MASTER_PORT a port its agent found free, and each node is told
 which interface routes there (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; without it gloo
 advertises 127.0.0.1 to its peers), unless the user chose one. Rank 0 then hosts the store,
-and every other node must reach it before anyone waits in ``init_process_group``.
+listening on MASTER_ADDR only (never on every interface: a node 0 that does not hold that
+address is an error), and every other node must reach it before anyone waits in
+``init_process_group``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
@@ -42,6 +45,15 @@ class Rendezvous:
 
 
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def is_ip_address(text: str) -> bool:
+    """Whether ``text`` is an IPv4 or IPv6 address (not a host name)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def loopback_interface() -> str | None:
@@ -92,6 +104,15 @@ async def plan_rendezvous(
     addr = head.launcher.peer_address() or head.host
     rdzv = Rendezvous(addr, head.info.free_port, str(uuid.uuid4()))
     routes = await asyncio.gather(*(n.route(addr) for n in nodes))
+    own = routes[0].get("ip")
+    if is_ip_address(addr) and own and own != addr:
+        raise AgentError(
+            f"node 0 ({head.host}) does not hold the address {addr} its SSH connection "
+            f"reached (it would leave from {own}): NAT or a proxy lies between, and the "
+            "rendezvous store can only listen on an address of node 0 itself; connect to "
+            "node 0 by an address it holds and the other nodes reach (HostName in the ssh "
+            "config)"
+        )
     node_env: dict[int, dict[str, str]] = {}
     for node, route in zip(nodes, routes, strict=True):
         ifname = route.get("ifname")

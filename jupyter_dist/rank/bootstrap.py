@@ -8,6 +8,7 @@ nothing of widgets or the server.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from datetime import timedelta
@@ -15,7 +16,7 @@ from typing import Any
 
 from jupyter_dist.common import pickling
 from jupyter_dist.common.wire_names import OBJECTS_TARGET
-from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR
+from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR, MASTER_PORTS_VAR
 
 
 def _user_ns() -> dict[str, Any]:
@@ -90,6 +91,7 @@ def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
 
     failures: list[str] = []
     for _ in range(STORE_TRIES):
+        listening = listen_on(addr, port)  # a fresh socket a try: the store takes it over
         try:
             store = TCPStore(
                 addr,
@@ -98,7 +100,7 @@ def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
                 is_master=True,
                 timeout=timedelta(seconds=min(timeout_s, STORE_START_S)),
                 wait_for_workers=False,
-                master_listen_fd=listen_on(addr, port),
+                master_listen_fd=listening,
             )
         except RuntimeError as err:  # torch's DistError family
             failures.append(f"{type(err).__name__}: {str(err).splitlines()[0]}")
@@ -115,25 +117,49 @@ def host_store(addr: str, port: int, world_size: int, timeout_s: float) -> None:
     )
 
 
-def listen_on(addr: str, port: int) -> int | None:
+class StoreAddressError(RuntimeError):
+    """The rendezvous store cannot listen on the address the ranks will connect to."""
+
+
+def listen_on(addr: str, port: int) -> int:
     """A socket listening on the address the ranks will connect to, and only there.
 
     TCPStore on its own listens on every interface; a single-node session's store thus
     stays on the loopback address, and a multi-node one on the interface the other nodes
-    reach. None (TCPStore binds as it would) when that address is not this machine's.
+    reach. When that address is not this machine's (or the port is taken) this fails
+    rather than let TCPStore open the store on every interface.
     """
+    where = f"{addr}:{port} on {socket.gethostname()}"
     try:
-        family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
-    except (OSError, IndexError):
-        return None
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, sockaddr = infos[0]
+    except (OSError, IndexError) as err:
+        raise StoreAddressError(
+            f"the rendezvous store cannot listen on {where}: {addr!r} does not resolve "
+            f"here ({err}); MASTER_ADDR must be an address of this machine"
+        ) from None
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(where)
+        sock.bind(sockaddr)
         sock.listen(socket.SOMAXCONN)
-    except OSError:
+    except OSError as err:
         sock.close()
-        return None
+        if err.errno == errno.EADDRINUSE:
+            fix = (
+                f"another process holds port {port}; start the session again, or choose "
+                f"the ports with {MASTER_PORTS_VAR}"
+            )
+        else:
+            fix = (
+                f"{addr} must be an address of this machine (node 0) that the other nodes "
+                "reach: connect to node 0 by such an address (HostName in the ssh config), "
+                "not through NAT or a proxy that changes it"
+            )
+        raise StoreAddressError(
+            f"the rendezvous store cannot listen on {where} ({err.strerror or err}); {fix}. "
+            "It is never opened on every interface instead"
+        ) from None
     return sock.detach()
 
 

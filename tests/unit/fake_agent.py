@@ -71,6 +71,8 @@ class AgentScript:
     #: route replies: the interface toward node 0 (None: no route, with ``route_error``)
     ifname: str | None = "eth0"
     route_error: str = "OSError: [Errno 101] Network is unreachable"
+    #: the local address a route leaves from (None: 10.0.0.N+1, as `peer_address` says)
+    route_ip: str | None = None
     #: probe replies
     probe_error: str | None = None  # None: the rendezvous port is reachable
     #: what a rank's log holds; a stacks request appends ``stack_dump`` to it
@@ -264,7 +266,8 @@ class FakeAgent:
     def _route(self, addr: str) -> ReplyFields:
         if self.script.ifname is None:
             return {"addr": addr, "ip": None, "ifname": None, "error": self.script.route_error}
-        return {"addr": addr, "ip": f"10.0.0.{self.node + 1}", "ifname": self.script.ifname}
+        ip = self.script.route_ip or f"10.0.0.{self.node + 1}"
+        return {"addr": addr, "ip": ip, "ifname": self.script.ifname}
 
     def _spawn(self, cmd: SpawnCommand) -> None:
         rank = int(cmd["rank"])

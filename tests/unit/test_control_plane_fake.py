@@ -291,6 +291,20 @@ def test_a_node_without_a_route_to_node_0_is_named() -> None:
     assert_all_stopped(cluster, session)
 
 
+def test_a_node_0_behind_nat_is_refused_not_served_on_every_interface() -> None:
+    """The SSH connection landed on an address node 0 does not hold (NAT): its store could
+    only listen there by listening on every interface, so the start fails, naming both."""
+    cluster = FakeCluster(remote=True)
+    cluster.script(0).route_ip = "192.168.7.7"
+    session = session_on(cluster, two_nodes())
+    with pytest.raises(
+        AgentError, match=r"node 0 \(node0\) does not hold the address 10\.0\.0\.1 .*192\.168\.7\.7"
+    ):
+        run(session.start())
+    assert not any(a.spawned for a in cluster.agents)
+    assert_all_stopped(cluster, session)
+
+
 def test_a_node_that_cannot_reach_the_store_fails_the_start(kernels: KernelStub) -> None:
     cluster = FakeCluster(remote=True)
     cluster.script(1).probe_error = "ConnectionRefusedError: [Errno 111] Connection refused"

@@ -1,11 +1,14 @@
 """The ``ssh`` launcher: the agent runs on another machine, reached with asyncssh.
 
-Host keys are always verified (``~/.ssh/known_hosts`` or the config's
-``UserKnownHostsFile``); hosts, users, ports, keys and jump hosts resolve through the ssh
-config like ``ssh`` does. Rank kernels listen on Unix sockets on their node; the notebook
-side reaches them through forwarded Unix sockets in a private local folder, so no kernel
-port is ever open to the network. When the SSH connection drops, the agent's stdin
-closes and it kills every rank it started.
+Host keys are always verified, jump hosts' too, against the known_hosts files the ssh config
+names (``~/.ssh/known_hosts`` or ``UserKnownHostsFile``, plus ``GlobalKnownHostsFile``); a
+config that leaves none (``UserKnownHostsFile none``, which asyncssh reads as "check
+nothing") refuses every key. The SSH agent is never forwarded, nor GSSAPI credentials
+delegated, whatever the config says. Hosts, users, ports, keys and jump hosts resolve
+through the ssh config like ``ssh`` does. Rank kernels listen on Unix sockets on their
+node; the notebook side reaches them through forwarded Unix sockets in a private local
+folder, so no kernel port is ever open to the network. When the SSH connection drops, the
+agent's stdin closes and it kills every rank it started.
 """
 
 from __future__ import annotations
@@ -36,6 +39,58 @@ from jupyter_dist.errors import AgentError
 
 log = logging.getLogger(__name__)
 KERNEL_CHANNELS = ("shell_port", "iopub_port", "control_port", "stdin_port", "hb_port")
+
+
+#: ssh's own default for UserKnownHostsFile (ssh also reads ``~/.ssh/known_hosts2``)
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+def user_known_hosts(configured: object) -> str:
+    """The known_hosts file a user would add a key to: the config's first one (unless it
+    is ``/dev/null``), or ssh's default."""
+    if isinstance(configured, list) and configured and configured[0] != os.devnull:
+        return str(configured[0])
+    return DEFAULT_KNOWN_HOSTS
+
+
+def usable_known_hosts(path: str) -> bool:
+    """A readable regular file: not ``/dev/null``, not missing (ssh reads those as empty)."""
+    full = os.path.expanduser(path)
+    return os.path.isfile(full) and os.access(full, os.R_OK)
+
+
+def known_hosts_files(user: object, global_: object) -> list[str]:
+    """The known_hosts files to check a host key against, from the ssh config's
+    ``UserKnownHostsFile`` and ``GlobalKnownHostsFile`` values (a list of paths, ``[]`` for
+    ``none``, None when unset): as ssh reads them, keeping only files that can hold a key.
+
+    asyncssh alone would check nothing at all for ``UserKnownHostsFile none``, and fail
+    with a bare OSError on a file that does not exist; an empty answer here means the
+    connection must be refused.
+    """
+    paths: list[str] = []
+    if user is None:
+        paths.append(DEFAULT_KNOWN_HOSTS)
+    elif isinstance(user, list):
+        paths.extend(str(p) for p in user)
+    if isinstance(global_, list):
+        paths.extend(str(p) for p in global_)
+    return [os.path.expanduser(p) for p in paths if usable_known_hosts(p)]
+
+
+def trust_no_key(_host: str, _addr: str, _port: int | None) -> tuple[list[str], ...]:
+    """A known_hosts lookup that finds nothing: every host key is refused."""
+    return [], [], []
+
+
+def unknown_key_message(where: str, problem: str, host: str, port: object, add_to: str) -> str:
+    """Why the connection was refused, and how to add the host's key to ``add_to``."""
+    keyscan = f"ssh-keyscan -H{f' -p {port}' if port not in (22, None, ()) else ''} {host}"
+    return (
+        f"{where}: {problem}, so the connection was refused (host keys are always checked, "
+        f"whatever StrictHostKeyChecking says). Check the key, then add it to known_hosts, "
+        f"e.g. `{keyscan} >> {add_to}`"
+    )
 
 
 def agent_command(session: str, env: Mapping[str, str], python: str | None) -> str:
@@ -76,25 +131,12 @@ class SSHLauncher(Launcher):
 
     async def connect(self) -> asyncssh.SSHClientConnection:
         """An SSH connection to the node, host key verified, with errors that say what to do."""
-        kwargs: dict[str, Any] = {}
-        if self.spec.port:
-            kwargs["port"] = self.spec.port
-        if self.spec.user:
-            kwargs["username"] = self.spec.user
-        if self.ssh_config:
-            kwargs["config"] = [os.path.expanduser(self.ssh_config)]
         where = f"node {str(self.spec)!r}"
         try:
             return await asyncio.wait_for(
-                asyncssh.connect(self.spec.name, **kwargs), self.connect_timeout
+                self._connect(self.spec.name, self.spec.port, self.spec.user, where),
+                self.connect_timeout,
             )
-        except asyncssh.HostKeyNotVerifiable as err:
-            raise AgentError(
-                f"{where}: its SSH host key is unknown or has changed ({err.reason}), so the "
-                "connection was refused. Check the key, then add it to known_hosts, e.g. "
-                f"`ssh-keyscan -H {self.spec.name} >> ~/.ssh/known_hosts` or connect once "
-                "with `ssh`"
-            ) from None
         except asyncssh.PermissionDenied:
             raise AgentError(
                 f"{where}: SSH login refused; check the user and that your key is loaded "
@@ -106,6 +148,82 @@ class SSHLauncher(Launcher):
             ) from None
         except (OSError, asyncssh.Error) as err:
             raise AgentError(f"{where}: cannot connect over SSH: {err}") from None
+
+    async def _connect(
+        self,
+        host: str,
+        port: int | None,
+        user: str | None,
+        where: str,
+        tunnel: asyncssh.SSHClientConnection | None = None,
+    ) -> asyncssh.SSHClientConnection:
+        """One SSH connection, through ``tunnel`` or the config's jump hosts, each of them
+        with its host key checked against the known_hosts files the config names, and no
+        agent or credentials forwarded, whatever the config says."""
+        kwargs: dict[str, Any] = {}
+        if port:
+            kwargs["port"] = port
+        if user:
+            kwargs["username"] = user
+        if self.ssh_config:
+            kwargs["config"] = [os.path.expanduser(self.ssh_config)]
+        try:
+            options = await asyncssh.SSHClientConnectionOptions.construct(host=host, **kwargs)
+            jumps = options.tunnel if tunnel is None else None
+            if isinstance(jumps, str):  # ProxyJump: each hop is opened (and checked) here
+                for hop in jumps.split(","):
+                    hop_user, _, hop_host = hop.rpartition("@")
+                    hop_host, colon, hop_port = hop_host.rpartition(":")
+                    if not colon:
+                        hop_host, hop_port = hop_port, ""
+                    elif not hop_port.isdigit():
+                        raise AgentError(
+                            f"{where}: ProxyJump {jumps!r}: the port of {hop!r} is "
+                            f"{hop_port!r}, not a number (expected [user@]host[:port],...)"
+                        )
+                    tunnel = await self._connect(
+                        hop_host,
+                        int(hop_port) if hop_port else None,
+                        hop_user or None,
+                        f"{where}: jump host {hop_host!r}",
+                        tunnel,
+                    )
+            user_files = options.config.get("UserKnownHostsFile", None)
+            files = known_hosts_files(user_files, options.config.get("GlobalKnownHostsFile", None))
+            add_to = user_known_hosts(user_files)
+            if tunnel is not None:
+                kwargs["tunnel"] = tunnel
+            try:
+                conn = await asyncssh.connect(
+                    host,
+                    # no file: trust no key (asyncssh would check nothing, or fall back to
+                    # ~/.ssh/known_hosts), so that the connection still fails as it would
+                    known_hosts=files or trust_no_key,
+                    agent_forwarding=False,  # a rank node gets no use of the user's keys
+                    gss_delegate_creds=False,
+                    **kwargs,
+                )
+            except asyncssh.HostKeyNotVerifiable as err:
+                if files:
+                    problem = f"its SSH host key is unknown or has changed ({err.reason})"
+                    how = " or connect once with `ssh`"
+                else:
+                    problem = (
+                        "its SSH host key cannot be checked: the ssh config leaves no "
+                        "known_hosts file to check it against (UserKnownHostsFile none, "
+                        "/dev/null or a file that does not exist)"
+                    )
+                    how = ", and make UserKnownHostsFile name that file (or leave it out)"
+                raise AgentError(
+                    unknown_key_message(where, problem, options.host, options.port, add_to) + how
+                ) from None
+        except BaseException:
+            if tunnel is not None:  # the jump hosts' connections are this one's to close
+                tunnel.close()
+            raise
+        if tunnel is not None:
+            conn.set_tunnel(tunnel)  # closed with this connection
+        return conn
 
     async def start(self, session: str, env: Mapping[str, str]) -> AgentStreams:
         self.conn = await self.connect()
