@@ -7,6 +7,8 @@ few times a second stays cheap. bqplot is imported when the first point arrives.
 
 from __future__ import annotations
 
+import html
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -16,6 +18,9 @@ import ipywidgets as widgets
 MANY_RANKS = 8
 #: points per line sent to the browser; longer series are thinned evenly
 MAX_POINTS = 4000
+#: d3-format of tick labels: 4 significant digits, no trailing zeros (0.25, 1.2e-05, 200)
+TICKS = ".4~g"
+X_TICKS, Y_TICKS = 5, 4
 COLORS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
     "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
@@ -30,53 +35,60 @@ class MetricChart:
 
         self.name = name
         self.ranks = ranks
-        x, y = bqplot.LinearScale(), bqplot.LinearScale()
-        axes = [
-            bqplot.Axis(scale=x, side="bottom", label="step", num_ticks=5),
-            bqplot.Axis(scale=y, side="left", label=name, num_ticks=4),
-        ]
+        # the scales' bounds are set from the data on every update: bqplot's own
+        # domain is degenerate for a first single point (its tick format then fails in the
+        # browser, "invalid format: .undefinedg", and the update is dropped) and padded to
+        # odd ticks (-1, 49) after that
+        self.x = bqplot.LinearScale(allow_padding=False)
+        self.y = bqplot.LinearScale(allow_padding=False)
+        # the title names the metric; ticks fall on round values (`_ticks`)
+        self.x_axis = bqplot.Axis(scale=self.x, side="bottom", label="step", tick_format=TICKS)
+        self.y_axis = bqplot.Axis(scale=self.y, side="left", tick_format=TICKS)
+        axes = [self.x_axis, self.y_axis]
+        scales = {"x": self.x, "y": self.y}
         self.many = len(ranks) > MANY_RANKS
         if self.many:
             self.band = bqplot.Lines(
-                x=[], y=[], scales={"x": x, "y": y}, fill="between", colors=[COLORS[0]],
-                fill_opacities=[0.2], stroke_width=0, labels=["min-max"],
+                x=[], y=[], scales=scales, fill="between", colors=[COLORS[0]],
+                fill_opacities=[0.2], stroke_width=0,
             )  # fmt: skip
-            self.mean = bqplot.Lines(
-                x=[], y=[], scales={"x": x, "y": y}, colors=[COLORS[0]], labels=["mean"]
-            )
+            self.mean = bqplot.Lines(x=[], y=[], scales=scales, colors=[COLORS[0]])
             marks = [self.band, self.mean]
+            keys = [("mean", COLORS[0]), ("min-max", COLORS[0] + "55")]
         else:
             self.lines = {
-                r: bqplot.Lines(
-                    x=[],
-                    y=[],
-                    scales={"x": x, "y": y},
-                    colors=[COLORS[i % len(COLORS)]],
-                    labels=[f"rank {r}"],
-                    display_legend=True,
-                )
+                r: bqplot.Lines(x=[], y=[], scales=scales, colors=[_color(i)])
                 for i, r in enumerate(ranks)
             }
             marks = list(self.lines.values())
+            keys = [(f"rank {r}", _color(i)) for i, r in enumerate(ranks)]
         self.figure = bqplot.Figure(
             marks=marks,
             axes=axes,
             title=name,
-            legend_location="top-right",
             animation_duration=0,
-            fig_margin={"top": 30, "bottom": 35, "left": 55, "right": 10},
-            layout=widgets.Layout(width="360px", height="220px"),
+            fig_margin={"top": 30, "bottom": 40, "left": 50, "right": 20},
+            layout=widgets.Layout(width="440px", height="260px"),
         )
-        self.figure.add_class("jd-metric")
+        self.figure.add_class("jd-metric-figure")
+        # the legend sits under the plot, never over the data
+        self.legend = widgets.HTML(_legend(keys))
+        self.legend.add_class("jd-metric-legend")
+        self.box = widgets.VBox([self.figure, self.legend], layout=widgets.Layout(width="450px"))
+        self.box.add_class("jd-metric")
 
     def update(self, series: dict[int, tuple[list[float], list[float]]]) -> None:
         import numpy as np
 
         if not self.many:
+            arrays = {
+                rank: _thin(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+                for rank, (xs, ys) in series.items()
+            }
             with self.figure.hold_sync():
+                self._bound([a[0] for a in arrays.values()], [a[1] for a in arrays.values()])
                 for rank, line in self.lines.items():
-                    xs, ys = series.get(rank, ([], []))
-                    x, y = _thin(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+                    x, y = arrays.get(rank, (np.zeros(0), np.zeros(0)))
                     with line.hold_sync():
                         line.x, line.y = x, y
             return
@@ -91,10 +103,31 @@ class MetricChart:
         mean = np.asarray([sum(v) / len(v) for v in values], dtype=float)
         steps, low, high, mean = _thin_all(steps, low, high, mean)
         with self.figure.hold_sync():
+            self._bound([steps], [low, high])
             with self.band.hold_sync():
                 self.band.x, self.band.y = steps, np.vstack([low, high])
             with self.mean.hold_sync():
                 self.mean.x, self.mean.y = steps, mean
+
+    def _bound(self, xs: list[Any], ys: list[Any]) -> None:
+        """Both scales span the data (never a zero-width domain), y with a small margin."""
+        x_lo, x_hi = _span(xs)
+        y_lo, y_hi = _span(ys)
+        if x_lo is None or y_lo is None or x_hi is None or y_hi is None:
+            return
+        if x_hi <= x_lo:
+            x_hi = x_lo + 1.0
+        if y_hi <= y_lo:
+            pad = abs(y_hi) * 0.05 or 1.0
+            y_lo, y_hi = y_lo - pad, y_hi + pad
+        for scale, axis, lo, hi, count in (
+            (self.x, self.x_axis, x_lo, x_hi, X_TICKS),
+            (self.y, self.y_axis, y_lo, y_hi, Y_TICKS),
+        ):
+            ticks = _ticks(lo, hi, count)
+            with scale.hold_sync():
+                scale.min, scale.max = float(ticks[0]), float(ticks[-1])
+            axis.tick_values = ticks
 
 
 class MetricsView:
@@ -122,7 +155,7 @@ class MetricsView:
             chart = self.charts.get(name)
             if chart is None:
                 chart = self.charts[name] = MetricChart(name, self.ranks)
-                self.box.children = (*self.box.children, chart.figure)
+                self.box.children = (*self.box.children, chart.box)
             chart.update(self.series[name])
         self._dirty.clear()
 
@@ -138,6 +171,62 @@ class MetricsView:
     def state(self) -> dict[str, Any]:
         """Series lengths per metric and rank (for tests and status)."""
         return {n: {r: len(v[0]) for r, v in s.items()} for n, s in self.series.items()}
+
+
+_ITEM_STYLE = (
+    "display:inline-flex;align-items:center;gap:4px;margin-right:12px;font-size:11px;"
+    "color:var(--jp-ui-font-color1,#222)"
+)
+_SWATCH_STYLE = "display:inline-block;width:16px;height:3px;border-radius:1px;"
+
+
+def _color(index: int) -> str:
+    return COLORS[index % len(COLORS)]
+
+
+def _legend(keys: list[tuple[str, str]]) -> str:
+    """A one-line HTML legend: a coloured stroke and a label per line."""
+    items = "".join(
+        f'<span class="jd-legend-item" style="{_ITEM_STYLE}"><span class="jd-legend-swatch" '
+        f'style="{_SWATCH_STYLE}background:{html.escape(color)}"></span>'
+        f"{html.escape(label)}</span>"
+        for label, color in keys
+    )
+    return f'<div class="jd-legend" style="margin:0 0 0 50px">{items}</div>'
+
+
+def _ticks(lo: float, hi: float, count: int) -> Any:
+    """Round tick values covering ``lo``-``hi``: about ``count`` steps of 1, 2 or 5 times
+    a power of ten, the first at or below ``lo`` and the last at or above ``hi``."""
+    import numpy as np
+
+    first, last, step = _nice(lo, hi, count)
+    n = round((last - first) / step)
+    return np.round(first + step * np.arange(n + 1), 12)
+
+
+def _nice(lo: float, hi: float, ticks: int) -> tuple[float, float, float]:
+    """``lo``-``hi`` widened to multiples of a round step (1, 2 or 5 times a power of ten)
+    that cuts it into about ``ticks`` parts; and that step."""
+    raw = (hi - lo) / max(ticks, 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    error = raw / power  # as d3's tickIncrement chooses: the nearest of 1, 2, 5, 10
+    factor = (
+        10.0 if error >= 50**0.5 else 5.0 if error >= 10**0.5 else 2.0 if error >= 2**0.5 else 1.0
+    )
+    step = factor * power
+    return math.floor(lo / step) * step, math.ceil(hi / step) * step, step
+
+
+def _span(arrays: list[Any]) -> tuple[float | None, float | None]:
+    """The finite min and max over ``arrays``, or (None, None) when there is no value."""
+    import numpy as np
+
+    finite = [a[np.isfinite(a)] for a in arrays if len(a)]
+    finite = [a for a in finite if len(a)]
+    if not finite:
+        return None, None
+    return float(min(a.min() for a in finite)), float(max(a.max() for a in finite))
 
 
 def _thin(x: Any, y: Any) -> tuple[Any, Any]:

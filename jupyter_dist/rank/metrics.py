@@ -42,6 +42,7 @@ class MetricsChannel:
     def pre_execute(self) -> None:
         self.parent = dict(self.kernel.get_parent() or {})
         self._busy_since = time.monotonic()
+        self.steps.clear()  # each cell's charts start at step 0: one step axis per cell run
 
     def post_execute(self) -> None:
         self._busy_since = None
@@ -165,7 +166,8 @@ def install(kernel: Any, shell: Any) -> MetricsChannel:
 def log(step: float | None = None, **scalars: Any) -> None:
     """Stream scalars to the notebook's cell view: ``log(loss=0.3, lr=1e-3)``.
 
-    ``step`` is the x value (default: how many times this metric was logged before).
+    ``step`` is the x value (default: how many times this metric was logged before in
+    this cell).
     Cheap and non-blocking: points are sent in batches. Outside a rank it does nothing.
     """
     if _channel is not None and scalars:

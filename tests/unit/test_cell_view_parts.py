@@ -91,3 +91,35 @@ def test_log_folders_of_gone_processes_are_pruned(tmp_path: Path) -> None:
     mine.mkdir()
     _prune(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [mine.name]
+
+
+def test_a_first_single_point_gets_a_real_domain_and_round_ticks() -> None:
+    """bqplot's own domain for one point is zero-wide, and its tick format then fails in
+    the browser ("invalid format: .undefinedg") and drops the update: the chart sets both
+    scales' bounds itself, on round ticks, from the first point on."""
+    view = MetricsView([0, 1])
+    view.add(0, (("loss", 0.0, 2.5),))
+    view.render()
+    chart = view.charts["loss"]
+    for scale, axis in ((chart.x, chart.x_axis), (chart.y, chart.y_axis)):
+        assert scale.min is not None and scale.max is not None and scale.min < scale.max
+        ticks = list(axis.tick_values)
+        assert ticks[0] == scale.min and ticks[-1] == scale.max and ticks == sorted(ticks)
+        assert axis.tick_format  # never left to bqplot's guess
+    view.add(0, tuple(("loss", float(s), 100.0 / (s + 1)) for s in range(1, 200)))
+    view.add(1, tuple(("loss", float(s), 90.0 / (s + 1)) for s in range(200)))
+    view.render()
+    assert (chart.x.min, chart.x.max) == (0.0, 200.0)
+    assert list(chart.x_axis.tick_values) == [0.0, 50.0, 100.0, 150.0, 200.0]
+    assert chart.y.min <= 90.0 / 200 and chart.y.max >= 100.0
+    assert all(float(t).is_integer() for t in chart.y_axis.tick_values)
+
+
+def test_the_legend_sits_under_the_chart_not_over_the_data() -> None:
+    view = MetricsView([0, 3])
+    view.add(3, (("acc", 0.0, 0.5),))
+    view.render()
+    chart = view.charts["acc"]
+    assert not any(m.display_legend for m in chart.figure.marks)
+    assert list(chart.box.children) == [chart.figure, chart.legend]
+    assert "rank 0" in chart.legend.value and "rank 3" in chart.legend.value
