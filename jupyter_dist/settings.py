@@ -13,11 +13,14 @@ seconds is read from one.
   fails, before they are interrupted.
 * ``JUPYTER_DIST_MASTER_PORTS`` (control plane, node agent): ``lo-hi``, the ports
   MASTER_PORT may take.
+* ``JUPYTER_DIST_MAX_RANKS_PER_NODE`` (control plane): the most ranks a session may start
+  on one node (default: twice this machine's CPU count, at least 8; under a Jupyter server,
+  the server's setting, ``DistServerApp.max_ranks_per_node``, comes first).
 * ``JUPYTER_DIST_SESSION``, ``JUPYTER_DIST_DEVICE``, ``JUPYTER_DIST_BACKEND`` (rank, set
   by the control plane): the session's name, ``cuda`` or ``cpu``, the process group's
   backend.
 
-The first six are the user's to set; the last three are set on every rank, as torchrun's
+The first seven are the user's to set; the last three are set on every rank, as torchrun's
 own variables are. A test checks that no module names a ``JUPYTER_DIST_`` variable
 anywhere but here.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 
 from jupyter_dist.errors import SpecError
@@ -36,6 +40,7 @@ SERVER_CHOICE_VAR = "JUPYTER_DIST_SERVER"
 STRAGGLER_VAR = "JUPYTER_DIST_STRAGGLER_S"
 ABORT_AFTER_VAR = "JUPYTER_DIST_ABORT_AFTER_S"
 MASTER_PORTS_VAR = "JUPYTER_DIST_MASTER_PORTS"
+MAX_RANKS_VAR = "JUPYTER_DIST_MAX_RANKS_PER_NODE"
 SESSION_VAR = "JUPYTER_DIST_SESSION"
 DEVICE_VAR = "JUPYTER_DIST_DEVICE"
 BACKEND_VAR = "JUPYTER_DIST_BACKEND"
@@ -47,6 +52,7 @@ ALL_VARS = (
     STRAGGLER_VAR,
     ABORT_AFTER_VAR,
     MASTER_PORTS_VAR,
+    MAX_RANKS_VAR,
     SESSION_VAR,
     DEVICE_VAR,
     BACKEND_VAR,
@@ -65,3 +71,20 @@ def seconds_from_env(name: str, default: float, environ: Mapping[str, str] | Non
     if not (math.isfinite(value) and value > 0):
         raise SpecError(f"{name}={raw!r}: expected a positive number of seconds")
     return value
+
+
+def default_max_ranks() -> int:
+    """Ranks per node when nothing says otherwise: twice this machine's CPUs (trying code
+    out on more ranks than cores is common), at least 8."""
+    return max(8, 2 * (os.cpu_count() or 1))
+
+
+def max_ranks_per_node(environ: Mapping[str, str] | None = None) -> int:
+    """The most ranks a session may start on one node: ``JUPYTER_DIST_MAX_RANKS_PER_NODE``,
+    else `default_max_ranks`."""
+    raw = (os.environ if environ is None else environ).get(MAX_RANKS_VAR, "").strip()
+    if not raw:
+        return default_max_ranks()
+    if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
+        raise SpecError(f"{MAX_RANKS_VAR}={raw[:40]!r}: expected a whole number of at least 1")
+    return int(raw)

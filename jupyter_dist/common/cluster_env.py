@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from jupyter_dist.common.hosts import HostSpec, parse_host
+from jupyter_dist.common.hosts import HostSpec, no_option, parse_host
 from jupyter_dist.errors import SpecError
 
 SCONTROL_TIMEOUT = 30.0
@@ -83,6 +83,7 @@ def expand_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list
     A plain comma-separated list needs no help; one with ranges goes through
     ``scontrol show hostnames``, which knows every form Slurm writes.
     """
+    no_option(variable, "node list", nodelist)  # it goes on scontrol's command line
     if "[" not in nodelist:
         names = [name.strip() for name in nodelist.split(",") if name.strip()]
     else:

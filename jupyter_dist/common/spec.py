@@ -8,19 +8,30 @@ known; `check_same_shape` compares a request with a running session.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.common.hosts import (
+    MAX_NODES,
+    HostSpec,
+    check_node_count,
+    check_python,
+    whole_number,
+)
 from jupyter_dist.common.payloads import Backend, Device, SessionRequest, SpecJSON
 from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
+from jupyter_dist.settings import MAX_RANKS_VAR, max_ranks_per_node
 
 BACKENDS: tuple[Backend, ...] = ("gloo", "nccl")
 REMOTE_LAUNCHERS = ("ssh", "slurm")
 DEFAULT_SESSION = "default"
 DEFAULT_CPU_PROCS = 2
+#: more ranks than a session may have, whatever the nodes: ``--ranks`` is checked against it
+#: before the session's own size is known
+MAX_WORLD_SIZE = 65536
 _SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -38,12 +49,21 @@ def as_counts(value: int | Counts | None) -> Counts | None:
 def parse_counts(flag: str, text: str) -> Counts:
     """``"4"`` -> ``(4,)``; ``"4,2"`` -> ``(4, 2)``: ranks per node."""
     parts = [p.strip() for p in text.split(",")]
-    if not all(re.fullmatch(r"-?\d+", p) for p in parts):
-        raise SpecError(f"{flag} {text!r}: expected a whole number, or one per node like 4,2")
-    counts = tuple(int(p) for p in parts)
+    check_node_count(len(parts), flag)
+    counts = []
+    for part in parts:
+        m = re.fullmatch(r"(-?)([0-9]+)", part)
+        if m is None:
+            raise SpecError(
+                f"{flag} {text[:80]!r}: expected a whole number, or one per node like 4,2"
+            )
+        count = whole_number(m.group(2))
+        if count is None:
+            raise SpecError(f"{flag} {part[:20]}...: more ranks than any node runs")
+        counts.append(-count if m.group(1) else count)
     for count in counts:
         check_positive(flag, count)
-    return counts
+    return tuple(counts)
 
 
 def _show(counts: Counts) -> str:
@@ -163,37 +183,68 @@ def parse_names(text: str, flag: str = "--push") -> list[str]:
     return names
 
 
+def check_seconds(flag: str, value: float | None) -> float | None:
+    """A finite positive number of seconds (``nan`` and ``inf`` are floats too)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise SpecError(f"{flag} {value}: expected a finite positive number of seconds")
+    return value
+
+
 def parse_ranks(text: str, world_size: int | None = None) -> tuple[int, ...]:
-    """``"0,2-3"`` -> ``(0, 2, 3)``, checked against the world size when known."""
-    ranks: set[int] = set()
+    """``"0,2-3"`` -> ``(0, 2, 3)``, checked against the world size when known (else
+    against `MAX_WORLD_SIZE`) before any range is expanded."""
+    limit = MAX_WORLD_SIZE if world_size is None else min(world_size, MAX_WORLD_SIZE)
+    shown = text if len(text) <= 80 else text[:77] + "..."
+
+    def rank(raw: str) -> int:
+        value = whole_number(raw)
+        if value is None or value >= limit:
+            has = (
+                f"the session has ranks 0-{world_size - 1}"
+                if world_size is not None
+                else f"a session has at most {MAX_WORLD_SIZE} ranks"
+            )
+            raise SpecError(f"--ranks {shown!r}: rank {raw[:20]} does not exist; {has}")
+        return value
+
+    spans: list[tuple[int, int]] = []
     for part in (p.strip() for p in text.split(",")):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not m:
+        m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part)
+        if m is None:
             raise SpecError(
-                f"--ranks {text!r}: {part!r} is not a rank or a range; expected e.g. 0,2-3"
+                f"--ranks {shown!r}: {part[:40]!r} is not a rank or a range; expected e.g. 0,2-3"
             )
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
+        lo = rank(m.group(1))
+        hi = lo if m.group(2) is None else rank(m.group(2))
         if hi < lo:
-            raise SpecError(f"--ranks {text!r}: range {part!r} runs backwards; write {hi}-{lo}")
-        ranks.update(range(lo, hi + 1))
-    if world_size is not None:
-        bad = sorted(r for r in ranks if r >= world_size)
-        if bad:
-            raise SpecError(
-                f"--ranks {text!r}: rank {bad[0]} does not exist; the session has ranks "
-                f"0-{world_size - 1}"
-            )
-    return tuple(sorted(ranks))
+            raise SpecError(f"--ranks {shown!r}: range {part!r} runs backwards; write {hi}-{lo}")
+        spans.append((lo, hi))
+    # merged before they are expanded: "0-9,0-9,..." costs no more than "0-9"
+    ranks: list[int] = []
+    for lo, hi in sorted(spans):
+        start = max(lo, ranks[-1] + 1) if ranks else lo
+        ranks.extend(range(start, hi + 1))
+    return tuple(ranks)
 
 
 def validate_request(req: ShapeRequest) -> None:
     """Checks that need no knowledge of the machine."""
     check_positive("--nodes", req.nodes)
+    if req.nodes is not None and req.nodes > MAX_NODES:
+        raise SpecError(f"--nodes {req.nodes}: a session takes at most {MAX_NODES} nodes")
+    check_node_count(len(req.hosts), "hosts")
+    if req.python is not None:
+        check_python(req.python)
     gpus, procs = as_counts(req.gpus), as_counts(req.procs)
     for flag, counts in (("--gpus", gpus), ("--procs", procs)):
+        if counts is not None:
+            check_node_count(len(counts), flag)
         for count in counts or ():
             check_positive(flag, count)
+            if count > MAX_WORLD_SIZE:
+                raise SpecError(
+                    f"{flag} {count}: a session has at most {MAX_WORLD_SIZE} ranks in all"
+                )
         if req.hosts and counts and len(counts) > 1 and len(counts) != len(req.hosts):
             raise SpecError(
                 f"{flag} {_show(counts)}: {len(counts)} counts for {len(req.hosts)} "
@@ -228,11 +279,37 @@ def validate_request(req: ShapeRequest) -> None:
         )
 
 
-def resolve_shape(name: str, req: ShapeRequest, local_gpus: int, host: str) -> SessionSpec:
-    """Turn a request into a session spec, given the node's CUDA device count."""
+def resolve_shape(
+    name: str, req: ShapeRequest, local_gpus: int, host: str, max_ranks: int | None = None
+) -> SessionSpec:
+    """Turn a request into a session spec, given the node's CUDA device count; refuse more
+    than ``max_ranks`` ranks on a node (default: `settings.max_ranks_per_node`)."""
     validate_request(req)
-    if req.hosts:
-        return _resolve_remote(name, req)
+    spec = _resolve_remote(name, req) if req.hosts else _resolve_local(name, req, local_gpus, host)
+    check_limits(spec, max_ranks_per_node() if max_ranks is None else max_ranks)
+    return spec
+
+
+def check_limits(spec: SessionSpec, max_ranks: int) -> None:
+    """Refuse a shape larger than a node may run, before anything starts: a typo's
+    ``--procs 1000`` would otherwise fork a thousand kernels."""
+    for node, count in enumerate(spec.counts):
+        if count > max_ranks:
+            flag = "--gpus" if spec.device == "cuda" else "--procs"
+            where = f"node {spec.hosts[node]}" if spec.hosts else "this machine"
+            raise SpecError(
+                f"{flag} {count}: at most {max_ranks} ranks may run on a node ({where}); "
+                f"set {MAX_RANKS_VAR} (or the server's DistServerApp.max_ranks_per_node) "
+                "to allow more"
+            )
+    if spec.world_size > MAX_WORLD_SIZE:
+        raise SpecError(
+            f"{spec.describe()}: {spec.world_size} ranks; a session has at most {MAX_WORLD_SIZE}"
+        )
+
+
+def _resolve_local(name: str, req: ShapeRequest, local_gpus: int, host: str) -> SessionSpec:
+    """This machine: devices are known now."""
     nodes = req.nodes or 1
     init = True if req.init is None else req.init
     gpus, procs = as_counts(req.gpus), as_counts(req.procs)

@@ -40,6 +40,7 @@ class SessionDefaults:
     hosts: tuple[HostSpec, ...] = ()  # nodes for requests that name none (but --nodes 1)
     ssh_config: str | None = None
     master_ports: str | None = None  # "lo-hi": where MASTER_PORT may be
+    max_ranks_per_node: int | None = None  # None: settings.max_ranks_per_node()
 
     def apply(self, request: ShapeRequest) -> ShapeRequest:
         if self.hosts and not request.hosts and request.nodes != 1:
@@ -146,23 +147,38 @@ class SessionManager:
         env: Mapping[str, str] | None = None,
     ) -> tuple[Session, bool]:
         """The session ``name``, started with ``request`` if it does not exist; its ranks
-        run in ``cwd`` with ``env`` (default: this process's).
+        run in ``cwd`` (default: this process's folder) with ``env`` on top of their node's
+        environment. The session's knobs (OMP_NUM_THREADS, GLOO_SOCKET_IFNAME, ...) are
+        read from ``env``, then from this process's environment.
 
         Returns the session and whether it was started now.
         """
         progress = self._progress(name, progress)
         request = self.defaults.apply(request)
-        if self.defaults.master_ports:
-            env = {PORTS_VAR: self.defaults.master_ports, **(os.environ if env is None else env)}
+        rank_vars = dict(env or {})
+        knobs = {**os.environ, **rank_vars}
+        if self.defaults.master_ports and PORTS_VAR not in knobs:
+            knobs[PORTS_VAR] = self.defaults.master_ports
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             session = self.sessions.get(name)
             if session is not None and session.state != SessionState.STOPPED:
                 check_same_shape(session.spec, request)
                 return session, False
-            spec = resolve_shape(name, request, len(discover_gpus()), socket.gethostname())
+            spec = resolve_shape(
+                name,
+                request,
+                len(discover_gpus()),
+                socket.gethostname(),
+                self.defaults.max_ranks_per_node,
+            )
             session = Session(
-                spec, timeouts=self.timeouts, cwd=cwd, env=env, launchers=self.launchers
+                spec,
+                timeouts=self.timeouts,
+                cwd=cwd,
+                env=knobs,
+                launchers=self.launchers,
+                rank_vars=rank_vars,
             )
             session.on_change = self._session_changed
             progress(f"starting session {name!r}: {spec.describe()}")

@@ -27,7 +27,7 @@ import enum
 import logging
 import queue
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 #: how long ranks get to answer an interrupt before a cell is given up on
 INTERRUPT_GRACE_S = 5.0
+#: how long push and pull wait for every rank's answer, unless told otherwise
+OBJECTS_TIMEOUT_S = 300.0
 #: how often a running cell is looked at (stragglers, ranks left waiting on a failed one)
 WATCH_TICK_S = 0.25
 #: default seconds a rank may run on after the others finished before it is named
@@ -382,31 +384,39 @@ class RankGroup:
                 rec.client.interrupt()
 
     # -- objects ------------------------------------------------------------------------
-    async def push(self, payload: pickling.Payload, ranks: Sequence[int] | None = None) -> None:
+    async def push(
+        self,
+        payload: pickling.Payload,
+        ranks: Sequence[int] | None = None,
+        timeout: float = OBJECTS_TIMEOUT_S,
+    ) -> None:
         """Send pickled ``{name: value}`` to each rank's namespace."""
         self._check_usable()
         chosen = self.check_ranks(ranks)
-        replies = await asyncio.gather(
-            *(
-                self._client(r).objects_request(
-                    {"op": "push", **payload.signed_fields()}, payload.frames
-                )
-                for r in chosen
+        replies = await self._objects(
+            "push",
+            chosen,
+            lambda r: self._client(r).objects_request(
+                {"op": "push", **payload.signed_fields()}, payload.frames
             ),
-            return_exceptions=True,
+            timeout,
         )
         errors = [(r, rep) for r, rep in zip(chosen, replies, strict=True) if _failed(rep)]
         if errors:
             r, rep = errors[0]
             raise PushError(f"push failed on {len(errors)} rank(s); rank {r}: {_why(rep)}")
 
-    async def pull(self, name: str, ranks: Sequence[int] | None = None) -> list[Any]:
+    async def pull(
+        self, name: str, ranks: Sequence[int] | None = None, timeout: float = OBJECTS_TIMEOUT_S
+    ) -> list[Any]:
         """The value of ``name`` on each rank, in rank order."""
         self._check_usable()
         chosen = self.check_ranks(ranks)
-        replies = await asyncio.gather(
-            *(self._client(r).objects_request({"op": "pull", "name": name}) for r in chosen),
-            return_exceptions=True,
+        replies = await self._objects(
+            f"pull {name!r}",
+            chosen,
+            lambda r: self._client(r).objects_request({"op": "pull", "name": name}),
+            timeout,
         )
         values = []
         for r, rep in zip(chosen, replies, strict=True):
@@ -416,6 +426,31 @@ class RankGroup:
             data, buffers = rep
             values.append(pickling.load(buffers, data["digest"], data["sizes"]))
         return values
+
+    async def _objects(
+        self,
+        what: str,
+        chosen: list[int],
+        request: Callable[[int], Coroutine[Any, Any, Any]],
+        timeout: float,
+    ) -> list[Any]:
+        """Each rank's answer to ``request(rank)`` (or its exception), in ``chosen``'s
+        order; `PushError` naming the ranks that did not answer within ``timeout``."""
+        tasks = [asyncio.ensure_future(request(r)) for r in chosen]
+        try:
+            _done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else ((), ())
+        finally:
+            late = [r for r, task in zip(chosen, tasks, strict=True) if not task.done()]
+            for task in tasks:
+                task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+            raise PushError(
+                f"{what} in session {self.name!r}: {ranks_label(late)} of "
+                f"{ranks_label(chosen)} did not answer within {timeout:g} s (busy running "
+                "a cell? `%dist interrupt` stops it)"
+            )
+        return [task.exception() or task.result() for task in tasks]
 
     def _client(self, rank: int) -> RankClient:
         client = self.ranks[rank].client

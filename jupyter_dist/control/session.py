@@ -53,12 +53,17 @@ class Session(RankGroup):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         launchers: LauncherFactory = launcher_for,
+        rank_vars: Mapping[str, str] | None = None,
     ) -> None:
+        """``env``: where the session's knobs are read (default: this process's
+        environment); ``rank_vars``: variables every rank gets on top of its node's
+        environment (under them, the ones `rank_env` decides)."""
         super().__init__(spec, secrets.token_hex(32))
         self.launchers = launchers
         self.timeouts = timeouts or SessionTimeouts()
         self.cwd = cwd or os.getcwd()
         self.user_env = dict(os.environ if env is None else env)
+        self.rank_vars = dict(rank_vars or {})
         self.nodes: list[AgentClient] = []
         self.rendezvous: Rendezvous | None = None
         self.node_env: dict[int, dict[str, str]] = {}
@@ -175,7 +180,7 @@ class Session(RankGroup):
 
     async def _spawn(self, rec: RankRecord) -> None:
         assert self.rendezvous is not None and rec.node is not None
-        env = rank_env(self.spec, rec.place, self.rendezvous, self.user_env)
+        env = {**self.rank_vars, **rank_env(self.spec, rec.place, self.rendezvous, self.user_env)}
         env.update(self.node_env.get(rec.place.node_rank, {}))
         spawned = await rec.node.spawn(rec.rank, rec.place.local_rank, env, self.key, self.cwd)
         rec.pid = spawned.pid

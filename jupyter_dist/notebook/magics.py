@@ -20,18 +20,20 @@ from IPython.display import publish_display_data
 
 from jupyter_dist.common import cluster_env, pickling
 from jupyter_dist.common.events import CellEvent, Notice
-from jupyter_dist.common.hosts import parse_hosts, read_hostfile
+from jupyter_dist.common.hosts import check_python, check_ssh_config, parse_hosts, read_hostfile
 from jupyter_dist.common.spec import (
     DEFAULT_SESSION,
     ShapeRequest,
     check_same_shape,
+    check_seconds,
     check_session_name,
     parse_counts,
     parse_names,
     parse_ranks,
+    validate_request,
 )
 from jupyter_dist.control.event_queue import EventQueue
-from jupyter_dist.control.rank_group import RankGroup, SessionState
+from jupyter_dist.control.rank_group import OBJECTS_TIMEOUT_S, RankGroup, SessionState
 from jupyter_dist.display.render_text import TextRenderer
 from jupyter_dist.errors import DistError, SpecError
 from jupyter_dist.notebook import owners as planes
@@ -231,8 +233,47 @@ class DistMagics(Magics):
 
     def _distributed(self, args: Any, cell: str) -> None:
         name = self._name(args.session)
-        if args.timeout is not None and args.timeout <= 0:
-            raise SpecError(f"--timeout {args.timeout}: expected a positive number of seconds")
+        check_seconds("--timeout", args.timeout)
+        request = self._shape(args, name)
+        mode = output_mode(self.shell, args.output)
+        _check_syntax(self.shell, cell)
+        ranks = parse_ranks(args.ranks) if args.ranks else None
+        payload = pickling.dump(self._user_values(parse_names(args.push))) if args.push else None
+
+        manager = self.control.manager
+
+        async def start(sink: queue.SimpleQueue[CellEvent]) -> RankGroup:
+            session, started = await manager.get_or_start(
+                name, request, lambda text: sink.put(Notice(text))
+            )
+            if started:
+                sink.put(Notice(f"session {name!r} ready: {session.spec.describe()}"))
+            return session
+
+        running = manager.sessions.get(name)
+        if running is not None and running.state != SessionState.STOPPED and not running.stale:
+            check_same_shape(running.spec, request)  # the common case: no loop round trip
+            session = running
+        else:
+            session = self._call(start)
+        chosen = session.check_ranks(ranks)
+        if payload is not None:
+            self.control.run(session.push(payload, chosen))
+        sink: queue.SimpleQueue[CellEvent] = EventQueue()
+        renderer: Renderer
+        if mode == "widget":
+            renderer = self._cell_view(session, chosen)
+        else:
+            renderer = _renderer(chosen, summary=True)
+        run_cell(self.control, session, cell, chosen, args.timeout, renderer, sink)
+
+    def _shape(self, args: Any, name: str) -> ShapeRequest:
+        """What the arguments ask of the session: its nodes and ranks, checked (sizes,
+        names, files) before anything starts anywhere."""
+        if args.python is not None:
+            check_python(args.python)
+        if args.ssh_config is not None:
+            check_ssh_config(args.ssh_config)
         given = [f for f, v in (("--hosts", args.hosts), ("--hostfile", args.hostfile),
                                 ("--slurm", args.slurm)) if v]  # fmt: skip
         if len(given) > 1:
@@ -280,37 +321,8 @@ class DistMagics(Magics):
             python=args.python,
             ssh_config=args.ssh_config,
         )
-        mode = output_mode(self.shell, args.output)
-        _check_syntax(self.shell, cell)
-        ranks = parse_ranks(args.ranks) if args.ranks else None
-        payload = pickling.dump(self._user_values(parse_names(args.push))) if args.push else None
-
-        manager = self.control.manager
-
-        async def start(sink: queue.SimpleQueue[CellEvent]) -> RankGroup:
-            session, started = await manager.get_or_start(
-                name, request, lambda text: sink.put(Notice(text))
-            )
-            if started:
-                sink.put(Notice(f"session {name!r} ready: {session.spec.describe()}"))
-            return session
-
-        running = manager.sessions.get(name)
-        if running is not None and running.state != SessionState.STOPPED and not running.stale:
-            check_same_shape(running.spec, request)  # the common case: no loop round trip
-            session = running
-        else:
-            session = self._call(start)
-        chosen = session.check_ranks(ranks)
-        if payload is not None:
-            self.control.run(session.push(payload, chosen))
-        sink: queue.SimpleQueue[CellEvent] = EventQueue()
-        renderer: Renderer
-        if mode == "widget":
-            renderer = self._cell_view(session, chosen)
-        else:
-            renderer = _renderer(chosen, summary=True)
-        run_cell(self.control, session, cell, chosen, args.timeout, renderer, sink)
+        validate_request(request)
+        return request
 
     def _cell_view(self, session: RankGroup, ranks: list[int]) -> Renderer:
         from jupyter_dist.display.cell_view import CellView
@@ -337,6 +349,12 @@ class DistMagics(Magics):
     @argument("names", nargs="*", help="variable names, for push and pull")
     @argument("--session", default=None, help="which session (default: the current one)")
     @argument("--ranks", default=None, help="only these ranks (push, pull, interrupt, stacks)")
+    @argument(
+        "--timeout",
+        type=float,
+        default=OBJECTS_TIMEOUT_S,
+        help=f"push, pull: seconds to wait for the ranks (default: {OBJECTS_TIMEOUT_S:g})",
+    )
     @argument(
         "--all",
         action="store_true",
@@ -444,15 +462,19 @@ class DistMagics(Magics):
     def _dist_push(self, args: Any) -> None:
         if not args.names:
             raise SpecError("%dist push: expected variable names, e.g. %dist push model data")
+        check_seconds("--timeout", args.timeout)
         session = self._session(args.session)
         names = parse_names(",".join(args.names))
         payload = pickling.dump(self._user_values(names))
-        self.control.run(session.push(payload, self._ranks_arg(args, session)))
+        self.control.run(session.push(payload, self._ranks_arg(args, session), args.timeout))
 
     def _dist_pull(self, args: Any) -> list[Any]:
         if len(args.names) != 1:
             raise SpecError(f"%dist pull: expected one variable name, got {len(args.names)}")
         (name,) = parse_names(args.names[0], "%dist pull")
+        check_seconds("--timeout", args.timeout)
         session = self._session(args.session)
-        values: list[Any] = self.control.run(session.pull(name, self._ranks_arg(args, session)))
+        values: list[Any] = self.control.run(
+            session.pull(name, self._ranks_arg(args, session), args.timeout)
+        )
         return values

@@ -11,19 +11,21 @@ It keeps a record of its sessions' processes in the Jupyter runtime folder
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, Unicode, validate
+from traitlets import Float, Int, TraitError, Unicode, validate
 
-from jupyter_dist.common.hosts import parse_hosts
+from jupyter_dist.common.hosts import check_ssh_config, parse_hosts
 from jupyter_dist.common.payloads import ManagerEvent
 from jupyter_dist.common.ports import parse_port_range
 from jupyter_dist.control.manager import SessionDefaults, SessionManager
 from jupyter_dist.control.session import SessionTimeouts
+from jupyter_dist.errors import SpecError
 from jupyter_dist.server.handlers import HANDLERS
 from jupyter_dist.server.process_records import (
     REAP_GRACE_S,
@@ -32,6 +34,7 @@ from jupyter_dist.server.process_records import (
     find_orphaned,
     reap,
 )
+from jupyter_dist.settings import MAX_RANKS_VAR
 
 
 class DistServerApp(ExtensionApp):
@@ -68,6 +71,39 @@ class DistServerApp(ExtensionApp):
         "SIGTERM and SIGKILL, when a server starts and finds them.",
     )
 
+    max_ranks_per_node = Int(
+        0,
+        config=True,
+        help="The most ranks a session may start on one node; a request for more is refused "
+        f"before anything starts. 0: {MAX_RANKS_VAR} if set, else twice this machine's CPU "
+        "count (at least 8).",
+    )
+
+    @validate("start_timeout", "process_group_timeout", "reap_grace")
+    def _check_seconds(self, proposal: dict[str, Any]) -> float:
+        value = float(proposal["value"])
+        name = proposal["trait"].name
+        if not math.isfinite(value) or value < 0 or (value == 0 and name != "reap_grace"):
+            raise TraitError(f"{name} {value}: expected a finite positive number of seconds")
+        return value
+
+    @validate("max_ranks_per_node")
+    def _check_max_ranks(self, proposal: dict[str, Any]) -> int:
+        value = int(proposal["value"])
+        if value < 0:
+            raise TraitError(f"max_ranks_per_node {value}: expected 0 (automatic) or more")
+        return value
+
+    @validate("ssh_config")
+    def _check_ssh_config(self, proposal: dict[str, Any]) -> str | None:
+        value = proposal["value"]
+        if value is not None:
+            try:
+                check_ssh_config(value, "ssh_config")
+            except SpecError as err:
+                raise TraitError(str(err)) from None
+        return value if value is None else str(value)
+
     @validate("default_hosts")
     def _check_hosts(self, proposal: dict[str, Any]) -> str:
         value = str(proposal["value"])
@@ -89,6 +125,7 @@ class DistServerApp(ExtensionApp):
                 hosts=parse_hosts(self.default_hosts) if self.default_hosts.strip() else (),
                 ssh_config=self.ssh_config,
                 master_ports=self.master_port_range.strip() or None,
+                max_ranks_per_node=self.max_ranks_per_node or None,
             ),
         )
         self.settings["jupyter_dist_manager"] = self.manager

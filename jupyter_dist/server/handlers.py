@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
+import re
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from http.client import responses
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from jupyter_server.auth.decorator import authorized
@@ -17,7 +20,14 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from jupyter_dist.common.hosts import HostSpec, parse_host, parse_hosts
+from jupyter_dist.common.hosts import (
+    HostSpec,
+    check_host,
+    check_node_count,
+    check_python,
+    check_ssh_config,
+    parse_hosts,
+)
 from jupyter_dist.common.payloads import ServerEvent, StacksReply
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_session_name, parse_ranks
 from jupyter_dist.common.wire_names import API_PREFIX
@@ -57,8 +67,15 @@ REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "launcher": (str,),
     "init": (bool,),
     "cwd": (str,),  # where the ranks run (default: the server's folder)
-    "env": (dict,),  # the ranks' environment (default: the server's)
+    "env": (dict,),  # variables the ranks get on top of the server's environment
 }
+#: the fields of a host given as an object
+HOST_FIELDS = ("name", "user", "port", "slots", "python")
+#: a bigger request body is refused unread: no session needs one
+MAX_BODY_BYTES = 1 << 20
+#: seconds the file system gets to answer whether ``cwd`` or ``ssh_config`` is there
+FILE_CHECK_S = 10.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 @dataclass(frozen=True)
@@ -72,46 +89,81 @@ class CreateRequest:
 def _counts(key: str, value: Any) -> int | tuple[int, ...] | None:
     if value is None or isinstance(value, int):
         return value
+    check_node_count(len(value), key)
     if not value or not all(type(v) is int for v in value):
         raise SpecError(f"{key}: {value!r} is not a count or a list of counts")
     return tuple(value)
 
 
 def _hosts(value: Any) -> tuple[HostSpec, ...]:
+    """``"a,alice@b:2222"`` or ``[{"name": "a"}, {"name": "b", "user": "alice", ...}]``:
+    either way each field is checked as ``--hosts`` and hostfiles check it."""
+    if isinstance(value, str):
+        return parse_hosts(value, "hosts") if value.strip() else ()
     if not value:
         return ()
-    if isinstance(value, str):
-        return parse_hosts(value)
+    check_node_count(len(value), "hosts")
     hosts = []
-    for entry in value:
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise SpecError(f"hosts: {entry!r} is not a host; expected {{'name': ...}}")
-        host = parse_host(entry["name"], "hosts")
-        extra = {k: entry.get(k) for k in ("user", "port", "slots", "python")}
-        for key, val in extra.items():
-            if val is not None and type(val) is not (str if key in ("user", "python") else int):
-                raise SpecError(f"hosts: {key} {val!r} of {entry['name']!r} has the wrong type")
-        hosts.append(
-            HostSpec(host.name, extra["user"], extra["port"], extra["slots"], extra["python"])
-        )
-    return tuple(hosts)
+    for index, entry in enumerate(value):
+        where = f"hosts[{index}]"
+        if not isinstance(entry, dict):
+            raise SpecError(f"{where}: {entry!r} is not a host; expected {{'name': ...}}")
+        unknown = sorted(set(entry) - set(HOST_FIELDS))
+        if unknown:
+            raise SpecError(
+                f"{where}: unknown field {unknown[0]!r}; expected some of {list(HOST_FIELDS)}"
+            )
+        hosts.append(check_host(entry, where))
+    found = tuple(hosts)
+    seen: set[str] = set()
+    for host in found:
+        if str(host) in seen:
+            raise SpecError(f"hosts: {str(host)!r} is listed twice; give each node once")
+        seen.add(str(host))
+    return found
+
+
+def _env(value: dict[str, Any] | None) -> dict[str, str] | None:
+    """Variables for the ranks: names as a shell takes them, string values."""
+    if value is None:
+        return None
+    for name, val in value.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise SpecError(
+                f"env: {name[:80]!r} is not a variable name (letters, digits and '_', not "
+                "starting with a digit)"
+            )
+        if not isinstance(val, str):
+            raise SpecError(f"env: expected an object of strings; {name} is {str(val)[:80]!r}")
+        if "\0" in val:
+            raise SpecError(f"env: {name}: its value holds a NUL character")
+    return dict(value)
+
+
+def _cwd(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if "\0" in value or not os.path.isabs(value):
+        raise SpecError(f"cwd {value[:200]!r}: expected an absolute path")
+    return value
 
 
 def shape_from_json(body: Any) -> CreateRequest:
-    """A POST body -> what to start, and where; refuses unknown or mistyped fields."""
+    """A POST body -> what to start, and where; refuses unknown or mistyped fields, and
+    checks each value before anything is built from it (nothing here touches a file)."""
     if not isinstance(body, dict):
         raise SpecError("expected a JSON object with the session's name and shape")
     unknown = sorted(set(body) - set(REQUEST_FIELDS))
     if unknown:
-        raise SpecError(f"unknown field {unknown[0]!r}; expected some of {sorted(REQUEST_FIELDS)}")
+        raise SpecError(
+            f"unknown field {unknown[0][:80]!r}; expected some of {sorted(REQUEST_FIELDS)}"
+        )
     for key, kinds in REQUEST_FIELDS.items():
         value = body.get(key)
         if value is not None and type(value) not in kinds:
             expected = " or ".join(k.__name__ for k in kinds)
-            raise SpecError(f"{key}: {value!r} is not a {expected}")
-    env = body.get("env")
-    if env is not None and not all(isinstance(v, str) for v in env.values()):
-        raise SpecError("env: expected an object of strings")
+            raise SpecError(f"{key}: {str(value)[:80]!r} is not a {expected}")
+    python = body.get("python")
     shape = ShapeRequest(
         nodes=body.get("nodes"),
         gpus=_counts("gpus", body.get("gpus")),
@@ -119,12 +171,33 @@ def shape_from_json(body: Any) -> CreateRequest:
         backend=body.get("backend"),
         init=body.get("init"),
         hosts=_hosts(body.get("hosts")),
-        python=body.get("python"),
+        python=None if python is None else check_python(python, "python"),
         ssh_config=body.get("ssh_config"),
         launcher=body.get("launcher"),
     )
     name = check_session_name(body.get("name") or DEFAULT_SESSION)
-    return CreateRequest(name, shape, body.get("cwd"), env)
+    return CreateRequest(name, shape, _cwd(body.get("cwd")), _env(body.get("env")))
+
+
+async def check_files(req: CreateRequest) -> None:
+    """``cwd`` is a folder and ``ssh_config`` a readable file of this machine; asked in a
+    thread, so that a hung file system holds up this request only."""
+
+    def check() -> None:
+        if req.cwd is not None and not os.path.isdir(req.cwd):
+            raise SpecError(f"cwd {req.cwd!r}: no such folder on the server's machine")
+        if req.shape.ssh_config is not None:
+            check_ssh_config(req.shape.ssh_config, "ssh_config")
+
+    if req.cwd is None and req.shape.ssh_config is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.to_thread(check), FILE_CHECK_S)
+    except asyncio.TimeoutError:
+        raise SpecError(
+            f"cwd {req.cwd!r} / ssh_config {req.shape.ssh_config!r}: the file system did not "
+            f"answer within {FILE_CHECK_S:.0f} s"
+        ) from None
 
 
 class DistHandler(APIHandler):
@@ -147,6 +220,27 @@ class DistHandler(APIHandler):
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """As `APIHandler.write_error`, but with the message as it was written: tornado's
+        ``HTTPError.log_message`` doubles every ``%`` of a message given without
+        arguments (``%%distributed`` came back as ``%%%%distributed``)."""
+        exc_info = kwargs.get("exc_info")
+        error = exc_info[1] if exc_info else None
+        if not isinstance(error, web.HTTPError) or error.reason is None:
+            super().write_error(status_code, **kwargs)
+            return
+        self.set_header("Content-Type", "application/json")
+        message = error.get_message() or responses.get(status_code, "Unknown HTTP Error")
+        self.log.warning("wrote error: %r", message)
+        self.finish(json.dumps({"message": message, "reason": error.reason}))
+
+    def json_body(self) -> Any:
+        """The request's JSON body, refused unread past `MAX_BODY_BYTES`."""
+        size = len(self.request.body or b"")
+        if size > MAX_BODY_BYTES:
+            raise SpecError(f"the request body has {size} bytes; expected at most {MAX_BODY_BYTES}")
+        return self.get_json_body()
 
 
 H = TypeVar("H", bound=DistHandler)
@@ -183,7 +277,8 @@ class SessionsHandler(DistHandler):
     async def post(self) -> None:
         """Starting ranks runs programs (``python``, ``env``): as for kernels, that needs
         the ``execute`` permission."""
-        req = shape_from_json(self.get_json_body())
+        req = shape_from_json(self.json_body())
+        await check_files(req)
         session, started = await self.manager.get_or_start(
             req.name, req.shape, cwd=req.cwd, env=req.env
         )
@@ -223,13 +318,16 @@ class ConnectionHandler(DistHandler):
 
 
 class StacksHandler(DistHandler):
-    """``/sessions/NAME/stacks?ranks=0,2-3``: every rank's Python stacks, as dumped by
-    faulthandler (works while a rank is stuck in a collective)."""
+    """``POST /sessions/NAME/stacks?ranks=0,2-3``: every rank's Python stacks, as dumped by
+    faulthandler (works while a rank is stuck in a collective).
+
+    A POST that needs the ``execute`` permission: it signals every rank it names, and the
+    dumps show the code the ranks run."""
 
     @web.authenticated
-    @authorized
+    @authorized("execute")  # type: ignore[untyped-decorator]
     @maps_errors
-    async def get(self, name: str) -> None:
+    async def post(self, name: str) -> None:
         session = self.manager.get(name)
         text = self.get_query_argument("ranks", "")
         ranks = parse_ranks(text, session.spec.world_size) if text else None

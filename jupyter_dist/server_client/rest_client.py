@@ -27,6 +27,7 @@ from jupyter_dist.common.payloads import (
 )
 from jupyter_dist.common.wire_names import API_PREFIX
 from jupyter_dist.server_client.discovery import ServerInfo
+from jupyter_dist.text import format_ranks
 
 log = logging.getLogger(__name__)
 #: the API's path under the server's base URL (which ends with "/")
@@ -127,8 +128,9 @@ class ServerClient:
         return found
 
     async def stacks(self, name: str, ranks: list[int] | None) -> dict[int, str]:
-        query = f"?ranks={','.join(map(str, ranks))}" if ranks else ""
-        found: StacksReply = await self.call("GET", f"sessions/{quote(name)}/stacks{query}")
+        """Signals the ranks (a POST, with the ``execute`` permission)."""
+        query = f"?ranks={format_ranks(ranks)}" if ranks else ""
+        found: StacksReply = await self.call("POST", f"sessions/{quote(name)}/stacks{query}")
         return {int(r): str(d) for r, d in found["stacks"].items()}
 
     async def restart(self, name: str) -> SessionStatus:

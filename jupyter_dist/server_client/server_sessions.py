@@ -24,8 +24,10 @@ from jupyter_dist.common.payloads import (
     SessionStatus,
     Snapshot,
 )
+from jupyter_dist.common.ports import PORTS_VAR
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape
 from jupyter_dist.control.rank_group import SessionState
+from jupyter_dist.control.rendezvous import IFNAME_VARS
 from jupyter_dist.control.session import Progress
 from jupyter_dist.errors import UnknownSession
 from jupyter_dist.server_client.attached_session import AttachedSession
@@ -36,6 +38,11 @@ log = logging.getLogger(__name__)
 #: seconds to wait for the event stream before starting a session without progress news
 SUBSCRIBE_WAIT_S = 5.0
 CONNECT_TIMEOUT_S = 60.0
+#: the kernel's variables a session started on the server gets, when they are set: the
+#: ones the control plane reads (threads per rank, gloo's and NCCL's interfaces, the store's
+#: ports). The ranks inherit the rest from the server; the kernel's own environment (tokens,
+#: cloud keys) is not sent.
+FORWARDED_ENV = ("OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", *IFNAME_VARS, PORTS_VAR)
 
 
 class ServerSessions:
@@ -48,7 +55,7 @@ class ServerSessions:
         root = client.server.root_dir
         self.default_name = notebook_session_name(env, root) or DEFAULT_SESSION
         self.sessions: dict[str, AttachedSession] = {}
-        self._env = dict(env)
+        self._environ = env  # read when a session starts (os.environ: as it is then)
         self._progress: dict[str, Progress] = {}
         self._events: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
@@ -140,7 +147,7 @@ class ServerSessions:
             "name": name,
             **request.to_json(),
             "cwd": os.getcwd(),
-            "env": {k: v for k, v in self._env.items() if not k.startswith("JPY_")},
+            "env": {k: self._environ[k] for k in FORWARDED_ENV if k in self._environ},
         }
         self._progress[name] = progress
         try:
