@@ -11,18 +11,19 @@ output does not freeze the browser. A rank that has printed more than the output
 instead of the rest of its output. Switching views happens in the browser (the selector
 is linked to the view stack there), so it works while the cell still runs.
 
-When the cell ends, its display is updated with a text/plain copy of everything (the
-folded, rank-prefixed text), which is what a notebook shows where widgets cannot render.
-
-ipywidgets keeps every widget of the kernel alive until it is closed (a view is some 25
-widgets and their comms), so only the last `LIVE_VIEWS` cell views stay live: an older
-one is retired, its display replaced by a static copy (chips, text, footer) and its widgets
-closed, and the notebook kernel's memory does not grow with every cell it runs.
+The live widgets are for the running cell. When it ends, its display is replaced by a
+snapshot (`display.snapshot`): self-contained HTML with the chips, each rank's output, the
+charts as inline SVG and the summary, plus the folded, rank-prefixed text as text/plain.
+A saved notebook, a restarted kernel, nbconvert, nbviewer and GitHub all show that,
+where a widget would say "model not found"; and the view's widgets are closed, so the
+notebook kernel's memory does not grow with every cell it runs. `LIVE_VIEWS` bounds the
+views left live by cells that never finished.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ from jupyter_dist.common.events import (
 from jupyter_dist.display.metrics_charts import MetricsView
 from jupyter_dist.display.output_store import LineWriter, RankLogs, ViewOutput, output_limit
 from jupyter_dist.display.render_text import TextRenderer
+from jupyter_dist.display.snapshot import snapshot_html
 from jupyter_dist.display.stacks_panel import StacksPanel
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary, chips_html
 from jupyter_dist.display.widget_relay import WidgetRelay
@@ -160,6 +162,7 @@ class CellView:
         self._display = display
         self._handle: Any = None
         self._text = ""  # the text/plain copy, once the cell ended
+        self.snapshot = ""  # the HTML that replaces the view once the cell ended
         self.retired = False
 
     def _layout(self, read_stacks: Callable[[], str] | None) -> list[widgets.Widget]:
@@ -315,31 +318,32 @@ class CellView:
         view = self.all_view if len(self.ranks) > 1 else self.rank_views[self.ranks[0]]
         text = view.output
         self._text = "\n".join([text.plain_text(), f"[jupyter_dist] {summary}"])
-        if self._handle is not None:
-            bundle = {
-                WIDGET_MIME: {
-                    "version_major": 2,
-                    "version_minor": 0,
-                    "model_id": self.root.model_id,
-                },
-                "text/plain": self._text,
-            }
-            self._handle.update(bundle, raw=True)
+        self.snapshot = snapshot_html(
+            [self.statuses[r] for r in self.ranks],
+            {r: v.output for r, v in self.rank_views.items()},
+            self.all_view.output.plain_text() if len(self.ranks) > 1 else None,
+            self.metrics.series,
+            self.footer.value,
+            {r: v.log_hint for r, v in self.rank_views.items()},
+            time.monotonic(),
+            self.relay.states if self.relay is not None else {},
+        )
+        self.retire()
 
     def retire(self) -> None:
-        """Replace the view in the notebook by a static copy, and close its widgets."""
+        """Replace the live view in the notebook by its snapshot (self-contained HTML that
+        a saved notebook, nbconvert, nbviewer and GitHub show without a kernel), and close
+        its widgets. A view retires when its cell ends."""
         if self.retired:
             return
         self.finish()
         self.retired = True
         if self._handle is not None:
-            html = (
-                f"<div class='jd-cell-view jd-retired'>{self.header.value}"
-                f"<pre>{_escape(self._text)}</pre>{self.footer.value}</div>"
-            )
-            self._handle.update({"text/plain": self._text, "text/html": html}, raw=True)
+            self._handle.update({"text/plain": self._text, "text/html": self.snapshot}, raw=True)
         for widget in [self._link, *_widget_tree(self.root)]:
             widget.close()
+        with contextlib.suppress(ValueError):
+            _live.remove(self)
 
     def state(self) -> dict[str, Any]:
         """What the view shows, as plain data (for tests and debugging)."""

@@ -41,7 +41,7 @@ class MetricChart:
         # odd ticks (-1, 49) after that
         self.x = bqplot.LinearScale(allow_padding=False)
         self.y = bqplot.LinearScale(allow_padding=False)
-        # the title names the metric; ticks fall on round values (`_ticks`)
+        # the title names the metric; ticks fall on round values (`round_ticks`)
         self.x_axis = bqplot.Axis(scale=self.x, side="bottom", label="step", tick_format=TICKS)
         self.y_axis = bqplot.Axis(scale=self.y, side="left", tick_format=TICKS)
         axes = [self.x_axis, self.y_axis]
@@ -124,7 +124,7 @@ class MetricChart:
             (self.x, self.x_axis, x_lo, x_hi, X_TICKS),
             (self.y, self.y_axis, y_lo, y_hi, Y_TICKS),
         ):
-            ticks = _ticks(lo, hi, count)
+            ticks = round_ticks(lo, hi, count)
             with scale.hold_sync():
                 scale.min, scale.max = float(ticks[0]), float(ticks[-1])
             axis.tick_values = ticks
@@ -195,7 +195,7 @@ def _legend(keys: list[tuple[str, str]]) -> str:
     return f'<div class="jd-legend" style="margin:0 0 0 50px">{items}</div>'
 
 
-def _ticks(lo: float, hi: float, count: int) -> Any:
+def round_ticks(lo: float, hi: float, count: int) -> Any:
     """Round tick values covering ``lo``-``hi``: about ``count`` steps of 1, 2 or 5 times
     a power of ten, the first at or below ``lo`` and the last at or above ``hi``."""
     import numpy as np

@@ -25,12 +25,18 @@ DISPLAY_MODELS = frozenset(
 )  # fmt: skip
 
 
+#: models whose state a cell keeps for its snapshot; past that, their text stands in
+MAX_TRACKED = 2000
+
+
 class WidgetRelay:
     """Re-publishes rank widget messages through the notebook kernel."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self._warned: set[str] = set()
+        #: each relayed model's latest state (comm id -> state), for the cell's snapshot
+        self.states: dict[str, dict[str, Any]] = {}
 
     def relay(self, event: WidgetComm) -> str | None:
         """Send one message on; returns a note for the user when input cannot flow back."""
@@ -43,6 +49,7 @@ class WidgetRelay:
             buffers=list(event.buffers) or None,
             metadata=event.metadata,  # the widget protocol version travels here
         )
+        self._track(event)
         if event.msg_type != "comm_open":
             return None
         state = event.content.get("data", {}).get("state", {})
@@ -57,6 +64,20 @@ class WidgetRelay:
             "but input from it does not reach the rank (widgets from ranks are display-only, "
             "like progress bars)"
         )
+
+    def _track(self, event: WidgetComm) -> None:
+        """Keep the model's state up to date (binary state parts are left out)."""
+        comm_id = str(event.content.get("comm_id", ""))
+        data = event.content.get("data", {}) or {}
+        if event.msg_type == "comm_open" and len(self.states) < MAX_TRACKED:
+            self.states[comm_id] = dict(data.get("state", {}))
+        elif (
+            event.msg_type == "comm_msg"
+            and data.get("method") == "update"
+            and comm_id in self.states
+        ):
+            self.states[comm_id].update(data.get("state", {}))
+        # a closed model keeps its last state: it is what the rank's view showed last
 
 
 def relay_for_this_kernel() -> WidgetRelay | None:

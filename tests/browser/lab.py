@@ -91,8 +91,7 @@ USER_SETTINGS: dict[str, dict[str, Any]] = {
     "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
     # the notebook file stays as the test wrote it
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
-    # saved notebooks keep the widgets' state (the README tells users to turn this on)
-    "@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
+    # widget state is NOT saved with notebooks: JupyterLab's default, what a new user has
 }
 
 

@@ -1,11 +1,12 @@
-"""The cell view in a real JupyterLab: status chips, switching to rank 1's output, a
-metrics chart with a line per rank, the error chip of a failing rank, and the stacks
-button answering while the ranks hang."""
+"""The cell view in a real JupyterLab: the snapshot a finished cell leaves (chips, each
+rank's output with the failing rank's open, the chart), as it is and reopened from the
+saved file with default settings, and the stacks button answering while the ranks hang."""
 
 from __future__ import annotations
 
-import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from tests.conftest import rank_waits_for_file_cell
 
-from .lab import OpenNotebook
+from .lab import NotebookPage, OpenNotebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 RENDER_TIMEOUT_MS = 60_000
@@ -33,56 +34,81 @@ CELLS = [
 ]
 
 
-def test_chips_rank_switch_metrics_and_error_chip(open_lab_notebook: OpenNotebook) -> None:
+def test_finished_cells_are_snapshots_that_survive_reopening(
+    open_lab_notebook: OpenNotebook, kernel_name: str
+) -> None:
+    """A finished cell shows its snapshot: chips, each rank's output (the failing rank's
+    open), the chart; saved and reopened with JupyterLab's default settings (no widget
+    state) it shows the same, and so does nbconvert's HTML of the file."""
     from playwright.sync_api import expect
 
     nb = open_lab_notebook("cell_view", CELLS)
     assert not nb.run_all(), "the last cell fails on rank 1, so the run must report a failure"
 
-    view = nb.output(1).locator(".jd-cell-view")
-    expect(view).to_be_visible(timeout=RENDER_TIMEOUT_MS)
-    for rank in (0, 1):
-        chip = view.locator(f'.jd-chip[data-rank="{rank}"]')
-        expect(chip).to_have_attribute("data-state", "done", timeout=RENDER_TIMEOUT_MS)
-
-    # rank 0 is shown first; one click shows rank 1's output instead
-    shown = view.locator(".jd-view:visible")
-    expect(shown).to_contain_text("hello from rank 0", timeout=RENDER_TIMEOUT_MS)
-    expect(shown).not_to_contain_text("hello from rank 1")
-    view.locator(".jd-select button", has_text="rank 1").click()
-    expect(view.locator(".jd-view:visible")).to_contain_text("hello from rank 1")
-    expect(view.locator(".jd-view:visible")).not_to_contain_text("hello from rank 0")
-
-    # one chart for the loss, one line per rank
-    chart = view.locator(".jd-metric")
-    expect(chart).to_have_count(1, timeout=RENDER_TIMEOUT_MS)
-    expect(chart.locator("g.curve path.line")).to_have_count(2, timeout=RENDER_TIMEOUT_MS)
-    nb.screenshot("cell-view-rank1-and-chart", nb.cell(1))
-
-    failed = nb.output(2).locator(".jd-cell-view")
-    error_chip = failed.locator('.jd-chip[data-rank="1"]')
-    expect(error_chip).to_have_attribute("data-state", "error", timeout=RENDER_TIMEOUT_MS)
-    expect(failed.locator('.jd-chip[data-rank="0"]')).to_have_attribute("data-state", "done")
-    expect(nb.output(2)).to_contain_text("RanksFailed")
-    failed.locator(".jd-select button", has_text="rank 1").click()
-    expect(failed.locator(".jd-view:visible")).to_contain_text("rank one fails here")
-    nb.screenshot("cell-view-error-chip", nb.cell(2))
+    check_snapshots(nb)
+    nb.screenshot("cell-view-snapshot", nb.cell(1))
+    nb.screenshot("cell-view-error-first", nb.cell(2))
     assert nb.external_requests == []
 
-    # saved with the widgets' state, the notebook shows the view again when reopened
     nb.save()
     saved = nb.lab.root / "cell_view.ipynb"
-    meta = json.loads(saved.read_text())["metadata"]
-    state = json.dumps(meta["widgets"]["application/vnd.jupyter.widget-state+json"])
-    assert "hello from rank 1" in state and "jd-cell-view" in state
+    assert "widget-view+json" not in saved.read_text()  # nothing that needs a kernel
     shutil.copy(saved, nb.lab.root / "cell_view_saved.ipynb")
     again = open_lab_notebook("cell_view_saved", None)
-    restored = again.output(1).locator(".jd-cell-view")
-    expect(restored).to_be_visible(timeout=RENDER_TIMEOUT_MS)
-    expect(restored.locator('.jd-chip[data-rank="1"]')).to_have_attribute("data-state", "done")
-    # as it was saved: rank 1 chosen
-    expect(restored.locator(".jd-view:visible")).to_contain_text("hello from rank 1")
-    again.screenshot("cell-view-reopened", again.cell(1))
+    expect(again.output(1).locator(".jd-snapshot")).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    check_snapshots(again)
+    for i in (1, 2):
+        assert "model not found" not in again.output(i).inner_text()
+    again.screenshot("cell-view-reopened", again.cell(2))
+
+    html = nbconvert_html(saved)
+    for text in ("hello from rank 0", "hello from rank 1", "rank one fails here"):
+        assert text in html, text
+    assert html.count('class="jd-snap-line"') == 2  # the loss chart, a line per rank
+
+
+def check_snapshots(nb: NotebookPage) -> None:
+    from playwright.sync_api import expect
+
+    snap = nb.output(1).locator(".jd-snapshot")
+    expect(snap).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    for rank in (0, 1):
+        chip = snap.locator(f'.jd-chip[data-rank="{rank}"]')
+        expect(chip).to_have_attribute("data-state", "done")
+    # rank 0 is open; rank 1's output shows once its block is opened
+    rank0 = snap.locator('details.jd-snap-rank[data-rank="0"]')
+    rank1 = snap.locator('details.jd-snap-rank[data-rank="1"]')
+    expect(rank0).to_have_attribute("open", "")
+    expect(rank0).to_contain_text("hello from rank 0")
+    expect(rank1.get_by_text("hello from rank 1")).to_be_hidden()
+    rank1.locator("summary").click()
+    expect(rank1.get_by_text("hello from rank 1")).to_be_visible()
+    # the chart, a line per rank spread along the steps
+    lines = snap.locator(".jd-snap-chart polyline")
+    expect(lines).to_have_count(2)
+    for points in lines.evaluate_all("els => els.map(e => e.getAttribute('points'))"):
+        assert len(set(points.split())) > 40, points
+
+    failed = nb.output(2).locator(".jd-snapshot")
+    expect(failed.locator('.jd-chip[data-rank="1"]')).to_have_attribute("data-state", "error")
+    expect(failed.locator('.jd-chip[data-rank="0"]')).to_have_attribute("data-state", "done")
+    expect(nb.output(2)).to_contain_text("RanksFailed")
+    # the culprit's block is the open one
+    culprit = failed.locator('details.jd-snap-rank[data-rank="1"]')
+    expect(culprit).to_have_attribute("open", "")
+    expect(culprit).to_contain_text("rank one fails here")
+    expect(failed.locator('details.jd-snap-rank[data-rank="0"]')).not_to_have_attribute("open", "")
+
+
+def nbconvert_html(path: Path) -> str:
+    out = path.with_suffix(".html")
+    subprocess.run(
+        [sys.executable, "-m", "nbconvert", "--to", "html", str(path), "--output", out.name],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return out.read_text()
 
 
 def test_the_stacks_button_shows_where_hanging_ranks_are(
@@ -127,4 +153,6 @@ def test_the_stacks_button_shows_where_hanging_ranks_are(
     finally:
         go.touch()
     assert nb.wait_all()
-    expect(view.locator(".jd-view:visible")).to_contain_text("joined")
+    # the finished cell's snapshot: rank 0's block, open, has the line both ranks printed
+    snap = nb.output(1).locator('.jd-snapshot details[data-rank="0"]')
+    expect(snap).to_contain_text("joined", timeout=RENDER_TIMEOUT_MS)

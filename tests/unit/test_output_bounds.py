@@ -106,8 +106,11 @@ class Handle:
         self.bundles.append(bundle)
 
 
-def test_only_the_last_views_stay_live_widgets(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cell_view, "LIVE_VIEWS", 2)
+def test_a_finished_view_becomes_its_snapshot_and_frees_its_widgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When a cell ends, its display is replaced by self-contained HTML (what a reopened
+    notebook or nbconvert shows) and its widgets are closed; until then it is live."""
     monkeypatch.setattr(cell_view, "_live", collections.deque())
     handles: list[Handle] = []
 
@@ -115,20 +118,18 @@ def test_only_the_last_views_stay_live_widgets(monkeypatch: pytest.MonkeyPatch) 
         handles.append(Handle(bundle))
         return handles[-1]
 
-    views = []
-    for cell in range(3):
-        view = CellView("s", cell, {0: ("h", 0), 1: ("h", 0)}, display=display)
-        if cell == 0:
-            ids = [w.model_id for w in cell_view._widget_tree(view.root)]
-            assert len(ids) > 10  # the box, its parts, their layouts and styles
-        view.show()
-        view.handle(StreamOut(0, "stdout", f"cell {cell}\n"))
-        view.finish()
-        views.append(view)
-    first = views[0]
-    assert first.retired and not any(i in _instances for i in ids)
+    view = CellView("s", 0, {0: ("h", 0), 1: ("h", 0)}, display=display)
+    ids = [w.model_id for w in cell_view._widget_tree(view.root)]
+    assert len(ids) > 10  # the box, its parts, their layouts and styles
+    view.show()
+    view.handle(StreamOut(0, "stdout", "cell 0\n"))
+    view.handle(StreamOut(1, "stderr", "<oops> & more\n"))
+    assert WIDGET_MIME in handles[0].bundles[-1] and not view.retired  # live while it runs
+    view.finish()
+    assert view.retired and not any(i in _instances for i in ids)
     static = handles[0].bundles[-1]
     assert WIDGET_MIME not in static and "[rank 0] cell 0" in static["text/plain"]
-    assert "cell 0" in static["text/html"]
-    assert not views[1].retired and views[1].root.model_id in _instances
-    assert WIDGET_MIME in handles[1].bundles[-1]
+    page = static["text/html"]
+    assert 'data-rank="0"' in page and 'data-rank="1"' in page and "cell 0" in page
+    assert "&lt;oops&gt; &amp; more" in page and "<oops>" not in page  # rank text is escaped
+    assert not cell_view._live
