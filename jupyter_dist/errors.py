@@ -34,6 +34,8 @@ _NOISE = re.compile(r"(?<=In\[)\d+(?=\])|0x[0-9a-f]{6,}")
 
 #: the closed set of `RankFailure.kind`
 FailureKind = Literal["error", "died", "timeout", "stuck", "interrupted"]
+#: kinds of a rank that did not fail of its own: interrupted or stuck after another failed
+CASUALTY_KINDS: tuple[FailureKind, ...] = ("interrupted", "stuck")
 
 
 class DistError(Exception):
@@ -175,14 +177,22 @@ class RanksFailed(DistError):
         return sorted(f.rank for f in self.failures)
 
     def _summary(self) -> str:
+        """Ranks that failed of their own (raised, died, timed out) are counted as failed;
+        ranks only interrupted or stuck because of them are named apart, not blamed."""
         if not self.groups:
             return f"cell failed in session {self.session!r}"
         root = self.groups[0].first
-        n = len(self.failures)
+        culprits = sorted(f.rank for f in self.failures if f.kind not in CASUALTY_KINDS)
+        casualties = sorted(f.rank for f in self.failures if f.kind in CASUALTY_KINDS)
+        if not culprits:  # nothing failed of its own: the ranks were stopped
+            how = "stuck" if all(f.kind == "stuck" for f in self.failures) else "interrupted"
+            return f"{how} on {ranks_label(casualties)} in session {self.session!r}"
+        n = len(culprits)
         where = f"{n} of {self.world_size} ranks" if n > 1 else f"rank {root.rank}"
+        after = f" ({ranks_label(casualties)} stopped after it)" if casualties else ""
         return (
-            f"{where} failed in session {self.session!r}; root cause on rank {root.rank} "
-            f"({root.host}): {root.headline()}"
+            f"{where} failed in session {self.session!r}{after}; root cause on rank "
+            f"{root.rank} ({root.host}): {root.headline()}"
         )
 
     def _render_traceback_(self) -> list[str]:
@@ -214,6 +224,7 @@ class CellTimeout(RanksFailed):
 
 
 __all__ = [
+    "CASUALTY_KINDS",
     "AgentError",
     "CellTimeout",
     "DistError",

@@ -45,7 +45,10 @@ def snapshot_html(
 ) -> str:
     """The whole finished view; ``widgets`` are the states of the widget models ranks
     made (comm id -> state), drawn as static HTML where their output was."""
-    failed = [s.rank for s in statuses if s.state == "error"]
+    # the culprit's block is the open one: a rank that died or raised, else one that timed
+    # out; ranks only stopped after another failed come last
+    failed = [s.rank for s in statuses if s.state in ("dead", "error")]
+    failed += [s.rank for s in statuses if s.state in ("timeout", "stuck", "interrupted")]
     opened = failed[0] if failed else (statuses[0].rank if statuses else None)
     blocks = [
         _rank_block(s, rank_outputs[s.rank], opened, log_hint.get(s.rank, ""), widgets or {})

@@ -1,6 +1,7 @@
 """The header of a cell view: one status chip per rank, grouped by node, as HTML.
 
-A chip shows the rank, its state (queued, running, done, error, dead), its time on the
+A chip shows the rank, its state (queued, running, done, error, dead; interrupted,
+stuck or timeout for a rank stopped rather than failed of its own), its time on the
 cell as a bar against the slowest rank (stragglers stand out), and the latest process
 sample (CPU, memory, GPU) in its tooltip and under it.
 """
@@ -15,27 +16,42 @@ STATE_OF_FINISH = {
     "ok": "done",
     "error": "error",
     "died": "dead",
-    "timeout": "error",
-    "interrupted": "error",
-    "stuck": "error",
+    "timeout": "timeout",
+    "interrupted": "interrupted",
+    "stuck": "stuck",
     "aborted": "error",
 }
 
-STYLE = """<style>
+# colours from JupyterLab's theme variables (light and dark alike), with fallbacks for
+# pages without them (nbconvert's HTML, viewers)
+_TINT = "color-mix(in srgb,{} 18%,var(--jp-layout-color1,#fff))"
+STYLE = (
+    """<style>
 .jd-cell-view .jd-node{display:flex;flex-wrap:wrap;align-items:center;gap:4px;margin:2px 0}
 .jd-cell-view .jd-node-label{font-size:11px;color:var(--jp-ui-font-color2,#666);min-width:9em}
 .jd-cell-view .jd-chip{display:inline-flex;flex-direction:column;min-width:5.5em;padding:2px 6px;
- border-radius:10px;font-size:11px;line-height:1.3;border:1px solid #bbb;background:#f4f4f4;
- color:#222}
-.jd-cell-view .jd-chip[data-state=running]{background:#e3efff;border-color:#5b9bd5}
-.jd-cell-view .jd-chip[data-state=done]{background:#e6f4e6;border-color:#5cb85c}
-.jd-cell-view .jd-chip[data-state=error]{background:#fde2e1;border-color:#d9534f;color:#8a1f1b}
-.jd-cell-view .jd-chip[data-state=dead]{background:#3b3b3b;border-color:#000;color:#fff}
-.jd-cell-view .jd-bar{height:3px;background:#5b9bd5;border-radius:2px;margin-top:1px}
-.jd-cell-view .jd-chip[data-state=error] .jd-bar{background:#d9534f}
+ border-radius:10px;font-size:11px;line-height:1.3;border:1px solid var(--jp-border-color1,#bbb);
+ background:var(--jp-layout-color2,#f4f4f4);color:var(--jp-ui-font-color1,#222)}
+.jd-cell-view .jd-chip[data-state=running]{background:RUNNING;
+ border-color:var(--jp-brand-color1,#5b9bd5)}
+.jd-cell-view .jd-chip[data-state=done]{background:DONE;
+ border-color:var(--jp-success-color1,#5cb85c)}
+.jd-cell-view .jd-chip[data-state=error]{background:ERROR;
+ border-color:var(--jp-error-color1,#d9534f)}
+.jd-cell-view .jd-chip:is([data-state=interrupted],[data-state=stuck],[data-state=timeout]){
+ background:WARN;border-color:var(--jp-warn-color1,#f0ad4e)}
+.jd-cell-view .jd-chip[data-state=dead]{background:var(--jp-inverse-layout-color3,#3b3b3b);
+ border-color:var(--jp-inverse-layout-color1,#000);color:var(--jp-ui-inverse-font-color1,#fff)}
+.jd-cell-view .jd-bar{height:3px;background:var(--jp-brand-color1,#5b9bd5);border-radius:2px;
+ margin-top:1px}
+.jd-cell-view .jd-chip[data-state=error] .jd-bar{background:var(--jp-error-color1,#d9534f)}
 .jd-cell-view .jd-proc{font-size:10px;opacity:.75}
 .jd-cell-view .jd-footer{font-size:11px;color:var(--jp-ui-font-color2,#666)}
-</style>"""
+</style>""".replace("RUNNING", _TINT.format("var(--jp-brand-color1,#5b9bd5)"))
+    .replace("DONE", _TINT.format("var(--jp-success-color1,#5cb85c)"))
+    .replace("ERROR", _TINT.format("var(--jp-error-color1,#d9534f)"))
+    .replace("WARN", _TINT.format("var(--jp-warn-color1,#f0ad4e)"))
+)
 
 
 @dataclass

@@ -58,3 +58,18 @@ def test_cell_counters_do_not_split_groups() -> None:
     a = RankFailure(0, "h", 0, "error", "E", "at 0x7f00aa11", ("Cell In[3], line 1",))
     b = RankFailure(1, "h", 1, "error", "E", "at 0x7f00bb22", ("Cell In[4], line 1",))
     assert len(group_failures([a, b])) == 1
+
+
+def test_ranks_stopped_because_another_failed_are_not_counted_as_failed() -> None:
+    """Rank 1 raised; ranks 0 and 2 were interrupted waiting for it: one failure, the
+    victims named apart, and the culprit as the root cause."""
+    failures = [fail(0, "interrupted", order=2), fail(1, order=1), fail(2, "stuck", order=3)]
+    text = str(RanksFailed("s", 3, failures))
+    assert text.startswith("rank 1 failed in session 's' (ranks 0,2 stopped after it)")
+    assert "root cause on rank 1" in text
+    assert "of 3 ranks failed" not in text
+
+
+def test_a_cell_the_user_stopped_says_interrupted_not_failed() -> None:
+    text = str(RanksFailed("s", 2, [fail(0, "interrupted"), fail(1, "interrupted")]))
+    assert text == "interrupted on ranks 0-1 in session 's'"
