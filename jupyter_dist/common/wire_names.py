@@ -10,6 +10,9 @@ from __future__ import annotations
 
 #: IOPub message type of a batch of scalars from ``jupyter_dist.log`` and process samples
 METRICS_MSG_TYPE = "jupyter_dist_metrics"
+#: execute_request metadata key: the notebook's execution count of the cell, which the rank
+#: kernel takes as its own so that tracebacks say ``Cell In[N]`` as the notebook does
+NOTEBOOK_COUNT_KEY = "jupyter_dist_execution_count"
 #: comm target through which the notebook pushes and pulls Python objects
 OBJECTS_TARGET = "jupyter_dist.objects"
 #: where the server extension's REST API lives, under the server's base URL (also written

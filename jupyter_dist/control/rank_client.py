@@ -19,7 +19,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from jupyter_dist.common.payloads import KernelConnection
 from jupyter_dist.common.pickling import Frame
-from jupyter_dist.common.wire_names import OBJECTS_TARGET
+from jupyter_dist.common.wire_names import NOTEBOOK_COUNT_KEY, OBJECTS_TARGET
 from jupyter_dist.errors import PushError, SessionError
 
 log = logging.getLogger(__name__)
@@ -191,9 +191,10 @@ class RankClient:
         handler: Handler | None = None,
         channel: str = "shell",
         buffers: Sequence[Frame] | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> str:
         session = self.client.session
-        msg = session.msg(msg_type, content)
+        msg = session.msg(msg_type, content, metadata=metadata)
         msg_id: str = msg["header"]["msg_id"]
         if handler is not None:
             self.handlers[msg_id] = handler
@@ -205,7 +206,11 @@ class RankClient:
         session.send(socket, msg, buffers=list(buffers) if buffers else None)
         return msg_id
 
-    def execute(self, code: str, handler: Handler, silent: bool = False) -> str:
+    def execute(
+        self, code: str, handler: Handler, silent: bool = False, execution_count: int | None = None
+    ) -> str:
+        """Send a cell. ``execution_count``: the notebook's count for it, which the rank's
+        tracebacks then name (``Cell In[N]``), as the notebook does."""
         content = {
             "code": code,
             "silent": silent,
@@ -214,7 +219,8 @@ class RankClient:
             "allow_stdin": False,
             "stop_on_error": True,
         }
-        return self.send("execute_request", content, handler=handler)
+        metadata = {NOTEBOOK_COUNT_KEY: execution_count} if execution_count else None
+        return self.send("execute_request", content, handler=handler, metadata=metadata)
 
     def forget(self, msg_id: str) -> None:
         self.handlers.pop(msg_id, None)

@@ -220,12 +220,14 @@ class RankGroup:
         ranks: Sequence[int] | None = None,
         sink: queue.SimpleQueue[CellEvent] | None = None,
         timeout: float | None = None,
+        execution_count: int | None = None,
     ) -> CellResult:
-        """Run ``code`` on ``ranks`` (all by default) and wait for every one of them."""
+        """Run ``code`` on ``ranks`` (all by default) and wait for every one of them;
+        ``execution_count`` is the notebook's for the cell."""
         self._check_usable()
         chosen = self.check_ranks(ranks)
         self.cells_run += 1
-        result = await self._run_cell(code, chosen, sink, timeout)
+        result = await self._run_cell(code, chosen, sink, timeout, execution_count=execution_count)
         if sink is not None:
             sink.put(CellFinished(result))
         return result
@@ -237,6 +239,7 @@ class RankGroup:
         sink: queue.SimpleQueue[CellEvent] | None,
         timeout: float | None,
         silent: bool = False,
+        execution_count: int | None = None,
     ) -> CellResult:
         run = CellTracker(
             {r: (self.ranks[r].host, self.ranks[r].place.local_rank) for r in ranks}, sink
@@ -250,7 +253,9 @@ class RankGroup:
                     run.rank_died(r, rec.exit_code or -9, rec.pid, "")
                     continue
                 rec.state = RankState.BUSY
-                sent[r] = rec.client.execute(code, run.handler(r), silent=silent)
+                sent[r] = rec.client.execute(
+                    code, run.handler(r), silent=silent, execution_count=execution_count
+                )
             self._changed()
             try:
                 await asyncio.wait_for(self._watch(run, sink), timeout)

@@ -103,9 +103,11 @@ def run_cell(
     timeout: float | None,
     renderer: Renderer,
     sink: queue.SimpleQueue[CellEvent],
+    execution_count: int | None = None,
 ) -> CellResult | None:
-    """Run ``code`` and draw it; raise the cell's aggregated error, or KeyboardInterrupt."""
-    future = control.loop.submit(session.execute(code, ranks, sink, timeout))
+    """Run ``code`` and draw it; raise the cell's aggregated error, or KeyboardInterrupt.
+    ``execution_count`` is the notebook's for this cell: rank tracebacks name it."""
+    future = control.loop.submit(session.execute(code, ranks, sink, timeout, execution_count))
 
     def interrupt() -> None:
         control.loop.submit(session.interrupt(ranks))

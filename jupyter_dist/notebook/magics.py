@@ -265,7 +265,17 @@ class DistMagics(Magics):
             renderer = self._cell_view(session, chosen)
         else:
             renderer = _renderer(chosen, summary=True)
-        run_cell(self.control, session, cell, chosen, args.timeout, renderer, sink)
+        count = getattr(self.shell, "execution_count", None)
+        run_cell(
+            self.control,
+            session,
+            cell,
+            chosen,
+            args.timeout,
+            renderer,
+            sink,
+            count if isinstance(count, int) else None,
+        )
 
     def _shape(self, args: Any, name: str) -> ShapeRequest:
         """What the arguments ask of the session: its nodes and ranks, checked (sizes,

@@ -11,9 +11,12 @@ import os
 from typing import IO, Any
 
 import zmq
+from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
+from traitlets import Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
+from jupyter_dist.common.wire_names import NOTEBOOK_COUNT_KEY
 
 RANK_KERNEL_ARGS = (
     "--HistoryManager.hist_file=:memory:",
@@ -25,6 +28,36 @@ RANK_KERNEL_ARGS = (
 _crash_log: IO[str] | None = None
 
 
+class RankKernel(IPythonKernel):
+    """`IPythonKernel` that runs a cell under the notebook's execution count when the
+    request carries it (`NOTEBOOK_COUNT_KEY` in its metadata), so that a rank's traceback
+    says ``Cell In[N]`` for the N the notebook shows beside the cell."""
+
+    async def do_execute(
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+    ) -> Any:
+        count = (cell_meta or {}).get(NOTEBOOK_COUNT_KEY)
+        if isinstance(count, int) and count > 0 and not silent and self.shell is not None:
+            self.shell.execution_count = count
+        return await super().do_execute(
+            code,
+            silent,
+            store_history,
+            user_expressions,
+            allow_stdin,
+            cell_meta=cell_meta,
+            cell_id=cell_id,
+        )
+
+
 class RankKernelApp(IPKernelApp):
     """`IPKernelApp` whose IOPub socket blocks instead of dropping when a subscriber's
     queue is full (``XPUB_NODROP``; see `rank.out_stream`).
@@ -33,6 +66,8 @@ class RankKernelApp(IPKernelApp):
     a zmq socket must not be touched by two threads, and the notebook may already be
     subscribing while the kernel initialises.
     """
+
+    kernel_class = Type(RankKernel, klass=IPythonKernel)
 
     def init_iopub(self, context: zmq.Context[Any]) -> None:
         # the context's default options go to each socket it makes: the IOPub XPUB takes

@@ -13,6 +13,7 @@ import pytest
 
 from jupyter_dist.common.gpus import discover_gpus
 from jupyter_dist.errors import RanksFailed, SessionError
+from jupyter_dist.text import strip_ansi
 from tests.conftest import CellOutput, session_status
 
 Run = Callable[[str], CellOutput]
@@ -303,3 +304,18 @@ def test_stacks_show_idle_ranks_and_where_a_hang_is(
             failure.evalue,
         ), failure.evalue
     assert run("%dist shutdown --session hang").ok
+
+
+def test_rank_tracebacks_name_the_notebooks_cell_count(shell: Any, run: Run) -> None:
+    """The ranks run each cell under the notebook's execution count, so a rank's
+    traceback says ``Cell In[N]`` for the N the notebook shows, not the rank's own."""
+    cell = "%%distributed{}\ndef f():\n    raise ValueError('counted')\nf()"
+    shell.execution_count = 41
+    out = run(cell.format(""))
+    assert isinstance(out.error, RanksFailed)
+    text = strip_ansi("\n".join(out.error.failures[0].traceback))
+    assert "Cell In[41], line 3" in text and "Cell In[41], line 2, in f()" in text, text
+    shell.execution_count = 7
+    again = run(cell.format(" --ranks 1"))
+    assert isinstance(again.error, RanksFailed)
+    assert "Cell In[7], line 3" in strip_ansi("\n".join(again.error.failures[0].traceback))
