@@ -322,7 +322,8 @@ class RankGroup:
                     Notice(
                         f"{ranks_label(busy)} still running {self.straggler_s:.0f} s after "
                         f"the other ranks finished" + (f": {where}" if where else "")
-                        + f"; `%dist stacks --session {self.name}` shows where"
+                        + "; the cell view's stacks button shows where they are now (in a "
+                        f"terminal: interrupt, then `%dist stacks --session {self.name}`)"
                     )
                 )  # fmt: skip
 

@@ -164,6 +164,7 @@ class CellView:
         self._text = ""  # the text/plain copy, once the cell ended
         self.snapshot = ""  # the HTML that replaces the view once the cell ended
         self.retired = False
+        self._culprit_shown = False
 
     def _layout(self, read_stacks: Callable[[], str] | None) -> list[widgets.Widget]:
         """The view's parts, top to bottom; a "stacks" button where the kernel can answer
@@ -262,6 +263,11 @@ class CellView:
         failure = event.failure
         if failure is None:
             return
+        if failure.kind in ("error", "died") and not self._culprit_shown:
+            # the view turns to the first rank that failed of its own: the root cause, not
+            # the ranks left waiting for it
+            self._culprit_shown = True
+            self.selector.index = self.views.index(self.rank_views[event.rank])
         for name in ("stdout", "stderr"):
             self._rank_writers[(event.rank, name)].flush()
         view = self.rank_views[event.rank].output
@@ -350,6 +356,7 @@ class CellView:
         return {
             "chips": {r: s.state for r, s in self.statuses.items()},
             "views": [v.label for v in self.views],
+            "shown": self.views[self.selector.index or 0].label,
             "lines": {r: v.output.plain_text() for r, v in self.rank_views.items()},
             "hidden": {r: v.output.hidden for r, v in self.rank_views.items()},
             "rich": {

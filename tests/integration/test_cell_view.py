@@ -87,6 +87,7 @@ def test_two_ranks_route_fold_chart_and_mark_the_failing_rank(kernel: Kernel) ->
     state = kernel.state()
     assert state["chips"] == {"0": "done", "1": "error"}
     assert state["views"] == ["rank 0", "rank 1", "all ranks"]
+    assert state["shown"] == "rank 1"  # the view turned to the rank that failed
     assert "mine 0" in state["lines"]["0"] and "mine 1" not in state["lines"]["0"]
     assert (
         "mine 1" in state["lines"]["1"]
