@@ -9,6 +9,7 @@ over real agents and kernels in a server process of its own.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -30,6 +31,19 @@ from tests.unit.test_control_plane_fake import KernelStub, kernels
 
 __all__ = ["kernels"]
 Fetch = Callable[..., Awaitable[HTTPResponse]]
+
+
+@pytest.fixture
+def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """A fresh loop, set as this thread's current one: tornado's client looks it up, and
+    earlier tests of a run (asyncio.run, closed loops) may have left none set."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield loop
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
 
 
 @pytest.fixture
