@@ -20,6 +20,7 @@ from typing import cast
 from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.payloads import KernelConnection, SessionConnection, SessionStatus
 from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
+from jupyter_dist.common.proc_titles import NODE_RANK_VAR
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.agent_client import AgentClient, AgentInfo
 from jupyter_dist.control.launchers import Launcher, launcher_for
@@ -95,6 +96,7 @@ class Session(RankGroup):
 
         def agent_env(node: int) -> dict[str, str]:
             env = {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env, node)}
+            env[NODE_RANK_VAR] = str(node)  # its title names it; its ranks get the same value
             return {**env, PORTS_VAR: ports} if ports else env
 
         self.nodes = [

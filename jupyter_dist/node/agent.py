@@ -13,6 +13,13 @@ through NVML).
 It guarantees no orphans: each rank gets ``PR_SET_PDEATHSIG`` and ``JPY_PARENT_PID`` so
 it dies with the agent, and the agent kills every rank when its stdin closes (the
 notebook kernel or the SSH connection went away), on ``shutdown``, or on SIGTERM.
+
+Its private folder (``jd-PID-SESSION-XXXXXXXX`` in the temporary folder, 0700: the ranks'
+connection files with the session's key, their sockets and logs) goes when it stops; an
+agent that was SIGKILLed cannot remove it, so each agent first removes the folders of
+this user's agents that are gone (their pid is dead and nobody holds their lock).
+
+Agents and ranks show what they are in ``ps`` and ``top`` (`common.proc_titles`).
 """
 
 from __future__ import annotations
@@ -21,12 +28,15 @@ import argparse
 import contextlib
 import ctypes
 import errno
+import fcntl
 import importlib
 import os
+import re
 import select
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -47,6 +57,14 @@ from jupyter_dist.common.payloads import (
     ReplyFields,
     SpawnCommand,
 )
+from jupyter_dist.common.proc_titles import (
+    NODE_RANK_VAR,
+    agent_short_name,
+    agent_title,
+    rank_short_name,
+    rank_title,
+    set_title,
+)
 
 PRELOAD = (
     "torch",
@@ -61,6 +79,11 @@ PRELOAD = (
 _PR_SET_PDEATHSIG = 1
 LOG_TAIL_BYTES = 16384
 STACKS_READ_LIMIT = 256 * 1024
+#: an agent's private folder: ``jd-PID-SESSION-XXXXXXXX``, holding `LOCK_NAME`
+DIR_PREFIX = "jd-"
+_DIR_NAME = re.compile(r"jd-([0-9]{1,10})-.+")
+#: held (flock) by the agent for its whole life: a folder whose lock is free is nobody's
+LOCK_NAME = "agent.lock"
 
 
 def set_parent_death_signal(sig: int) -> None:
@@ -82,12 +105,16 @@ class RankChild:
 class Agent:
     """One node's agent; see the module docstring."""
 
-    def __init__(self, out_fd: int, session: str) -> None:
+    def __init__(self, out_fd: int, session: str, node: int | None = None) -> None:
         self.out_fd = out_fd
         self.pid = os.getpid()
+        self.session = session
+        self.title = (agent_title(session, node), agent_short_name(node))
         self.base_env = dict(os.environ)
+        prune_dead_agent_dirs(tempfile.gettempdir())
         # short: Unix socket paths inside it must stay under ~100 bytes
-        self.dir = tempfile.mkdtemp(prefix=f"jd-{session[:16]}-")
+        self.dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{self.pid}-{session[:16]}-")
+        self._lock_fd = hold_lock(self.dir)
         self.children: dict[int, RankChild] = {}  # by pid
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
         self.stopping = False
@@ -249,9 +276,20 @@ class Agent:
         )
         env = {**self.base_env, **cmd.get("env", {}), "JPY_PARENT_PID": str(self.pid)}
         cwd = str(cmd.get("cwd") or os.getcwd())
+        world = env.get("WORLD_SIZE", "")
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        # the rank is born with its title (the agent wears it for the fork): it never shows
+        # as the agent, so what the server records of it stays true
+        set_title(
+            rank_title(rank, int(world) if world.isdigit() else None, self.session),
+            rank_short_name(rank),
+        )
+        try:
+            pid = os.fork()
+        finally:
+            if os.getpid() == self.pid:
+                set_title(*self.title)
         if pid == 0:  # the rank; never returns
             code = 1
             try:
@@ -283,7 +321,7 @@ class Agent:
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        for fd in (self._wake_r, self._wake_w, self.out_fd):
+        for fd in (self._wake_r, self._wake_w, self.out_fd, self._lock_fd):
             os.close(fd)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         null_fd = os.open(os.devnull, os.O_RDONLY)
@@ -392,6 +430,78 @@ class Agent:
             self._reap()
             time.sleep(0.01)
         shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+
+
+def hold_lock(folder: str) -> int:
+    """Create `LOCK_NAME` in ``folder`` and hold it for this process's life (the fd is
+    not inherited by programs it runs; a forked rank closes it)."""
+    fd = os.open(
+        os.path.join(folder, LOCK_NAME),
+        os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's process holds that pid now
+        return True
+    return True
+
+
+def _lock_free(folder: str) -> bool:
+    """Whether ``folder``'s `LOCK_NAME` is a regular file of ours that nobody holds."""
+    try:
+        fd = os.open(
+            os.path.join(folder, LOCK_NAME),
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        )
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def prune_dead_agent_dirs(base: str) -> list[str]:
+    """Remove the private folders in ``base`` that agents killed with SIGKILL left behind
+    (with the session's key in their connection files): only folders of this user, named
+    for an agent pid that no longer runs, whose lock nobody holds. Returns what went."""
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    me = os.getpid()
+    for entry in entries:
+        match = _DIR_NAME.fullmatch(entry.name)
+        if match is None or int(match.group(1)) == me:
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            continue
+        if _pid_alive(int(match.group(1))) or not _lock_free(entry.path):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)  # does not follow links inside
+        removed.append(entry.path)
+    return removed
 
 
 def _read_from(path: str, offset: int, limit: int = STACKS_READ_LIMIT) -> str:
@@ -449,7 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     set_parent_death_signal(signal.SIGTERM)
     if args.parent_pid and os.getppid() != args.parent_pid:
         return 1
-    agent = Agent(out_fd, args.session)
+    node_rank = os.environ.get(NODE_RANK_VAR, "")
+    node = int(node_rank) if node_rank.isdigit() and len(node_rank) < 10 else None
+    set_title(agent_title(args.session, node), agent_short_name(node))
+    agent = Agent(out_fd, args.session, node)
     agent.preload()
     agent.ready()
     agent.run()

@@ -1,11 +1,12 @@
 """Records of a server's live sessions, so that its successor can reap what it left behind.
 
 The server extension keeps one file per server in the Jupyter runtime folder (where the
-server's own ``jpserver-PID.json`` lives), ``jupyter_dist-sessions-PID.json``, mode 0600,
-rewritten atomically whenever a session starts, restarts or stops, and removed when the
-server stops cleanly. It names the server (pid and start time) and, for each session, the
-processes it started on this machine (agents and rank kernels, each with its start time,
-so that a reused pid is never mistaken for ours) and those on other nodes.
+server's own ``jpserver-PID.json`` lives), ``jupyter_dist-sessions-HOST-PID.json``, mode
+0600, rewritten atomically whenever a session starts, restarts or stops, and removed when
+the server stops cleanly. It names the server (pid and start time) and the machine it
+runs on (host name, boot id, pid namespace) and, for each session, the processes it
+started on this machine (agents and rank kernels, each with its start time, owner and
+command line, so that a reused pid is never mistaken for ours) and those on other nodes.
 
 Agents kill their ranks when the server goes away, so leftovers only outlive a killed
 server when an agent could not act (stopped, wedged). A starting server reads every record
@@ -13,6 +14,14 @@ whose server is gone (or whose pid now belongs to another process), stops the re
 processes that still run (SIGTERM and SIGCONT to their process group, SIGKILL after a
 grace), logs what it did, and deletes the record. Processes on other nodes are named in
 the log but not checked: their agents lost their SSH connection and kill their ranks.
+
+The runtime folder is often shared (a home folder on NFS seen by several login nodes, a
+volume mounted into several containers), so a record is acted on only by a server on the
+machine that wrote it: same host name, same boot, same pid namespace; records of other
+machines are left alone. A recorded process is signalled only while it still is the one
+recorded: same start time, owned by this user, the same command line, and that command
+line one of ours (`common.proc_titles.is_ours`). Files that are not regular files owned by
+this user are skipped without being opened for reading in a way that could block.
 """
 
 from __future__ import annotations
@@ -21,28 +30,74 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import psutil
 
 from jupyter_dist.common.payloads import ManagerEvent, SessionStatus
+from jupyter_dist.common.private_files import read_private_file
+from jupyter_dist.common.proc_titles import command_line, is_ours
 
 RECORD_PREFIX = "jupyter_dist-sessions-"
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 #: psutil derives start times from the boot time, which Linux may report a second apart
 CREATE_TIME_TOLERANCE_S = 1.0
 REAP_GRACE_S = 5.0
+#: a record is a few hundred bytes a process; anything far larger is not one of ours
+MAX_RECORD_BYTES = 4 << 20
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+_UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 
-def record_path(runtime_dir: Path, pid: int) -> Path:
-    """The record file of the server with ``pid``."""
-    return runtime_dir / f"{RECORD_PREFIX}{pid}.json"
+def record_path(runtime_dir: Path, pid: int, host: str | None = None) -> Path:
+    """The record file of the server with ``pid`` on ``host`` (this machine by default):
+    servers on machines that share the runtime folder may have the same pid."""
+    name = _UNSAFE.sub("_", socket.gethostname() if host is None else host)[:64] or "_"
+    return runtime_dir / f"{RECORD_PREFIX}{name}-{pid}.json"
+
+
+# -- the machine ----------------------------------------------------------------------------
+def boot_id() -> str:
+    """This boot's id ("" where Linux does not say): pids of another boot mean nothing."""
+    try:
+        with open(BOOT_ID_FILE, encoding="ascii") as f:
+            return f.read(64).strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace, ``pid:[4026531836]`` ("" where unknown): containers
+    on one machine share its boot id but not their pids."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where pids were recorded; they name the same processes only on the same machine
+    since the same boot, in the same pid namespace."""
+
+    host: str
+    boot_id: str
+    pid_namespace: str
+
+    @classmethod
+    def here(cls) -> Machine:
+        return cls(socket.gethostname(), boot_id(), pid_namespace())
+
+    def describe(self) -> str:
+        return f"host {self.host!r}, boot {self.boot_id!r}, pid namespace {self.pid_namespace!r}"
 
 
 # -- process identity -----------------------------------------------------------------------
@@ -66,15 +121,49 @@ def same_process(pid: int, started: float) -> bool:
     return now is not None and abs(now - started) < CREATE_TIME_TOLERANCE_S
 
 
+@dataclass(frozen=True)
+class Identity:
+    """What tells a process from a later one with its pid: start time, owner (real uid),
+    command line."""
+
+    create_time: float
+    uid: int
+    cmdline: tuple[str, ...]
+
+
+def identify(pid: int, parent: int | None = None) -> Identity | None:
+    """Process ``pid``'s `Identity`; None where it is gone, a zombie, or (with ``parent``)
+    not a child of ``parent``."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            if parent is not None and proc.ppid() != parent:
+                return None
+            return Identity(
+                float(proc.create_time()), int(proc.uids().real), command_line(proc.cmdline())
+            )
+    except psutil.Error:
+        return None
+
+
 # -- the record -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RecordedProcess:
-    """A process a session started: on this machine with its start time, or on ``host``."""
+    """A process a session started: on this machine with its start time, owner and command
+    line, or on ``host``."""
 
     pid: int
     role: str  # "agent", "rank 3"
     create_time: float | None = None  # None: on another node
     host: str = ""
+    uid: int | None = None  # None: on another node
+    cmdline: tuple[str, ...] = ()
+
+    @classmethod
+    def local(cls, pid: int, role: str, identity: Identity, host: str = "") -> RecordedProcess:
+        return cls(pid, role, identity.create_time, host, identity.uid, identity.cmdline)
 
     def describe(self) -> str:
         where = f"{self.host} " if self.create_time is None and self.host else ""
@@ -86,6 +175,10 @@ class RecordedProcess:
             data["create_time"] = self.create_time
         if self.host:
             data["host"] = self.host
+        if self.uid is not None:
+            data["uid"] = self.uid
+        if self.cmdline:
+            data["cmdline"] = list(self.cmdline)
         return data
 
     @classmethod
@@ -94,17 +187,26 @@ class RecordedProcess:
             raise ValueError(f"a process entry is not an object: {data!r}")
         pid, role = data.get("pid"), data.get("role", "")
         started, host = data.get("create_time"), data.get("host", "")
+        uid, cmdline = data.get("uid"), data.get("cmdline")
         if not _is_int(pid) or pid <= 0:
             raise ValueError(f"bad pid {pid!r}")
         if not isinstance(role, str) or not isinstance(host, str):
             raise ValueError(f"bad role or host of pid {pid}")
         if not local:
-            if started is not None:
-                raise ValueError(f"pid {pid}: a process on another node has no create_time")
+            if started is not None or uid is not None or cmdline is not None:
+                raise ValueError(f"pid {pid}: a process on another node has no identity here")
             return cls(pid, role, None, host)
         if not _is_number(started):
             raise ValueError(f"pid {pid}: bad create_time {started!r}")
-        return cls(pid, role, float(started), host)
+        if not _is_int(uid) or uid < 0:
+            raise ValueError(f"pid {pid}: bad uid {uid!r}")
+        if (
+            not isinstance(cmdline, list)
+            or not cmdline
+            or not all(isinstance(a, str) for a in cmdline)
+        ):
+            raise ValueError(f"pid {pid}: bad cmdline {cmdline!r}")
+        return cls(pid, role, float(started), host, uid, tuple(cmdline))
 
 
 @dataclass(frozen=True)
@@ -137,16 +239,24 @@ class SessionRecord:
 
 @dataclass(frozen=True)
 class ServerRecord:
-    """A server (pid and start time) and its live sessions."""
+    """A server (pid and start time, on ``machine``: this one by default) and its live
+    sessions."""
 
     pid: int
     create_time: float
     sessions: tuple[SessionRecord, ...] = ()
+    machine: Machine = field(default_factory=Machine.here)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": RECORD_VERSION,
-            "server": {"pid": self.pid, "create_time": self.create_time},
+            "server": {
+                "pid": self.pid,
+                "create_time": self.create_time,
+                "host": self.machine.host,
+                "boot_id": self.machine.boot_id,
+                "pid_namespace": self.machine.pid_namespace,
+            },
             "sessions": [s.to_json() for s in self.sessions],
         }
 
@@ -162,13 +272,24 @@ class ServerRecord:
         pid, started = server.get("pid"), server.get("create_time")
         if not _is_int(pid) or pid <= 0 or not _is_number(started):
             raise ValueError(f"bad server pid {pid!r} or create_time {started!r}")
+        host, boot, pid_ns = (server.get(k) for k in ("host", "boot_id", "pid_namespace"))
+        if not (isinstance(host, str) and isinstance(boot, str) and isinstance(pid_ns, str)):
+            raise ValueError(f"bad server host {host!r}, boot_id {boot!r} or pid_namespace")
+        if not host or not boot:
+            raise ValueError("the server's host or boot_id is empty")
         sessions = data.get("sessions", [])
         if not isinstance(sessions, list):
             raise ValueError("'sessions' is not a list")
-        return cls(pid, float(started), tuple(SessionRecord.from_json(s) for s in sessions))
+        return cls(
+            pid,
+            float(started),
+            tuple(SessionRecord.from_json(s) for s in sessions),
+            Machine(host, boot, pid_ns),
+        )
 
     def alive(self) -> bool:
-        """Whether the recording server still runs (its pid, with its start time)."""
+        """Whether the recording server still runs (its pid, with its start time); only
+        asked of a record of this machine."""
         return same_process(self.pid, self.create_time)
 
 
@@ -181,8 +302,9 @@ def _is_number(value: Any) -> TypeGuard[int | float]:
 
 
 def write_record(path: Path, record: ServerRecord) -> None:
-    """Write ``record`` to ``path`` atomically, readable by this user only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``record`` to ``path`` atomically, readable by this user only (in a folder
+    only this user can enter, where it makes one)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:  # mkstemp: mode 0600
@@ -196,9 +318,11 @@ def write_record(path: Path, record: ServerRecord) -> None:
 
 
 def read_record(path: Path) -> ServerRecord:
-    """The record in ``path``; ValueError when it is not one, OSError when unreadable."""
+    """The record in ``path``; ValueError when it is not one (or not a regular file of
+    this user's), OSError when unreadable."""
+    raw = read_private_file(path, MAX_RECORD_BYTES)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise ValueError(f"not text: {err}") from err
     return ServerRecord.from_json(data)  # json.JSONDecodeError is a ValueError
@@ -213,9 +337,14 @@ class Orphaned:
 
 
 def find_orphaned(runtime_dir: Path, log: logging.Logger) -> list[Orphaned]:
-    """The records in ``runtime_dir`` whose server no longer runs; records that cannot be
-    read are logged and left alone, as are those of live servers."""
-    found = []
+    """The records in ``runtime_dir`` of this machine whose server no longer runs; records
+    that cannot be read are logged and left alone, as are those of live servers and those
+    of other machines (or of this one before it restarted)."""
+    found: list[Orphaned] = []
+    here = Machine.here()
+    if not here.boot_id:
+        log.info("jupyter_dist: no boot id in %s: session records are left alone", BOOT_ID_FILE)
+        return found
     try:
         paths = sorted(runtime_dir.glob(f"{RECORD_PREFIX}*.json"))
     except OSError as err:
@@ -228,6 +357,9 @@ def find_orphaned(runtime_dir: Path, log: logging.Logger) -> list[Orphaned]:
             continue  # its server stopped (or another reaper took it) while we looked
         except (OSError, ValueError) as err:
             log.warning("jupyter_dist: skipping session record %s: %s", path, err)
+            continue
+        if record.machine != here:
+            log.debug("jupyter_dist: %s is another machine's (%s)", path, record.machine.describe())
             continue
         if not record.alive():
             found.append(Orphaned(path, record))
@@ -250,8 +382,8 @@ def session_record(status: SessionStatus, server_pid: int) -> SessionRecord:
     def add(pid: int, role: str, host: str, parent: int) -> None:
         if remote_session:
             remote.append(RecordedProcess(pid, role, None, host))
-        elif (started := create_time(pid, parent)) is not None:
-            local.append(RecordedProcess(pid, role, started, host))
+        elif (identity := identify(pid, parent)) is not None:
+            local.append(RecordedProcess.local(pid, role, identity, host))
 
     for node in status.get("nodes", []):
         pid = node.get("agent_pid")
@@ -282,14 +414,15 @@ class SessionRecorder:
         self.pid = os.getpid() if pid is None else pid
         started = create_time(self.pid)
         self.create_time = started if started is not None else time.time()
-        self.path = record_path(runtime_dir, self.pid)
+        self.machine = Machine.here()
+        self.path = record_path(runtime_dir, self.pid, self.machine.host)
         self.log = log
         self._sessions: dict[str, tuple[tuple[Any, ...], SessionRecord]] = {}
         self._failed = False
 
     def record(self) -> ServerRecord:
         sessions = tuple(self._sessions[name][1] for name in sorted(self._sessions))
-        return ServerRecord(self.pid, self.create_time, sessions)
+        return ServerRecord(self.pid, self.create_time, sessions, self.machine)
 
     def observe(self, event: ManagerEvent) -> None:
         """Take one `SessionManager` event; rewrite the record if its processes changed."""
@@ -374,24 +507,42 @@ def _wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.P
         time.sleep(0.05)
 
 
+def still_ours(rec: RecordedProcess) -> psutil.Process | None:
+    """The process ``rec`` names when it still is the one recorded: started then, owned
+    by this user, with the command line recorded, which is one of ours; else None."""
+    if rec.create_time is None or rec.uid is None or rec.uid != os.getuid():
+        return None
+    if not is_ours(rec.cmdline):
+        return None
+    try:
+        proc = psutil.Process(rec.pid)
+    except psutil.Error:
+        return None
+    now = identify(rec.pid)
+    if now is None or abs(now.create_time - rec.create_time) >= CREATE_TIME_TOLERANCE_S:
+        return None
+    if now.uid != rec.uid or now.cmdline != rec.cmdline:
+        return None
+    return proc
+
+
 def reap_processes(
-    procs: Sequence[RecordedProcess], grace: float = REAP_GRACE_S
+    procs: Sequence[RecordedProcess], grace: float = REAP_GRACE_S, host: str | None = None
 ) -> tuple[list[RecordedProcess], list[RecordedProcess], list[RecordedProcess]]:
-    """Stop the recorded local processes that still are ours: SIGTERM (and SIGCONT, so
-    a stopped one can act on it), then SIGKILL after ``grace`` seconds.
+    """Stop the recorded local processes that still are ours (`still_ours`; with
+    ``host``, recorded on it): SIGTERM (and SIGCONT, so a stopped one can act on it), then
+    SIGKILL after ``grace`` seconds.
 
     Returns (killed, survived, gone) as in `ReapResult`.
     """
     handles: dict[RecordedProcess, psutil.Process] = {}
     gone = []
     for rec in procs:
-        if rec.create_time is None or not same_process(rec.pid, rec.create_time):
+        proc = None if host is not None and rec.host not in ("", host) else still_ours(rec)
+        if proc is None:
             gone.append(rec)
-            continue
-        try:
-            handles[rec] = psutil.Process(rec.pid)
-        except psutil.Error:
-            gone.append(rec)
+        else:
+            handles[rec] = proc
     for sig in (signal.SIGTERM, signal.SIGCONT):
         for proc in handles.values():
             _signal(proc, sig)
@@ -408,8 +559,11 @@ def reap(orphaned: Orphaned, log: logging.Logger, grace: float = REAP_GRACE_S) -
     """Stop what the dead server of ``orphaned`` left running, log one line per session,
     and delete its record."""
     record = orphaned.record
+    if record.machine != Machine.here():  # find_orphaned returns none such
+        log.warning("jupyter_dist: not reaping %s: another machine's record", orphaned.path)
+        return
     every = [p for s in record.sessions for p in s.local]
-    killed, survived, _gone = reap_processes(every, grace)
+    killed, survived, _gone = reap_processes(every, grace, record.machine.host)
     for session in record.sessions:
         log_reaped(log, record.pid, session, killed, survived)
     try:
@@ -456,16 +610,20 @@ def log_reaped(
 
 __all__ = [
     "RECORD_PREFIX",
+    "Identity",
+    "Machine",
     "Orphaned",
     "RecordedProcess",
     "ServerRecord",
     "SessionRecord",
     "SessionRecorder",
     "find_orphaned",
+    "identify",
     "read_record",
     "reap",
     "reap_processes",
     "record_path",
     "session_record",
+    "still_ours",
     "write_record",
 ]

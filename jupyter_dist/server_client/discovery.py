@@ -9,6 +9,7 @@ keeps sessions in the kernel even under a server.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -17,11 +18,16 @@ from pathlib import Path
 
 from jupyter_core.paths import jupyter_runtime_dir
 
+from jupyter_dist.common.private_files import read_private_file
 from jupyter_dist.settings import SERVER_CHOICE_VAR
 
 #: the environment variable that turns server ownership off ("none")
 CHOICE_VAR = SERVER_CHOICE_VAR
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+#: a server's ``jpserver-PID.json`` is a few hundred bytes
+MAX_SERVER_FILE_BYTES = 1 << 20
+#: hex digits of the notebook path's hash at the end of its default session name
+NAME_HASH_DIGITS = 6
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,11 @@ def find_server(env: Mapping[str, str], runtime_dir: str | None = None) -> Serve
     if not parent.isdigit():
         return None
     path = Path(runtime_dir or jupyter_runtime_dir()) / f"jpserver-{parent}.json"
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+    try:  # a FIFO named like it must not hang the kernel, nor a link or another's file lead it
+        info = json.loads(read_private_file(path, MAX_SERVER_FILE_BYTES).decode("utf-8"))
     except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict):
         return None
     url = str(info.get("url") or "")
     if not url.startswith(("http://", "https://")):
@@ -67,8 +75,10 @@ def find_server(env: Mapping[str, str], runtime_dir: str | None = None) -> Serve
 def notebook_session_name(env: Mapping[str, str], root_dir: str = "") -> str | None:
     """A default session name for the notebook this kernel runs, from the path the server
     gave it (``JPY_SESSION_NAME``, relative to the server's ``root_dir`` when it is an
-    absolute path): ``runs/train.ipynb`` -> ``runs-train``. The same notebook gets the same
-    name after a kernel restart, so it finds its session again."""
+    absolute path): ``runs/train.ipynb`` -> ``runs-train-`` and six hex digits of a hash of
+    the whole path, so that ``a/runs/train.ipynb`` and ``b/runs/train.ipynb`` get sessions
+    of their own. The same notebook gets the same name after a kernel restart, so it finds
+    its session again."""
     path = env.get("JPY_SESSION_NAME", "").strip()
     if not path:
         return None
@@ -77,5 +87,9 @@ def notebook_session_name(env: Mapping[str, str], root_dir: str = "") -> str | N
         with contextlib.suppress(ValueError):
             notebook = notebook.relative_to(Path(root_dir).expanduser())
     parts = notebook.with_suffix("").parts[-2:]
-    name = _UNSAFE.sub("-", "-".join(p for p in parts if p not in ("/", ""))).strip("-._")
-    return name[:64] or None
+    readable = _UNSAFE.sub("-", "-".join(p for p in parts if p not in ("/", ""))).strip("-._")
+    digest = hashlib.sha256(notebook.as_posix().encode(errors="surrogateescape")).hexdigest()
+    tag = digest[:NAME_HASH_DIGITS]
+    # check_session_name: at most 64 characters, the first a letter or digit
+    readable = readable[: 64 - NAME_HASH_DIGITS - 1].rstrip("-._")
+    return f"{readable}-{tag}" if readable else tag

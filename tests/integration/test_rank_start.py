@@ -1,4 +1,5 @@
-"""A rank kernel that answers slowly (a loaded machine) still gets connected."""
+"""A rank kernel that answers slowly (a loaded machine) still gets connected; agents and
+ranks say what they are in ``ps`` and ``top``."""
 
 from __future__ import annotations
 
@@ -7,16 +8,24 @@ import contextlib
 import os
 import signal
 import threading
+from pathlib import Path
 
 import psutil
 import pytest
 
+from jupyter_dist.common.proc_titles import TITLE_PREFIX, is_ours
 from jupyter_dist.common.spec import ShapeRequest, resolve_shape
 from jupyter_dist.control.session import Session, SessionTimeouts
 
 pytestmark = pytest.mark.slow
 
 RUN_S, STOPPED_S = 0.02, 0.13
+AGENT_TITLE = f"{TITLE_PREFIX} agent "
+
+
+def cmdline(pid: int) -> str:
+    """``/proc/PID/cmdline`` as ``ps`` shows it."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode()
 
 
 def throttle_ranks(stop: threading.Event) -> None:
@@ -27,7 +36,7 @@ def throttle_ranks(stop: threading.Event) -> None:
         ranks = [
             rank
             for agent in me.children()
-            if "jupyter_dist.node" in " ".join(agent.cmdline())
+            if " ".join(agent.cmdline()).startswith(AGENT_TITLE)
             for rank in agent.children()
         ]
         for rank in ranks:
@@ -66,3 +75,33 @@ def test_a_rank_slower_than_the_repeats_still_connects() -> None:
     finally:
         stop.set()
         throttler.join()
+
+
+def test_agents_and_ranks_are_titled_with_what_they_are() -> None:
+    spec = resolve_shape("titles", ShapeRequest(procs=2), 0, "localhost")
+    session = Session(spec, SessionTimeouts(start=90))
+
+    async def start_and_look() -> dict[int, tuple[str, str, str]]:
+        try:
+            await session.start()
+            status = session.status()
+            pids = [n["agent_pid"] for n in status["nodes"]] + [r["pid"] for r in status["ranks"]]
+            return {
+                pid: (
+                    cmdline(pid),
+                    Path(f"/proc/{pid}/comm").read_text().strip(),
+                    Path(f"/proc/{pid}/environ").read_text(errors="replace"),
+                )
+                for pid in pids
+            }
+        finally:
+            await session.shutdown()
+
+    seen = asyncio.run(start_and_look())
+    [(agent_line, agent_comm, agent_env), rank0, rank1] = seen.values()
+    assert agent_line == "jupyter_dist agent node 0 session titles"
+    assert agent_comm == "jd-agent-0"
+    assert "PATH=" in agent_env  # the title did not overwrite the environment
+    assert rank0[:2] == ("jupyter_dist rank 0/2 session titles", "jd-rank-0")
+    assert rank1[:2] == ("jupyter_dist rank 1/2 session titles", "jd-rank-1")
+    assert all(is_ours(line.split("\0")) for line, _, _ in seen.values())

@@ -15,10 +15,15 @@ import psutil
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 
+from jupyter_dist.server_client.discovery import notebook_session_name
+
 from .server_process import API, Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 CELL_TIMEOUT = 180
+NOTEBOOK = "exp/train.ipynb"
+#: ``exp-train-`` and a hash of the path: a notebook's session is named after it
+NAME = notebook_session_name({"JPY_SESSION_NAME": NOTEBOOK}) or ""
 
 
 class ServerKernel:
@@ -93,7 +98,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, kernel_name: str) -> Iterat
 
 @pytest.fixture
 def notebook(server: Server, kernel_name: str) -> Iterator[ServerKernel]:
-    kernel = ServerKernel(server, "exp/train.ipynb", kernel_name)
+    kernel = ServerKernel(server, NOTEBOOK, kernel_name)
     yield kernel
     kernel.close()
 
@@ -124,25 +129,25 @@ def test_server_owns_the_session_and_it_survives_a_kernel_restart(
     assert "[ranks 0-1] sum 2.0 cwd exp" in out, out
     # the server owns it, named after the notebook; no rank is a child of the kernel
     (listed,) = sessions(server)
-    assert (listed["name"], listed["state"], listed["world_size"]) == ("exp-train", "ready", 2)
-    pids = rank_pids(server, "exp-train")
+    assert (listed["name"], listed["state"], listed["world_size"]) == (NAME, "ready", 2)
+    pids = rank_pids(server, NAME)
     kernel_pid = notebook.pid()
     assert not set(pids) & {p.pid for p in psutil.Process(kernel_pid).children(recursive=True)}
     status = notebook.ok("%dist status")
     assert f"sessions run in the Jupyter server at {server.url}" in status, status
-    assert "this notebook's session: 'exp-train'" in status
+    assert f"this notebook's session: {NAME!r}" in status
 
     notebook.restart()  # a new kernel process; the ranks and their variables live on
     assert notebook.pid() != kernel_pid
     notebook.ok("%load_ext jupyter_dist")
     out = notebook.ok("%%distributed\nprint('x is', x)")
     assert "[rank 0] x is 0" in out and "[rank 1] x is 10" in out, out
-    assert rank_pids(server, "exp-train") == pids
+    assert rank_pids(server, NAME) == pids
 
     # asking for another shape names the running one
     out, reply = notebook.run("%%distributed --procs 3\nprint(1)")
     assert reply["status"] == "error"
-    assert "session 'exp-train' is running 2 CPU ranks (gloo)" in out, out
+    assert f"session {NAME!r} is running 2 CPU ranks (gloo)" in out, out
 
     notebook.ok("%dist shutdown")
     assert sessions(server) == []

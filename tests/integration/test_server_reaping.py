@@ -2,7 +2,9 @@
 
 Agents stop their ranks when the server goes away, so leftovers need an agent that cannot
 act: the test stops one with SIGSTOP, SIGKILLs its server, and starts another server on
-the same runtime folder, next to a third, live one whose session must be left alone.
+the same runtime folder, next to a third, live one whose session must be left alone. The
+folder also holds what a shared one may: records another machine wrote, naming processes
+that are not ours here, and a FIFO named like a record; none stops the new server.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
+from jupyter_dist.server.process_records import Machine, record_path
+
 from .server_process import API, Server, kill_server, start_server_in, stop_server
 
 pytestmark = pytest.mark.slow
@@ -26,7 +31,57 @@ WAIT_S = 120.0  # a loaded two-core machine runs three servers and five rank pro
 
 
 def record_of(server: Server) -> Path:
-    return server.runtime_dir / f"jupyter_dist-sessions-{server.process.pid}.json"
+    return record_path(server.runtime_dir, server.process.pid)
+
+
+def unrelated_group() -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
+    """bash and two sleeps of this user's, in their own process group."""
+    leader = subprocess.Popen(
+        ["bash", "-c", "sleep 600 & sleep 600 & wait"], start_new_session=True
+    )
+    kids: list[psutil.Process] = []
+    deadline = time.monotonic() + 30
+    while len(kids) < 2 and time.monotonic() < deadline:
+        kids = psutil.Process(leader.pid).children()
+        time.sleep(0.02)
+    assert len(kids) == 2
+    return leader, [psutil.Process(leader.pid), *kids]
+
+
+def other_machines_records(runtime: Path, procs: list[psutil.Process]) -> list[Path]:
+    """What servers on another login node sharing this runtime folder could have left:
+    records (in this version's format and the one before) whose pids are those of
+    ``procs`` here, each entry true to its process (start time, owner, command line)."""
+    here = Machine.here()
+    local = [
+        {
+            "pid": p.pid,
+            "role": "agent",
+            "create_time": p.create_time(),
+            "host": "login2",
+            "uid": p.uids().real,
+            "cmdline": p.cmdline(),
+        }
+        for p in procs
+    ]
+    server = {"pid": 999999, "create_time": 1.0, "host": "login2"}
+    records = {
+        "jupyter_dist-sessions-login2-999999.json": {
+            "version": 2,
+            "server": {**server, "boot_id": "elsewhere", "pid_namespace": here.pid_namespace},
+            "sessions": [{"name": "theirs", "local": local}],
+        },
+        "jupyter_dist-sessions-999998.json": {
+            "version": 1,
+            "server": server,
+            "sessions": [{"name": "old", "local": local}],
+        },
+    }
+    paths = []
+    for name, record in records.items():
+        paths.append(runtime / name)
+        paths[-1].write_text(json.dumps(record))
+    return paths
 
 
 def recorded_pids(server: Server) -> dict[str, set[int]]:
@@ -71,6 +126,7 @@ def test_a_new_server_reaps_a_killed_servers_leftovers_and_leaves_live_ones_alon
         root.mkdir()
     servers: list[Server] = []
     leftovers: list[psutil.Process] = []
+    leader, bystanders = unrelated_group()
     try:
         live = start_server_in(roots["live"], runtime)
         servers.append(live)
@@ -96,6 +152,9 @@ def test_a_new_server_reaps_a_killed_servers_leftovers_and_leaves_live_ones_alon
         time.sleep(2)
         assert all(running(p) for p in leftovers), "the injected leftovers went away by themselves"
         assert record_of(doomed).exists()
+        theirs = other_machines_records(runtime, bystanders)
+        fifo = runtime / "jupyter_dist-sessions-fifo-1.json"
+        os.mkfifo(fifo)
 
         new = start_server_in(roots["new"], runtime)
         servers.append(new)
@@ -107,6 +166,11 @@ def test_a_new_server_reaps_a_killed_servers_leftovers_and_leaves_live_ones_alon
         for rank in created["ranks"]:
             assert f"pid {rank['pid']} (rank {rank['rank']})" in line, line
         wait_for(lambda: not record_of(doomed).exists(), "the dead server's record to go")
+        assert all(running(p) for p in bystanders), "killed what another machine recorded"
+        assert all(path.exists() for path in [*theirs, fifo])
+        log = log_of(roots["new"])
+        assert "'theirs'" not in log and "'old'" not in log
+        assert f"skipping session record {fifo}: not a regular file" in log
 
         # the live server: neither the doomed one nor the new one touched its session
         for root in (roots["doomed"], roots["new"]):
@@ -117,6 +181,9 @@ def test_a_new_server_reaps_a_killed_servers_leftovers_and_leaves_live_ones_alon
         assert (status, listed["state"]) == (200, "ready"), listed
         assert not record_of(new).exists()  # no session of its own, no record
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
         for proc in leftovers:
             with contextlib.suppress(psutil.Error):
                 proc.kill()

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from jupyter_dist._version import __version__
+from jupyter_dist.common.proc_titles import is_ours
 from jupyter_dist.errors import AgentError, RanksFailed
 from tests.conftest import CellOutput, session_status
 
@@ -224,10 +225,12 @@ def test_every_failing_node_is_named_and_the_good_one_is_stopped(run: Run, clust
 
 
 def agents_on(cluster: Any, node: int) -> list[int]:
+    """The agents on ``node`` and their ranks (titled ``jupyter_dist agent ...`` and
+    ``jupyter_dist rank ...``)."""
     found = []
     for pid in netns_pids(cluster, node):
         try:
-            if "jupyter_dist.node" in Path(f"/proc/{pid}/cmdline").read_text():
+            if is_ours(Path(f"/proc/{pid}/cmdline").read_text().split("\0")):
                 found.append(pid)
         except OSError:
             continue

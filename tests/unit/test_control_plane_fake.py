@@ -132,7 +132,9 @@ def test_a_two_node_session_starts_its_ranks_through_each_nodes_agent(
     node0, node1 = cluster.agents
     assert (node0.host, node1.host) == ("node0", "node1")
     assert node0.session == node1.session == "fake"
-    assert node0.env == {"OMP_NUM_THREADS": "1"}  # several ranks share a node
+    # several ranks share a node; the node rank names the agent in ps
+    assert node0.env == {"OMP_NUM_THREADS": "1", "NODE_RANK": "0"}
+    assert node1.env == {"OMP_NUM_THREADS": "1", "NODE_RANK": "1"}
 
     # torchrun's layout: node-major, each rank spawned once on its own node's agent
     assert [(r.rank, r.local_rank) for r in node0.spawned] == [(0, 0), (1, 1)]

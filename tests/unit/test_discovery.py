@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -9,11 +10,21 @@ from typing import Any
 import pytest
 
 from jupyter_dist.common.hosts import HostSpec
-from jupyter_dist.common.spec import SessionSpec, ShapeRequest, validate_request
+from jupyter_dist.common.spec import (
+    SessionSpec,
+    ShapeRequest,
+    check_session_name,
+    validate_request,
+)
 from jupyter_dist.errors import SpecError
 from jupyter_dist.server.handlers import shape_from_json
 from jupyter_dist.server_client.discovery import find_server, notebook_session_name
 from jupyter_dist.server_client.rest_client import SSEParser
+
+
+def sha(path: str) -> str:
+    """The tag a notebook path gives its session name."""
+    return hashlib.sha256(path.encode()).hexdigest()[:6]
 
 
 def write_info(runtime: Path, pid: int, **info: Any) -> None:
@@ -50,14 +61,37 @@ def test_a_server_on_a_unix_socket_is_not_used(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("path", "name"),
     [
-        ("train.ipynb", "train"),
-        ("runs/exp 1/Train (copy).ipynb", "exp-1-Train-copy"),
-        ("/abs/.hidden.ipynb", "abs-.hidden"),
+        ("train.ipynb", "train-" + sha("train.ipynb")),
+        (
+            "runs/exp 1/Train (copy).ipynb",
+            "exp-1-Train-copy-" + sha("runs/exp 1/Train (copy).ipynb"),
+        ),
+        ("/abs/.hidden.ipynb", "abs-.hidden-" + sha("/abs/.hidden.ipynb")),
+        ("a/runs/train.ipynb", "runs-train-93cf1a"),
+        ("___.ipynb", sha("___.ipynb")),
         ("", None),
     ],
 )
 def test_notebook_session_names(path: str, name: str | None) -> None:
     assert notebook_session_name({"JPY_SESSION_NAME": path} if path else {}) == name
+    if name is not None:
+        assert check_session_name(name) == name
+
+
+def test_notebooks_of_the_same_name_in_different_folders_get_their_own_sessions() -> None:
+    """``a/runs/train.ipynb`` and ``b/runs/train.ipynb`` once both became ``runs-train``
+    and shared ranks and variables without a word."""
+    names = {
+        notebook_session_name({"JPY_SESSION_NAME": path})
+        for path in ("a/runs/train.ipynb", "b/runs/train.ipynb", "runs/train.ipynb")
+    }
+    assert len(names) == 3
+    assert all(n is not None and n.startswith("runs-train-") for n in names), names
+
+
+def test_a_long_notebook_path_still_makes_a_valid_name() -> None:
+    name = notebook_session_name({"JPY_SESSION_NAME": "x" * 200 + "/" + "y" * 200 + ".ipynb"})
+    assert name is not None and len(name) == 64 and check_session_name(name) == name
 
 
 def test_sse_events_are_parsed_across_chunks_and_comments_skipped() -> None:
@@ -103,6 +137,38 @@ def test_a_session_spec_survives_the_trip_through_json() -> None:
 
 def test_absolute_notebook_paths_are_named_from_the_server_root() -> None:
     env = {"JPY_SESSION_NAME": "/srv/lab/exp/train.ipynb"}
-    assert notebook_session_name(env, "/srv/lab") == "exp-train"
-    assert notebook_session_name({"JPY_SESSION_NAME": "/srv/lab/t.ipynb"}, "/srv/lab") == "t"
-    assert notebook_session_name(env, "/elsewhere") == "exp-train"
+    relative = notebook_session_name({"JPY_SESSION_NAME": "exp/train.ipynb"}, "/srv/lab")
+    assert (
+        notebook_session_name(env, "/srv/lab") == relative == "exp-train-" + sha("exp/train.ipynb")
+    )
+    t = {"JPY_SESSION_NAME": "/srv/lab/t.ipynb"}
+    assert notebook_session_name(t, "/srv/lab") == "t-" + sha("t.ipynb")
+    assert notebook_session_name(env, "/elsewhere") == "exp-train-" + sha(
+        "/srv/lab/exp/train.ipynb"
+    )
+
+
+def test_a_fifo_or_link_named_like_the_servers_file_is_not_read(tmp_path: Path) -> None:
+    """The runtime folder may be shared: a FIFO there must not hang the kernel's first
+    cell, nor a link lead it to a file that is not the server's."""
+    import os
+    import threading
+
+    fifo = tmp_path / "jpserver-4242.json"
+    os.mkfifo(fifo)
+    found: list[object] = []
+    reader = threading.Thread(
+        target=lambda: found.append(find_server({"JPY_PARENT_PID": "4242"}, str(tmp_path))),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(20)
+    if reader.is_alive():  # release it before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        raise AssertionError("find_server waited on a FIFO")
+    assert found == [None]
+
+    write_info(tmp_path / "elsewhere", 7, url="http://localhost:8888/", token="t")
+    (tmp_path / "jpserver-7.json").symlink_to(tmp_path / "elsewhere" / "jpserver-7.json")
+    assert find_server({"JPY_PARENT_PID": "7"}, str(tmp_path)) is None

@@ -7,24 +7,29 @@ import json
 import logging
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
+from jupyter_dist.common.proc_titles import is_ours
 from jupyter_dist.server.process_records import (
+    Machine,
     Orphaned,
     RecordedProcess,
     ServerRecord,
     SessionRecord,
     SessionRecorder,
     find_orphaned,
+    identify,
     read_record,
     reap,
     record_path,
@@ -42,11 +47,26 @@ def alive(pid: int) -> bool:
         return False
 
 
+def titled(title: str, *argv: str) -> list[str]:
+    """``argv`` run under ``title``, as an agent or rank shows (`is_ours`)."""
+    return ["bash", "-c", 'exec -a "$0" "$@"', title, *argv]
+
+
+#: two stand-in ranks, titled as real ones are
+RANKS_SCRIPT = (
+    "(exec -a 'jupyter_dist rank 0/2 session doomed' sleep 600) & "
+    "(exec -a 'jupyter_dist rank 1/2 session doomed' sleep 600) & wait"
+)
+
+
 @pytest.fixture
 def family() -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
     """A stand-in agent (its own process group, a child of this process) with two
-    stand-in ranks (its children)."""
-    agent = subprocess.Popen(["sh", "-c", "sleep 600 & sleep 600 & wait"], start_new_session=True)
+    stand-in ranks (its children), titled as real ones are."""
+    agent = subprocess.Popen(
+        titled("jupyter_dist agent node 0 session doomed", "bash", "-c", RANKS_SCRIPT),
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     kids: list[psutil.Process] = []
     while len(kids) < 2 and time.monotonic() < deadline:
@@ -65,7 +85,7 @@ def status(
     name: str, agent: int, ranks: list[int], hosts: tuple[str, ...] = (), **extra: Any
 ) -> dict[str, Any]:
     """What `Session.status()` says, as far as records care."""
-    host = hosts[0] if hosts else "here"
+    host = hosts[0] if hosts else socket.gethostname()  # what a local agent reports
     return {
         "name": name,
         "state": "ready",
@@ -79,6 +99,10 @@ def status(
     }
 
 
+AGENT_CMD = ("jupyter_dist agent node 0 session train",)
+BOX = Machine("box", "0e867495-bd13-42eb-8517-e05992d39608", "pid:[4026531836]")
+
+
 def sample() -> ServerRecord:
     return ServerRecord(
         4242,
@@ -87,24 +111,28 @@ def sample() -> ServerRecord:
             SessionRecord(
                 "train",
                 (
-                    RecordedProcess(11, "agent", 1700000001.5, "box"),
-                    RecordedProcess(12, "rank 0", 1700000002.0, "box"),
+                    RecordedProcess(11, "agent", 1700000001.5, "box", 1000, AGENT_CMD),
+                    RecordedProcess(12, "rank 0", 1700000002.0, "box", 1000, ("python", "-m", "x")),
                 ),
             ),
             SessionRecord("far", (), (RecordedProcess(99, "agent", None, "gpu1"),)),
         ),
+        BOX,
     )
 
 
 def test_a_record_round_trips_atomically_and_privately(tmp_path: Path) -> None:
-    path = record_path(tmp_path / "runtime", 4242)
-    assert path.name == "jupyter_dist-sessions-4242.json"
+    path = record_path(tmp_path / "runtime", 4242, "box")
+    assert path.name == "jupyter_dist-sessions-box-4242.json"
     write_record(path, sample())
     assert read_record(path) == sample()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     write_record(path, ServerRecord(4242, 1.0))
-    assert read_record(path) == ServerRecord(4242, 1.0)
+    assert read_record(path) == ServerRecord(4242, 1.0, (), Machine.here())
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+
+
+SERVER = b'"server": {"pid": 5, "create_time": 1, "host": "h", "boot_id": "b", "pid_namespace": ""}'
 
 
 @pytest.mark.parametrize(
@@ -114,20 +142,39 @@ def test_a_record_round_trips_atomically_and_privately(tmp_path: Path) -> None:
         (b"\xff\xfe\x00binary", "not text"),
         (b"[]", "not a JSON object"),
         (b'{"version": 99}', "unknown record version 99"),
-        (b'{"version": 1}', "no 'server' entry"),
-        (b'{"version": 1, "server": {"pid": "x", "create_time": 1}}', "bad server pid 'x'"),
-        (b'{"version": 1, "server": {"pid": 5, "create_time": 1}, "sessions": {}}', "not a list"),
+        (b'{"version": 1, "server": {"pid": 5, "create_time": 1}}', "unknown record version 1"),
+        (b'{"version": 2}', "no 'server' entry"),
+        (b'{"version": 2, "server": {"pid": "x", "create_time": 1}}', "bad server pid 'x'"),
+        (b'{"version": 2, "server": {"pid": 5, "create_time": 1}}', "bad server host None"),
         (
-            b'{"version": 1, "server": {"pid": 5, "create_time": 1}, "sessions": [{}]}',
-            "needs a name",
+            b'{"version": 2, "server": {"pid": 5, "create_time": 1, "host": "", "boot_id": "b", '
+            b'"pid_namespace": ""}}',
+            "host or boot_id is empty",
         ),
+        (b'{"version": 2, ' + SERVER + b', "sessions": {}}', "not a list"),
+        (b'{"version": 2, ' + SERVER + b', "sessions": [{}]}', "needs a name"),
         (
-            b'{"version": 1, "server": {"pid": 5, "create_time": 1}, "sessions": '
+            b'{"version": 2, ' + SERVER + b', "sessions": '
             b'[{"name": "s", "local": [{"pid": 7, "role": "agent"}]}]}',
             "pid 7: bad create_time None",
         ),
         (
-            b'{"version": 1, "server": {"pid": 5, "create_time": 1}, "sessions": '
+            b'{"version": 2, ' + SERVER + b', "sessions": '
+            b'[{"name": "s", "local": [{"pid": 7, "role": "agent", "create_time": 1}]}]}',
+            "pid 7: bad uid None",
+        ),
+        (
+            b'{"version": 2, ' + SERVER + b', "sessions": [{"name": "s", "local": '
+            b'[{"pid": 7, "role": "agent", "create_time": 1, "uid": 0, "cmdline": []}]}]}',
+            "pid 7: bad cmdline []",
+        ),
+        (
+            b'{"version": 2, ' + SERVER + b', "sessions": [{"name": "s", "remote": '
+            b'[{"pid": 7, "role": "agent", "uid": 0}]}]}',
+            "pid 7: a process on another node has no identity here",
+        ),
+        (
+            b'{"version": 2, ' + SERVER + b', "sessions": '
             b'[{"name": "s", "local": [{"pid": -1, "role": "agent", "create_time": 1}]}]}',
             "bad pid -1",
         ),
@@ -136,7 +183,7 @@ def test_a_record_round_trips_atomically_and_privately(tmp_path: Path) -> None:
 def test_a_bad_record_is_skipped_with_a_log_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes, reason: str
 ) -> None:
-    bad = tmp_path / "jupyter_dist-sessions-1.json"
+    bad = tmp_path / "jupyter_dist-sessions-x-1.json"
     bad.write_bytes(content)
     dead = ServerRecord(ME.pid, ME.create_time() - 1000)  # our pid, another start: gone
     write_record(record_path(tmp_path, 2), dead)
@@ -179,12 +226,19 @@ def test_the_recorder_follows_sessions_and_leaves_out_what_is_not_theirs(
     record = read_record(recorder.path)
     assert (record.pid, record.create_time) == (ME.pid, ME.create_time())
     [session] = record.sessions
+    assert record.machine == Machine.here()
     assert [(p.pid, p.role) for p in session.local] == [
         (agent.pid, "agent"),
         (ranks[0], "rank 0"),
         (ranks[1], "rank 1"),
     ]
     assert session.local[0].create_time == psutil.Process(agent.pid).create_time()
+    assert {p.uid for p in session.local} == {os.getuid()}
+    assert [p.cmdline[0] for p in session.local] == [
+        "jupyter_dist agent node 0 session doomed",
+        "jupyter_dist rank 0/2 session doomed",
+        "jupyter_dist rank 1/2 session doomed",
+    ]
     assert session.remote == ()
 
     recorder.path.unlink()  # a cell ran: the processes did not change, nor does the file
@@ -245,26 +299,33 @@ def test_reaping_kills_what_ignores_sigterm_but_never_a_reused_pid(
             sys.executable,
             "-c",
             "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "from jupyter_dist.common.proc_titles import set_title; "
+            "assert set_title('jupyter_dist agent node 0 session stubborn', 'jd-agent-0'); "
             "print('ready', flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,
     )
-    bystander = subprocess.Popen(["sleep", "600"])
+    bystander = subprocess.Popen(titled("jupyter_dist rank 0/1 session old", "sleep", "600"))
     try:
         assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
-        started = psutil.Process(stubborn.pid).create_time()
-        other = psutil.Process(bystander.pid).create_time() - 3600  # the pid was reused since
+        me = identify(stubborn.pid)
+        assert me is not None
+        byst = identify(bystander.pid)
+        assert byst is not None
+        assert is_ours(byst.cmdline)  # left alone for its start time alone
+        # the pid was reused since
+        other = replace(byst, create_time=byst.create_time - 3600)
         record = ServerRecord(
             4242,
             1.0,
             (
-                SessionRecord("stubborn", (RecordedProcess(stubborn.pid, "agent", started),)),
+                SessionRecord("stubborn", (RecordedProcess.local(stubborn.pid, "agent", me),)),
                 SessionRecord(
                     "old",
-                    (RecordedProcess(bystander.pid, "rank 0", other),),
+                    (RecordedProcess.local(bystander.pid, "rank 0", other),),
                     (RecordedProcess(55, "agent", None, "gpu1"),),
                 ),
-                SessionRecord("quiet", (RecordedProcess(bystander.pid, "agent", other),)),
+                SessionRecord("quiet", (RecordedProcess.local(bystander.pid, "agent", other),)),
             ),
         )
         path = record_path(tmp_path, 4242)
@@ -300,11 +361,269 @@ def test_a_record_is_plain_json(tmp_path: Path) -> None:
     path = record_path(tmp_path, 4242)
     write_record(path, sample())
     data = json.loads(path.read_text())
-    assert data["server"] == {"pid": 4242, "create_time": 1700000000.25}
+    assert data["version"] == 2
+    assert data["server"] == {
+        "pid": 4242,
+        "create_time": 1700000000.25,
+        "host": "box",
+        "boot_id": "0e867495-bd13-42eb-8517-e05992d39608",
+        "pid_namespace": "pid:[4026531836]",
+    }
     assert data["sessions"][0]["local"][0] == {
         "pid": 11,
         "role": "agent",
         "create_time": 1700000001.5,
         "host": "box",
+        "uid": 1000,
+        "cmdline": ["jupyter_dist agent node 0 session train"],
     }
     assert data["sessions"][1]["remote"] == [{"pid": 99, "role": "agent", "host": "gpu1"}]
+
+
+# -- records that are not this machine's, or name processes that are not ours ------------------
+@pytest.fixture
+def bystanders() -> Iterator[list[psutil.Process]]:
+    """An unrelated process group of this user's: bash and two sleeps, in their own
+    session, as an interactive job would run."""
+    leader = subprocess.Popen(
+        ["bash", "-c", "sleep 600 & sleep 600 & wait"], start_new_session=True
+    )
+    deadline = time.monotonic() + 30
+    kids: list[psutil.Process] = []
+    while len(kids) < 2 and time.monotonic() < deadline:
+        kids = psutil.Process(leader.pid).children()
+        time.sleep(0.02)
+    assert len(kids) == 2
+    yield [psutil.Process(leader.pid), *kids]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader.pid, signal.SIGKILL)
+    leader.wait()
+
+
+def dead_pid() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def reap_as_a_new_server(runtime: Path) -> None:
+    """What `DistServerApp` does at start, with a short grace."""
+    for found in find_orphaned(runtime, log):
+        reap(found, log, grace=0.5)
+
+
+def entry(proc: psutil.Process, role: str, host: str) -> dict[str, Any]:
+    return {
+        "pid": proc.pid,
+        "role": role,
+        "create_time": proc.create_time(),
+        "host": host,
+        "uid": proc.uids().real,
+        "cmdline": [a for a in proc.cmdline() if a],
+    }
+
+
+def hand_written(procs: list[psutil.Process], **changes: Any) -> dict[str, Any]:
+    """A record of a dead server on this machine naming ``procs`` exactly as they are,
+    written by hand; ``changes`` replace its server's fields or every process's."""
+    here = Machine.here()
+    server = {
+        "pid": dead_pid(),
+        "create_time": time.time() - 60,
+        "host": here.host,
+        "boot_id": here.boot_id,
+        "pid_namespace": here.pid_namespace,
+    }
+    local = [
+        entry(p, "agent" if i == 0 else f"rank {i - 1}", here.host) for i, p in enumerate(procs)
+    ]
+    for key, value in changes.items():
+        if key in server:
+            server[key] = value
+        else:
+            for e in local:
+                e[key] = value
+    return {"version": 2, "server": server, "sessions": [{"name": "hand", "local": local}]}
+
+
+def test_a_hand_written_record_of_another_host_naming_an_unrelated_group_kills_nothing(
+    tmp_path: Path, bystanders: list[psutil.Process]
+) -> None:
+    """The audit's record: bash and two sleeps of this user's, each with its true start
+    time, marked as another login node's, in the format servers before host checks wrote."""
+    record = {
+        "version": 1,
+        "server": {"pid": dead_pid(), "create_time": time.time() - 60, "host": "login2"},
+        "sessions": [
+            {
+                "name": "x",
+                "local": [
+                    {
+                        "pid": p.pid,
+                        "role": "agent",
+                        "create_time": p.create_time(),
+                        "host": "login2",
+                    }
+                    for p in bystanders
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "jupyter_dist-sessions-77777.json"
+    path.write_text(json.dumps(record))
+    reap_as_a_new_server(tmp_path)
+    assert all(alive(p.pid) for p in bystanders)
+    assert path.exists()  # not this machine's to delete either
+
+
+@pytest.mark.parametrize(
+    ("changes", "what"),
+    [
+        ({"host": "login2"}, "the server ran on another host"),
+        ({"boot_id": "5a1e1b7e-0000-4000-8000-000000000000"}, "before this machine restarted"),
+        ({"pid_namespace": "pid:[4026532999]"}, "in another container"),
+        ({"uid": os.getuid() + 1}, "another user's processes"),
+        ({"cmdline": ["jupyter_dist agent node 0 session other"]}, "not the command recorded"),
+    ],
+)
+def test_a_record_is_not_acted_on_unless_machine_and_processes_are_the_ones_recorded(
+    tmp_path: Path,
+    family: tuple[subprocess.Popen[bytes], list[int]],
+    changes: dict[str, Any],
+    what: str,
+) -> None:
+    agent, ranks = family
+    procs = [psutil.Process(p) for p in [agent.pid, *ranks]]
+    write = tmp_path / "jupyter_dist-sessions-h-1.json"
+    write.write_text(json.dumps(hand_written(procs, **changes)))
+    reap_as_a_new_server(tmp_path)
+    assert all(alive(p.pid) for p in procs), what
+
+    # the same record with nothing changed: those processes are reaped
+    write.write_text(json.dumps(hand_written(procs)))
+    reap_as_a_new_server(tmp_path)
+    assert not any(alive(p.pid) for p in procs)
+    assert not write.exists()
+
+
+def test_processes_that_are_not_agents_or_ranks_are_never_reaped(
+    tmp_path: Path, bystanders: list[psutil.Process]
+) -> None:
+    """Even recorded exactly (start time, owner, command line) on this machine."""
+    path = tmp_path / "jupyter_dist-sessions-h-1.json"
+    path.write_text(json.dumps(hand_written(bystanders)))
+    reap_as_a_new_server(tmp_path)
+    assert all(alive(p.pid) for p in bystanders)
+    assert not path.exists()  # this machine's dead server's: read, and done with
+
+
+def test_a_local_process_recorded_on_another_host_is_left_alone(
+    tmp_path: Path, family: tuple[subprocess.Popen[bytes], list[int]]
+) -> None:
+    agent, ranks = family
+    procs = [psutil.Process(p) for p in [agent.pid, *ranks]]
+    record = hand_written(procs)
+    for e in record["sessions"][0]["local"]:
+        e["host"] = "login2"
+    (tmp_path / "jupyter_dist-sessions-h-1.json").write_text(json.dumps(record))
+    reap_as_a_new_server(tmp_path)
+    assert all(alive(p.pid) for p in procs)
+
+
+def test_records_of_the_same_pid_on_two_hosts_are_two_files(tmp_path: Path) -> None:
+    """A shared runtime folder: a server here must not overwrite, nor delete as its own
+    predecessor's, the record of a server with its pid on another machine."""
+    theirs = record_path(tmp_path, ME.pid, "login2")
+    write_record(theirs, ServerRecord(ME.pid, 1.0, (), Machine("login2", "b", "")))
+    recorder = SessionRecorder(tmp_path, log, pid=ME.pid)
+    assert recorder.path != theirs and recorder.path == record_path(tmp_path, ME.pid)
+    assert find_orphaned(tmp_path, log) == []  # another machine's: not ours to judge
+    recorder.remove()
+    assert theirs.exists()
+
+
+def run_bounded(target: Any, timeout: float, unblock: Path | None = None) -> bool:
+    """Run ``target`` in a thread; whether it finished within ``timeout`` s. A reader left
+    blocked on the FIFO ``unblock`` is released afterwards."""
+    import threading
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    finished = not thread.is_alive()
+    if not finished and unblock is not None:
+        with contextlib.suppress(OSError):
+            os.close(os.open(unblock, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(10)
+    return finished
+
+
+def test_a_fifo_or_link_named_like_a_record_is_skipped_without_hanging(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fifo = tmp_path / "jupyter_dist-sessions-h-1.json"
+    os.mkfifo(fifo)
+    real = record_path(tmp_path / "elsewhere", 2)
+    write_record(real, ServerRecord(2, 1.0))  # a dead server's record of this machine
+    link = tmp_path / "jupyter_dist-sessions-h-3.json"
+    link.symlink_to(real)
+    dead = ServerRecord(ME.pid, ME.create_time() - 1000)
+    write_record(record_path(tmp_path, 4), dead)
+    found: list[Orphaned] = []
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        assert run_bounded(lambda: found.extend(find_orphaned(tmp_path, log)), 20, fifo)
+    assert found == [Orphaned(record_path(tmp_path, 4), dead)]
+    lines = sorted(r.getMessage() for r in caplog.records)
+    assert len(lines) == 2, lines
+    assert str(fifo) in lines[0] and "not a regular file" in lines[0], lines
+    assert str(link) in lines[1] and "not a regular file" in lines[1], lines
+    assert fifo.exists() and link.exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a file to another user")
+def test_a_record_owned_by_another_user_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = record_path(tmp_path, 5)
+    write_record(path, ServerRecord(5, 1.0))
+    os.chown(path, 65534, 65534)
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        assert find_orphaned(tmp_path, log) == []
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "owned by uid 65534, not by this user" in line, line
+    assert path.exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a process as another user")
+def test_another_users_process_is_never_reaped(tmp_path: Path) -> None:
+    """A server run as root must not kill another user's process, even one recorded."""
+    other = subprocess.Popen(
+        titled("jupyter_dist agent node 0 session theirs", "sleep", "600"),
+        user=65534,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(other.pid).cmdline()[0].startswith("jupyter_dist"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        proc = psutil.Process(other.pid)
+        record = hand_written([proc])  # its uid, 65534, recorded as it is
+        assert record["sessions"][0]["local"][0]["uid"] == 65534
+        (tmp_path / "jupyter_dist-sessions-h-1.json").write_text(json.dumps(record))
+        reap_as_a_new_server(tmp_path)
+        assert alive(other.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
+
+
+def test_the_runtime_folder_is_made_private(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = record_path(tmp_path / "runtime", 4242)
+        write_record(path, sample())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
