@@ -72,6 +72,9 @@ def call(jp_fetch: Fetch, jp_asyncio_loop: Any, cluster: FakeCluster) -> Callabl
         parts = [p for p in f"{API_PREFIX}/{path}".split("/") if p]
         if body is not None:
             kwargs["body"] = json.dumps(body)
+        # the server's loop is this thread's current one for tornado's client (a helper
+        # that ran asyncio.run since the fixture was made has unset it)
+        asyncio.set_event_loop(jp_asyncio_loop)
         try:
             reply = jp_asyncio_loop.run_until_complete(jp_fetch(*parts, method=method, **kwargs))
         except HTTPClientError as err:
@@ -135,6 +138,7 @@ def test_every_route_needs_a_token(jp_fetch: Fetch, jp_asyncio_loop: Any, cluste
         ("DELETE", "sessions/t", None),
     ):
         parts = [p for p in f"{API_PREFIX}/{path}".split("/") if p]
+        asyncio.set_event_loop(jp_asyncio_loop)
         with pytest.raises(HTTPClientError) as err:
             jp_asyncio_loop.run_until_complete(
                 jp_fetch(*parts, method=method, body=body, headers={"Authorization": ""})

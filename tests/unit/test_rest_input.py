@@ -29,9 +29,9 @@ from jupyter_dist.errors import PushError
 from jupyter_dist.server_client.server_sessions import ServerSessions
 from tests.unit.fake_agent import FakeCluster
 from tests.unit.test_control_plane_fake import KernelStub, kernels, run, session_on
-from tests.unit.test_handlers import call, cluster
+from tests.unit.test_handlers import call, cluster, jp_asyncio_loop
 
-__all__ = ["call", "cluster", "kernels"]
+__all__ = ["call", "cluster", "jp_asyncio_loop", "kernels"]
 #: a request with this header is made by a user allowed to read and write, not execute
 READER = {"X-Test-Role": "reader"}
 
