@@ -176,7 +176,8 @@ class DistMagics(Magics):
     @argument(
         "--procs",
         default=None,
-        help="CPU ranks per node, gloo backend; one count, or one per node like 2,1",
+        help="CPU ranks per node, gloo backend; one count, or one per node like 2,1 (at most "
+        "JUPYTER_DIST_MAX_RANKS_PER_NODE; default twice the CPUs, at least 8)",
     )
     @argument("--backend", default=None, help="process group backend: nccl or gloo")
     @argument("--ranks", default=None, help="run on these ranks only, e.g. 0,2-3")
@@ -184,14 +185,14 @@ class DistMagics(Magics):
         "--session",
         default=None,
         help=f"session name; several sessions can run side by side (default: {DEFAULT_SESSION!r}, "
-        "or under a Jupyter server the notebook's name)",
+        "or under a Jupyter server the notebook's name and a short hash of its path)",
     )
     @argument("--push", default=None, help="notebook variables to send to the ranks first: a,b")
     @argument(
         "--timeout",
         type=float,
         default=None,
-        help="seconds before the ranks are interrupted and the cell fails",
+        help="seconds (finite, positive) before the ranks are interrupted and the cell fails",
     )
     @argument(
         "--no-init", action="store_true", help="do not create the torch.distributed process group"
@@ -212,16 +213,20 @@ class DistMagics(Magics):
         WORLD_SIZE, MASTER_ADDR, ...) with the default process group initialised.
         ``--hosts``, ``--hostfile`` or ``--slurm`` put the ranks on other nodes over SSH.
 
-        In a notebook the cell shows a widget view: a status chip per rank, rank 0's output
-        with a selector for any rank, node or all ranks (identical lines folded), charts of
-        what ranks send with ``jupyter_dist.log``, and a "stacks" button that shows where
-        every rank is while the cell runs. Elsewhere (or ``--output text``) output comes
-        back as text prefixed ``[rank N]``. Each rank's full output is in a log file; past
-        ``JUPYTER_DIST_OUTPUT_LIMIT`` (2M) a cell shows a marker naming it instead.
+        In a notebook the running cell shows a widget view: a status chip per rank, rank 0's
+        output with a selector for any rank, node or all ranks (identical lines folded),
+        live charts of what ranks send with ``jupyter_dist.log``, widgets ranks make, and a
+        "stacks" button that shows where every rank is while the cell runs. When the cell
+        ends, the view becomes a self-contained HTML snapshot (a block per rank, charts,
+        summary) that a saved notebook, nbconvert and viewers show without a kernel.
+        Elsewhere (or ``--output text``) output comes back as text prefixed ``[rank N]``.
+        Each rank's full output is in a log file; past ``JUPYTER_DIST_OUTPUT_LIMIT`` (2M) a
+        cell shows a marker naming it instead.
 
-        A rank that raises or dies fails the cell with the root cause; ranks left waiting
-        for it are interrupted (or the session restarted, saying so). ``%dist stacks``
-        shows where ranks hang.
+        A rank that raises or dies fails the cell with the root cause, and the view turns to
+        it; ranks left waiting for it are interrupted (or the session restarted, saying so)
+        and shown as stopped, not failed. Rank tracebacks name the notebook's cell number.
+        ``%dist stacks`` shows where ranks hang.
         """
         args = parse_argstring(self.distributed, line)
         try:
