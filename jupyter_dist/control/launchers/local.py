@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from jupyter_dist.control.launchers.base import (
@@ -25,56 +25,48 @@ log = logging.getLogger(__name__)
 STREAM_LIMIT = 16 * 1024 * 1024
 
 
-class LocalLauncher(Launcher):
-    """Runs ``python -m jupyter_dist.node`` in its own process session.
+class SubprocessLauncher(Launcher):
+    """A launcher whose agent is a child process of this one (``python -m
+    jupyter_dist.node`` itself, or ``srun`` running it): its streams, its stderr tail,
+    signals and liveness."""
 
-    Its own session keeps the notebook kernel's interrupt (sent to the kernel's whole
-    process group) away from the ranks: jupyter_dist forwards interrupts itself.
-    """
-
-    kind: ClassVar[str] = "local"
-
-    def __init__(self, python: str | None = None) -> None:
-        self.python = python or sys.executable
+    def __init__(self) -> None:
         self.process: asyncio.subprocess.Process | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=40)
         self._stderr_task: asyncio.Task[None] | None = None
 
-    @property
-    def host(self) -> str:
-        return socket.gethostname()
-
-    async def start(self, session: str, env: Mapping[str, str]) -> AgentStreams:
-        try:
-            self.process = await asyncio.create_subprocess_exec(
-                self.python,
-                "-m",
-                AGENT_MODULE,
-                "--session",
-                session,
-                "--parent-pid",
-                str(os.getpid()),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={**os.environ, **env},
-                start_new_session=True,
-                limit=STREAM_LIMIT,
-            )
-        except OSError as err:
-            raise AgentError(f"cannot start the agent with {self.python!r}: {err}") from err
+    async def _spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> AgentStreams:
+        """Start ``argv`` in its own process session (the notebook kernel's interrupt, sent
+        to its whole process group, must not reach the agent: jupyter_dist forwards
+        interrupts itself); raises OSError when it cannot be started."""
+        self.process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,
+            limit=STREAM_LIMIT,
+        )
         assert self.process.stdout and self.process.stdin and self.process.stderr
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(self.process.stderr))
         return AgentStreams(self.process.stdout, self.process.stdin)
 
+    def _keeps(self, line: str) -> bool:
+        """Whether a line of the agent's stderr belongs in `stderr_tail`."""
+        return True
+
     async def _drain_stderr(self, stream: asyncio.StreamReader) -> None:
         while line := await stream.readline():
             text = line.decode(errors="replace").rstrip()
-            self._stderr.append(text)
-            log.debug("agent stderr: %s", text)
+            if self._keeps(text):
+                self._stderr.append(text)
+            log.debug("node %s agent stderr: %s", self.host, text)
 
-    def stderr_tail(self) -> str:
-        return with_install_hint("\n".join(self._stderr))
+    async def _stderr_drained(self) -> None:
+        if self._stderr_task:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._stderr_task, 1.0)
 
     async def signal(self, signum: int) -> None:
         if self.process and self.process.returncode is None:
@@ -83,6 +75,32 @@ class LocalLauncher(Launcher):
 
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+
+class LocalLauncher(SubprocessLauncher):
+    """Runs ``python -m jupyter_dist.node`` in its own process session."""
+
+    kind: ClassVar[str] = "local"
+
+    def __init__(self, python: str | None = None) -> None:
+        super().__init__()
+        self.python = python or sys.executable
+
+    @property
+    def host(self) -> str:
+        return socket.gethostname()
+
+    async def start(self, session: str, env: Mapping[str, str]) -> AgentStreams:
+        argv = [self.python, "-m", AGENT_MODULE, "--session", session]
+        try:
+            return await self._spawn(
+                [*argv, "--parent-pid", str(os.getpid())], {**os.environ, **env}
+            )
+        except OSError as err:
+            raise AgentError(f"cannot start the agent with {self.python!r}: {err}") from err
+
+    def stderr_tail(self) -> str:
+        return with_install_hint("\n".join(self._stderr))
 
     async def stop(self, timeout: float = 5.0) -> None:
         proc = self.process
@@ -96,9 +114,7 @@ class LocalLauncher(Launcher):
             except asyncio.TimeoutError:
                 await self.signal(signal.SIGKILL)
                 await proc.wait()
-        if self._stderr_task:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._stderr_task, 1.0)
+        await self._stderr_drained()
 
     def to_dict(self) -> dict[str, Any]:
         pid = self.process.pid if self.process else None

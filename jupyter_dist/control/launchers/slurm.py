@@ -18,8 +18,6 @@ to ``srun`` leaves its cancellation to Slurm.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import logging
 import os
 import re
@@ -33,11 +31,10 @@ from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.control.launchers.base import (
     AGENT_MODULE,
     AgentStreams,
-    Launcher,
     install_hint,
     with_install_hint,
 )
-from jupyter_dist.control.launchers.local import STREAM_LIMIT
+from jupyter_dist.control.launchers.local import SubprocessLauncher
 from jupyter_dist.control.launchers.ssh import SSHLauncher
 from jupyter_dist.errors import AgentError
 
@@ -114,8 +111,11 @@ def is_this_machine(name: str) -> bool:
     return name in names - {""}
 
 
-class SlurmLauncher(Launcher):
-    """Starts one node's agent with ``srun`` inside the current Slurm allocation."""
+class SlurmLauncher(SubprocessLauncher):
+    """Starts one node's agent with ``srun`` inside the current Slurm allocation.
+
+    Signals go to srun, which passes them to every process of the step (the agent and
+    its ranks); SIGTERM, SIGHUP and SIGQUIT make Slurm SIGKILL the step."""
 
     kind: ClassVar[str] = "slurm"
 
@@ -125,10 +125,8 @@ class SlurmLauncher(Launcher):
         self.spec = host
         self.python = host.python or python or sys.executable  # a per-node word wins
         self.ssh_config = ssh_config
+        super().__init__()
         self.job: str | None = None
-        self.process: asyncio.subprocess.Process | None = None
-        self._stderr: collections.deque[str] = collections.deque(maxlen=40)
-        self._stderr_task: asyncio.Task[None] | None = None
         self._ssh: SSHLauncher | None = None  # holds the tunnels to another node
 
     @property
@@ -140,30 +138,15 @@ class SlurmLauncher(Launcher):
         argv = srun_command(self.job, self.spec.name, self.python, session)
         log.debug("node %s: starting agent: %s", self.host, " ".join(argv))
         try:
-            self.process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=srun_environment(os.environ, env),
-                start_new_session=True,  # the notebook's interrupts must not reach srun
-                limit=STREAM_LIMIT,
-            )
+            return await self._spawn(argv, srun_environment(os.environ, env))
         except OSError as err:
             raise AgentError(
                 f"node {self.host!r}: cannot run srun ({err}); is the Slurm client installed "
                 "and on PATH?"
             ) from err
-        assert self.process.stdout and self.process.stdin and self.process.stderr
-        self._stderr_task = asyncio.ensure_future(self._drain_stderr(self.process.stderr))
-        return AgentStreams(self.process.stdout, self.process.stdin)
 
-    async def _drain_stderr(self, stream: asyncio.StreamReader) -> None:
-        while line := await stream.readline():
-            text = line.decode(errors="replace").rstrip()
-            if _NO_BINDING_NOTICE not in text:
-                self._stderr.append(text)
-            log.debug("node %s srun stderr: %s", self.host, text)
+    def _keeps(self, line: str) -> bool:
+        return _NO_BINDING_NOTICE not in line
 
     def stderr_tail(self) -> str:
         tail = "\n".join(self._stderr)
@@ -176,16 +159,6 @@ class SlurmLauncher(Launcher):
                 return f"{tail}\n({note})"
         return tail
 
-    async def signal(self, signum: int) -> None:
-        """Signal srun, which passes it to every process of the step (the agent and its
-        ranks); SIGTERM, SIGHUP and SIGQUIT make Slurm SIGKILL the step."""
-        if self.process and self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signum)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.returncode is None
-
     async def stop(self, timeout: float = 5.0) -> None:
         proc = self.process
         if proc is not None and proc.returncode is None:
@@ -197,9 +170,7 @@ class SlurmLauncher(Launcher):
                 log.debug("node %s: srun still runs; sending %s", self.host, sig.name)
                 await self.signal(sig)
             await proc.wait()
-        if self._stderr_task:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._stderr_task, 1.0)
+        await self._stderr_drained()
         if self._ssh is not None:
             await self._ssh.stop(timeout)
             self._ssh = None
