@@ -321,13 +321,14 @@ class CellView:
         notes = "".join(f"<pre style='margin:0'>{_escape(n)}</pre>" for n in self.notices)
         self.footer.value = notes + "<br>".join(_escape(line) for line in lines)
         self.render()
-        view = self.all_view if len(self.ranks) > 1 else self.rank_views[self.ranks[0]]
-        text = view.output
-        self._text = "\n".join([text.plain_text(), f"[jupyter_dist] {summary}"])
+        several = len(self.ranks) > 1
+        view = self.all_view if several else self.rank_views[self.ranks[0]]
+        shown = view.output.plain_text()
+        self._text = "\n".join([shown, f"[jupyter_dist] {summary}"])
         self.snapshot = snapshot_html(
             [self.statuses[r] for r in self.ranks],
             {r: v.output for r, v in self.rank_views.items()},
-            self.all_view.output.plain_text() if len(self.ranks) > 1 else None,
+            shown if several else None,  # the all-ranks text, once
             self.metrics.series,
             self.footer.value,
             {r: v.log_hint for r, v in self.rank_views.items()},

@@ -71,6 +71,7 @@ class MetricChart:
             layout=widgets.Layout(width="440px", height="260px"),
         )
         self.figure.add_class("jd-metric-figure")
+        self._ticks: tuple[list[float], list[float]] | None = None
         # the legend sits under the plot, never over the data
         self.legend = widgets.HTML(_legend(keys))
         self.legend.add_class("jd-metric-legend")
@@ -110,24 +111,18 @@ class MetricChart:
                 self.mean.x, self.mean.y = steps, mean
 
     def _bound(self, xs: list[Any], ys: list[Any]) -> None:
-        """Both scales span the data (never a zero-width domain), y with a small margin."""
-        x_lo, x_hi = _span(xs)
-        y_lo, y_hi = _span(ys)
-        if x_lo is None or y_lo is None or x_hi is None or y_hi is None:
+        """Both scales span the data on round ticks; sent only when they moved."""
+        ticks = chart_ticks(xs, ys)
+        if ticks is None or ticks == self._ticks:
             return
-        if x_hi <= x_lo:
-            x_hi = x_lo + 1.0
-        if y_hi <= y_lo:
-            pad = abs(y_hi) * 0.05 or 1.0
-            y_lo, y_hi = y_lo - pad, y_hi + pad
-        for scale, axis, lo, hi, count in (
-            (self.x, self.x_axis, x_lo, x_hi, X_TICKS),
-            (self.y, self.y_axis, y_lo, y_hi, Y_TICKS),
+        self._ticks = ticks
+        for scale, axis, values in (
+            (self.x, self.x_axis, ticks[0]),
+            (self.y, self.y_axis, ticks[1]),
         ):
-            ticks = round_ticks(lo, hi, count)
             with scale.hold_sync():
-                scale.min, scale.max = float(ticks[0]), float(ticks[-1])
-            axis.tick_values = ticks
+                scale.min, scale.max = values[0], values[-1]
+            axis.tick_values = values
 
 
 class MetricsView:
@@ -218,11 +213,29 @@ def _nice(lo: float, hi: float, ticks: int) -> tuple[float, float, float]:
     return math.floor(lo / step) * step, math.ceil(hi / step) * step, step
 
 
+def chart_ticks(xs: list[Any], ys: list[Any]) -> tuple[list[float], list[float]] | None:
+    """Round x and y ticks spanning the data of ``xs`` and ``ys`` (sequences of values;
+    non-finite ones ignored), never a zero-wide domain; None when there is no value. The
+    first and last ticks are the scales' bounds, for the live chart and the snapshot."""
+    x_lo, x_hi = _span(xs)
+    y_lo, y_hi = _span(ys)
+    if x_lo is None or y_lo is None or x_hi is None or y_hi is None:
+        return None
+    if x_hi <= x_lo:
+        x_hi = x_lo + 1.0
+    if y_hi <= y_lo:
+        pad = abs(y_hi) * 0.05 or 1.0
+        y_lo, y_hi = y_lo - pad, y_hi + pad
+    x_ticks = [float(v) for v in round_ticks(x_lo, x_hi, X_TICKS)]
+    return x_ticks, [float(v) for v in round_ticks(y_lo, y_hi, Y_TICKS)]
+
+
 def _span(arrays: list[Any]) -> tuple[float | None, float | None]:
     """The finite min and max over ``arrays``, or (None, None) when there is no value."""
     import numpy as np
 
-    finite = [a[np.isfinite(a)] for a in arrays if len(a)]
+    values = [np.asarray(a, dtype=float) for a in arrays if len(a)]
+    finite = [a[np.isfinite(a)] for a in values]
     finite = [a for a in finite if len(a)]
     if not finite:
         return None, None

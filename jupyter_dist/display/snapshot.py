@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jupyter_dist.display.metrics_charts import COLORS, MANY_RANKS, X_TICKS, Y_TICKS, round_ticks
+from jupyter_dist.display.metrics_charts import COLORS, MANY_RANKS, chart_ticks
 from jupyter_dist.display.output_store import ViewOutput
 from jupyter_dist.display.status_chips import RankStatus, chips_html
 from jupyter_dist.text import strip_ansi
@@ -168,19 +168,10 @@ def chart_svg(name: str, per_rank: Series) -> str:
     lines = {r: (list(xs), list(ys)) for r, (xs, ys) in sorted(per_rank.items()) if xs}
     if not lines:
         return ""
-    xs_all = [x for xs, _ in lines.values() for x in xs]
-    ys_all = [y for _, ys in lines.values() for y in ys if math.isfinite(y)]
-    if not ys_all:
+    ticks = chart_ticks([xs for xs, _ in lines.values()], [ys for _, ys in lines.values()])
+    if ticks is None:
         return ""
-    x_lo, x_hi = min(xs_all), max(xs_all)
-    y_lo, y_hi = min(ys_all), max(ys_all)
-    if x_hi <= x_lo:
-        x_hi = x_lo + 1.0
-    if y_hi <= y_lo:
-        pad = abs(y_hi) * 0.05 or 1.0
-        y_lo, y_hi = y_lo - pad, y_hi + pad
-    x_ticks = [float(t) for t in round_ticks(x_lo, x_hi, X_TICKS)]
-    y_ticks = [float(t) for t in round_ticks(y_lo, y_hi, Y_TICKS)]
+    x_ticks, y_ticks = ticks
     x0, x1, y0, y1 = x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1]
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 

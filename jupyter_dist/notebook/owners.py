@@ -73,16 +73,27 @@ class SessionOwner(Protocol):
     def close(self) -> None: ...
 
 
-class EmbeddedOwner:
-    """Sessions owned by this process."""
+class _LoopOwner:
+    """What both owners share: the loop thread their coroutines run on, and a close at
+    exit."""
 
-    def __init__(self, loop: LoopThread | None = None) -> None:
+    def __init__(self, loop: LoopThread | None) -> None:
         self.loop = loop or shared_loop()
-        self.manager = SessionManager()
         atexit.register(self.close)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return self.loop.run(coro, timeout)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class EmbeddedOwner(_LoopOwner):
+    """Sessions owned by this process."""
+
+    def __init__(self, loop: LoopThread | None = None) -> None:
+        self.manager = SessionManager()
+        super().__init__(loop)
 
     def close(self) -> None:
         """Shut every session down (at exit, or when the extension is unloaded)."""
@@ -105,17 +116,13 @@ def embedded_owner() -> EmbeddedOwner:
         return _embedded
 
 
-class ServerOwner:
+class ServerOwner(_LoopOwner):
     """Sessions owned by a Jupyter server, driven from this kernel."""
 
     def __init__(self, server: ServerInfo, loop: LoopThread | None = None) -> None:
-        self.loop = loop or shared_loop()
         self.server = server
         self.manager = ServerSessions(ServerClient(server))
-        atexit.register(self.close)
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return self.loop.run(coro, timeout)
+        super().__init__(loop)
 
     def close(self) -> None:
         """Let go of the server's sessions (they keep running there)."""

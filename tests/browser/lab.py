@@ -74,6 +74,8 @@ OUTPUT_DIR = Path(__file__).parent / "output"
 LOAD_TIMEOUT_S = 180.0
 #: Running a notebook's cells, ranks' start-up included.
 RUN_TIMEOUT_S = 240.0
+#: the first render of a widget or of a cell's output may lag behind the kernel's reply
+RENDER_TIMEOUT_MS = 60_000
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium")
 DIST_API = "/jupyter-dist/api/v1"
 #: REST calls to the lab go straight to it, whatever proxy the environment names

@@ -14,10 +14,9 @@ import pytest
 
 from tests.conftest import rank_waits_for_file_cell
 
-from .lab import NotebookPage, OpenNotebook
+from .lab import RENDER_TIMEOUT_MS, NotebookPage, OpenNotebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
-RENDER_TIMEOUT_MS = 60_000
 
 CELLS = [
     "%load_ext jupyter_dist",

@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-from .lab import NotebookPage, OpenNotebook
+from .lab import RENDER_TIMEOUT_MS, NotebookPage, OpenNotebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
-RENDER_TIMEOUT_MS = 60_000
 CELLS = [
     "%load_ext jupyter_dist",
     "%%distributed --procs 3\n"

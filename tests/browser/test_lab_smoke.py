@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from .lab import OpenNotebook
+from .lab import RENDER_TIMEOUT_MS, OpenNotebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
-#: the first render of a widget or of a cell's output may lag behind the kernel's reply
-RENDER_TIMEOUT_MS = 60_000
 
 CELLS = [
     "print('hello')",

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from .lab import NotebookPage, OpenNotebook
+from .lab import RENDER_TIMEOUT_MS, NotebookPage, OpenNotebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
-RENDER_TIMEOUT_MS = 60_000
 STEPS = 60
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"

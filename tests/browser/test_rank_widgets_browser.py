@@ -9,10 +9,9 @@ import time
 
 import pytest
 
-from .lab import OpenNotebook
+from .lab import RENDER_TIMEOUT_MS, OpenNotebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
-RENDER_TIMEOUT_MS = 60_000
 STEPS = 40
 
 CELLS = [

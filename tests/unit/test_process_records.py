@@ -59,6 +59,17 @@ RANKS_SCRIPT = (
 )
 
 
+def two_children(pid: int) -> list[psutil.Process]:
+    """The two children ``pid`` starts, once both are there (30 s at most)."""
+    deadline = time.monotonic() + 30
+    kids: list[psutil.Process] = []
+    while len(kids) < 2 and time.monotonic() < deadline:
+        kids = psutil.Process(pid).children()
+        time.sleep(0.02)
+    assert len(kids) == 2
+    return kids
+
+
 @pytest.fixture
 def family() -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
     """A stand-in agent (its own process group, a child of this process) with two
@@ -67,12 +78,7 @@ def family() -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
         titled("jupyter_dist agent node 0 session doomed", "bash", "-c", RANKS_SCRIPT),
         start_new_session=True,
     )
-    deadline = time.monotonic() + 30
-    kids: list[psutil.Process] = []
-    while len(kids) < 2 and time.monotonic() < deadline:
-        kids = psutil.Process(agent.pid).children()
-        time.sleep(0.02)
-    assert len(kids) == 2
+    kids = two_children(agent.pid)
     yield agent, sorted(k.pid for k in kids)
     for kid in kids:
         with contextlib.suppress(psutil.Error):
@@ -388,12 +394,7 @@ def bystanders() -> Iterator[list[psutil.Process]]:
     leader = subprocess.Popen(
         ["bash", "-c", "sleep 600 & sleep 600 & wait"], start_new_session=True
     )
-    deadline = time.monotonic() + 30
-    kids: list[psutil.Process] = []
-    while len(kids) < 2 and time.monotonic() < deadline:
-        kids = psutil.Process(leader.pid).children()
-        time.sleep(0.02)
-    assert len(kids) == 2
+    kids = two_children(leader.pid)
     yield [psutil.Process(leader.pid), *kids]
     with contextlib.suppress(ProcessLookupError):
         os.killpg(leader.pid, signal.SIGKILL)
