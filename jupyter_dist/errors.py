@@ -12,11 +12,14 @@ Hierarchy::
     ├── PushError                  an object could not be sent to / received from ranks
     ├── NotInRankError             a rank-side helper was called outside a rank
     └── RanksFailed                one cell failed on one or more ranks (raised in the cell)
-        └── CellTimeout            the cell ran past --timeout
+        ├── CellTimeout            the cell ran past --timeout
+        └── CellInterrupted        the user stopped the cell (also a KeyboardInterrupt)
 
 `RanksFailed` renders itself for IPython through `_render_traceback_`: the root cause
 first (rank, host, exception, traceback), identical tracebacks merged with their rank
-list, then "... and N more".
+list, then "... and N more". Ranks that were stopped rather than failed of their own
+(timed out, interrupted, stuck behind a failed rank) get one line each group, saying where
+they were, without the traceback of the KeyboardInterrupt jupyter_dist itself sent.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ _NOISE = re.compile(r"(?<=In\[)\d+(?=\])|0x[0-9a-f]{6,}")
 FailureKind = Literal["error", "died", "timeout", "stuck", "interrupted"]
 #: kinds of a rank that did not fail of its own: interrupted or stuck after another failed
 CASUALTY_KINDS: tuple[FailureKind, ...] = ("interrupted", "stuck")
+#: kinds of a rank that was stopped (by a timeout, the user, or a failed peer): shown as
+#: where it was, not as a traceback
+STOPPED_KINDS: tuple[FailureKind, ...] = ("timeout", "interrupted", "stuck")
 
 
 class DistError(Exception):
@@ -87,6 +93,8 @@ class RankFailure:
     ``kind`` is ``"error"`` (the cell raised), ``"died"`` (the rank process exited),
     ``"timeout"`` (still running at the deadline), ``"stuck"`` (blocked after another
     rank failed, deaf to an interrupt: typically inside a collective) or ``"interrupted"``.
+    ``place`` is where a stopped rank was (``in barrier (distributed_c10d.py:5356), cell
+    line 2``), when known.
     """
 
     rank: int
@@ -98,6 +106,7 @@ class RankFailure:
     traceback: tuple[str, ...] = ()
     exit_code: int | None = None
     order: float = 0.0
+    place: str = ""
 
     def headline(self) -> str:
         return f"{self.ename}: {self.evalue}" if self.evalue else self.ename
@@ -177,55 +186,146 @@ class RanksFailed(DistError):
         return sorted(f.rank for f in self.failures)
 
     def _summary(self) -> str:
-        """Ranks that failed of their own (raised, died, timed out) are counted as failed;
-        ranks only interrupted or stuck because of them are named apart, not blamed."""
+        """Ranks that failed of their own (raised, died) are counted as failed; ranks only
+        stopped (timed out, interrupted, stuck because of them) are named apart, not blamed."""
         if not self.groups:
             return f"cell failed in session {self.session!r}"
-        root = self.groups[0].first
-        culprits = sorted(f.rank for f in self.failures if f.kind not in CASUALTY_KINDS)
-        casualties = sorted(f.rank for f in self.failures if f.kind in CASUALTY_KINDS)
+        culprits = [f for f in self.failures if f.kind not in STOPPED_KINDS]
+        stopped = sorted(f.rank for f in self.failures if f.kind in STOPPED_KINDS)
         if not culprits:  # nothing failed of its own: the ranks were stopped
-            how = "stuck" if all(f.kind == "stuck" for f in self.failures) else "interrupted"
-            return f"{how} on {ranks_label(casualties)} in session {self.session!r}"
+            return f"{self._stopped_how()} on {ranks_label(stopped)} in session {self.session!r}"
+        root = self.groups[0].first
         n = len(culprits)
         where = f"{n} of {self.world_size} ranks" if n > 1 else f"rank {root.rank}"
-        after = f" ({ranks_label(casualties)} stopped after it)" if casualties else ""
+        after = f" ({ranks_label(stopped)} stopped after it)" if stopped else ""
         return (
             f"{where} failed in session {self.session!r}{after}; root cause on rank "
             f"{root.rank} ({root.host}): {root.headline()}"
         )
 
+    def _stopped_how(self) -> str:
+        """What happened to ranks that were all stopped, none failing of its own."""
+        if all(f.kind == "stuck" for f in self.failures):
+            return "stuck"
+        return "interrupted"
+
     def _render_traceback_(self) -> list[str]:
         red, bold, reset = "\x1b[31m", "\x1b[1m", "\x1b[0m"
         lines = [f"{red}{bold}{type(self).__name__}{reset}: {self._summary()}"]
-        for group in self.groups[: self.shown_groups]:
+        own = [g for g in self.groups if g.first.kind not in STOPPED_KINDS]
+        for group in own[: self.shown_groups]:
             first = group.first
             label = ranks_label(group.ranks)
             lines.append("")
             lines.append(f"{bold}--- {label} ({group.where()}): {first.headline()}{reset}")
             lines.extend(first.traceback or ())
-        rest = self.groups[self.shown_groups :]
+        rest = own[self.shown_groups :]
         if rest:
             more = sum(len(g.ranks) for g in rest)
             ranks = ranks_label([r for g in rest for r in g.ranks])
             kinds = "; ".join(sorted({g.first.headline() for g in rest}))
             lines.append("")
             lines.append(f"... and {more} more ({ranks}): {kinds}")
+        stops = self.stopped_places()
+        if stops:
+            lines.append("")
+            lines.append("where the stopped ranks were:" if own else "where each rank was:")
+            lines.extend(f"  {line}" for line in stops)
         if self.note:
             lines += ["", f"{bold}{self.note}{reset}"]
         return lines
+
+    def stopped_places(self) -> list[str]:
+        """One line per group of stopped ranks at the same place: ``ranks 0-1: at cell
+        line 1: time.sleep(30)``; ``rank 1 (stuck, deaf to an interrupt): in barrier
+        (distributed_c10d.py:5356), cell line 2``."""
+        places: dict[tuple[str, str], list[int]] = {}
+        for failure in sorted(self.failures, key=lambda f: f.rank):
+            if failure.kind in STOPPED_KINDS:
+                key = (_STOP_WORDS.get(failure.kind, ""), failure.place or failure.evalue)
+                places.setdefault(key, []).append(failure.rank)
+        if len({how for how, _ in places}) == 1 and not self._mixed():
+            places = {("", where): ranks for (_how, where), ranks in places.items()}
+        return [
+            f"{ranks_label(ranks)}{f' ({how})' if how else ''}: {where or 'unknown'}"
+            for (how, where), ranks in places.items()
+        ]
+
+    def _mixed(self) -> bool:
+        """Whether the failures are of more than one kind (then each line says its kind)."""
+        return len({f.kind for f in self.failures}) > 1
 
     def __str__(self) -> str:
         return f"{self._summary()}\n{self.note}" if self.note else self._summary()
 
 
+_STOP_WORDS: dict[str, str] = {
+    "timeout": "timed out",
+    "interrupted": "interrupted",
+    "stuck": "stuck, deaf to an interrupt",
+}
+
+
 class CellTimeout(RanksFailed):
     """The cell ran longer than ``--timeout``; the ranks were interrupted."""
+
+    def __init__(
+        self,
+        session: str,
+        world_size: int,
+        failures: Sequence[RankFailure],
+        note: str = "",
+        timeout: float | None = None,
+    ):
+        self.timeout = timeout
+        super().__init__(session, world_size, failures, note)
+
+    def _stopped_how(self) -> str:
+        after = f" after {self.timeout:g} s" if self.timeout is not None else ""
+        return f"timed out{after}"
+
+    def _summary(self) -> str:
+        if any(f.kind not in STOPPED_KINDS for f in self.failures):
+            return super()._summary()
+        timed_out = sorted(f.rank for f in self.failures)
+        return f"{self._stopped_how()} on {ranks_label(timed_out)} in session {self.session!r}"
+
+
+class CellInterrupted(RanksFailed, KeyboardInterrupt):
+    """The user stopped the cell (the stop button, ``%dist interrupt``); the ranks were
+    interrupted. A KeyboardInterrupt too, so code that stops on one stops on this."""
+
+    def __init__(
+        self,
+        session: str,
+        world_size: int,
+        failures: Sequence[RankFailure],
+        note: str = "",
+        still_running: Sequence[int] = (),
+    ):
+        self.still_running = list(still_running)
+        super().__init__(session, world_size, failures, note)
+
+    def _summary(self) -> str:
+        if any(f.kind not in STOPPED_KINDS for f in self.failures):
+            return super()._summary()
+        stopped = sorted(f.rank for f in self.failures)
+        said = f"interrupted in session {self.session!r}"
+        if stopped:
+            said = f"interrupted on {ranks_label(stopped)} in session {self.session!r}"
+        if self.still_running:
+            said += (
+                f"; {ranks_label(self.still_running)} still running (the cell view's stacks "
+                f"button, or `%dist stacks --session {self.session}`, shows where)"
+            )
+        return said
 
 
 __all__ = [
     "CASUALTY_KINDS",
+    "STOPPED_KINDS",
     "AgentError",
+    "CellInterrupted",
     "CellTimeout",
     "DistError",
     "FailureGroup",

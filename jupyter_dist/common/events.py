@@ -86,9 +86,12 @@ class RankFinished:
 
 @dataclass(frozen=True)
 class Notice:
-    """A line about the session itself (starting, restarting...)."""
+    """A line about the session itself (starting, restarting...). A ``transient`` one is
+    news while the cell runs ("interrupting rank 0") that the cell's outcome says again:
+    a finished cell view drops it."""
 
     text: str
+    transient: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class CellResult:
     failures: tuple[RankFailure, ...]
     elapsed: dict[int, float]
     timed_out: bool = False
+    timeout_s: float | None = None  # the --timeout it ran past
     interrupted: bool = False
     #: ranks given up on while still running (deaf to an interrupt): the session's
     #: process group cannot go on, so the session must be restarted

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from jupyter_dist.text import ranks_label
+from jupyter_dist.text import ranks_label, strip_ansi
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -107,3 +107,36 @@ def describe(dumps: Mapping[int, str], frames: bool = True) -> str:
 def one_line(dumps: Mapping[int, str]) -> str:
     """All groups on one line: ``ranks 0,1: in all_reduce (...); rank 2: at cell line 7``."""
     return "; ".join(f"{ranks_label(r)}: {p.text}" for r, p in group_places(dumps))
+
+
+# IPython's formatted frames, once the colours are stripped:
+#   "Cell In[4], line 2"  and  "File /x/distributed_c10d.py:5356, in barrier(group, ...)"
+_TB_CELL = re.compile(r"^\s*Cell In\[\d+\], line (?P<line>\d+)")
+_TB_FRAME = re.compile(r"^\s*File (?P<file>.+?):(?P<line>\d+), in (?P<func>[\w.<>]+)")
+_TB_ARROW = re.compile(r"^-+> ?\d+\s*(?P<code>.*)$")
+
+
+def place_of_traceback(traceback: Sequence[str]) -> str:
+    """Where a traceback IPython formatted (a rank's ``error`` reply) ended, in the words of
+    `place_of`: ``at cell line 1: time.sleep(30)`` or ``in barrier
+    (distributed_c10d.py:5356), cell line 2``; "" when it names no frame."""
+    cell_line: int | None = None
+    code = ""
+    inner: Frame | None = None
+    for entry in traceback:
+        lines = strip_ansi(entry).splitlines()
+        if not lines:
+            continue
+        cell = _TB_CELL.match(lines[0])
+        frame = _TB_FRAME.match(lines[0])
+        if cell:
+            cell_line, inner = int(cell["line"]), None
+            arrow = next((m for m in map(_TB_ARROW.match, lines[1:]) if m), None)
+            code = arrow["code"].strip() if arrow else ""
+        elif frame and cell_line is not None:
+            inner = Frame(frame["file"], int(frame["line"]), frame["func"])
+    if cell_line is None:
+        return ""
+    if inner is None:
+        return f"at cell line {cell_line}" + (f": {code}" if code else "")
+    return f"in {inner.short()}, cell line {cell_line}"

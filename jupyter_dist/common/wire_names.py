@@ -18,3 +18,8 @@ OBJECTS_TARGET = "jupyter_dist.objects"
 #: where the server extension's REST API lives, under the server's base URL (also written
 #: in ``server/rest-api.yaml``)
 API_PREFIX = "/jupyter-dist/api/v1"
+#: where the server extension serves the notebook kernels' per-cell rank logs, under the
+#: server's base URL: ``<LOGS_ROUTE>/<folder>/<session>/cell-<n>/rank-<r>.log``
+LOGS_ROUTE = "/jupyter-dist/logs"
+#: the name of a notebook process's log folder, in the temporary folder, starts with this
+LOGS_FOLDER_PREFIX = "jupyter_dist-logs-"

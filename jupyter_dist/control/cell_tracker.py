@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_dist.common import stacks
 from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.events import (
     CellEvent,
@@ -29,7 +30,7 @@ from jupyter_dist.common.events import (
 from jupyter_dist.common.wire_names import METRICS_MSG_TYPE
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_client import PacedHandler
-from jupyter_dist.errors import FailureKind, RankFailure
+from jupyter_dist.errors import STOPPED_KINDS, FailureKind, RankFailure
 
 #: failures after which the other ranks get `abort_after_s` to finish before they are
 #: interrupted (a user's interrupt starts the same wind-down)
@@ -71,6 +72,7 @@ class CellTracker:
         self.sink = sink
         self.done = asyncio.Event()
         self.timed_out = False
+        self.timeout_s: float | None = None  # the --timeout it ran past
         self.interrupted = False
         #: when the first rank failed (raised or died): the others then wind down
         self.first_failure_at: float | None = None
@@ -164,7 +166,10 @@ class CellTracker:
         evalue: str,
         traceback: tuple[str, ...] = (),
         exit_code: int | None = None,
+        place: str = "",
     ) -> RankFailure:
+        if not place and kind in STOPPED_KINDS:
+            place = stacks.place_of_traceback(traceback)
         return RankFailure(
             rank=prog.rank,
             host=prog.host,
@@ -175,6 +180,7 @@ class CellTracker:
             traceback=traceback,
             exit_code=exit_code,
             order=time.monotonic(),
+            place=place,
         )
 
     def _finish(self, prog: RankProgress, status: RankOutcome, failure: RankFailure | None) -> None:
@@ -228,7 +234,8 @@ class CellTracker:
             prog = self.progress[rank]
             detail = (details or {}).get(rank)
             why = f"{reason}; {detail}" if detail else reason
-            self._finish(prog, kind, self._failure(prog, kind, ename, why))
+            place = f"did not stop; {detail}" if kind == "timeout" and detail else detail or ""
+            self._finish(prog, kind, self._failure(prog, kind, ename, why, place=place))
         return busy
 
     def stage(self, rank: int) -> str:
@@ -250,6 +257,7 @@ class CellTracker:
             failures=failures,
             elapsed={r: p.elapsed for r, p in self.progress.items()},
             timed_out=self.timed_out,
+            timeout_s=self.timeout_s,
             interrupted=self.interrupted,
             stuck=self.stuck,
         )

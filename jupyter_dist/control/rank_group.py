@@ -261,12 +261,13 @@ class RankGroup:
                 await asyncio.wait_for(self._watch(run, sink), timeout)
             except asyncio.TimeoutError:
                 run.timed_out = True
+                run.timeout_s = timeout
                 log.info("session %s: cell timed out after %s s", self.name, timeout)
                 busy = run.busy_ranks
                 dumps = await self._dumps(busy)
                 if sink is not None and dumps:
-                    where = stacks.describe(dumps)
-                    sink.put(Notice(f"still running after {timeout} s; where ranks are:\n{where}"))
+                    where = stacks.one_line(dumps)
+                    sink.put(Notice(f"timed out after {timeout:g} s; interrupting: {where}", True))
                 await self.interrupt(busy)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(run.done.wait(), INTERRUPT_GRACE_S)
@@ -333,12 +334,15 @@ class RankGroup:
         """Interrupt the ranks still running after another failed; give up on the deaf."""
         root = run.root_failure()
         assert root is not None
-        cause = f"rank {root.rank} {'died' if root.kind == 'died' else 'failed'}"
+        verb = {"died": "died", "interrupted": "was interrupted"}.get(root.kind, "failed")
+        cause = f"rank {root.rank} {verb}"
+        why = "" if root.kind == "interrupted" else f" ({root.headline()})"
         if sink is not None:
             sink.put(
                 Notice(
-                    f"{cause} ({root.headline()}); interrupting {ranks_label(busy)}, still "
-                    f"running {self.abort_after_s:g} s later"
+                    f"{cause}{why}; interrupting {ranks_label(busy)}, still "
+                    f"running {self.abort_after_s:g} s later",
+                    transient=True,
                 )
             )
         await self.interrupt(busy)
@@ -347,13 +351,13 @@ class RankGroup:
         deaf = run.busy_ranks
         if not deaf:
             return
-        where = await self._stacks_text(deaf, frames=False)
+        dumps = await self._dumps(deaf)
         run.stuck = tuple(
             run.give_up(
                 "stuck",
-                f"still running {self.abort_after_s:g} s after {cause}, and deaf to an "
-                f"interrupt" + (f"; {where}" if where else ""),
+                f"still running {self.abort_after_s:g} s after {cause}, and deaf to an interrupt",
                 ename="Stuck",
+                details={r: stacks.place_of(dump).text for r, dump in dumps.items()},
             )
         )
 
@@ -379,8 +383,11 @@ class RankGroup:
         """Turn a failed `CellResult` into the exception the notebook cell raises."""
         if not result.failures:
             return
-        cls = CellTimeout if result.timed_out else RanksFailed
-        raise cls(self.name, self.spec.world_size, result.failures, note)
+        if result.timed_out:
+            raise CellTimeout(
+                self.name, self.spec.world_size, result.failures, note, result.timeout_s
+            )
+        raise RanksFailed(self.name, self.spec.world_size, result.failures, note)
 
     async def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Interrupt ``ranks`` (all by default): a KeyboardInterrupt in their running code."""

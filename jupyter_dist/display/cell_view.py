@@ -26,6 +26,7 @@ import collections
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -107,14 +108,17 @@ class CellView:
         relay: WidgetRelay | None = None,
         display: DisplayFn | None = None,
         read_stacks: Callable[[], str] | None = None,
+        log_url: Callable[[Path], str | None] | None = None,
     ) -> None:
         self.ranks = sorted(places)
         self.statuses = {r: RankStatus(r, places[r][0], places[r][1]) for r in self.ranks}
         self.logs = RankLogs(session, cell)
+        self.log_url = log_url(self.logs.folder) if log_url is not None else None
         self.limit = output_limit()
         self.printed = dict.fromkeys(self.ranks, 0)  # characters each rank printed
         self.relay = relay
         self.notices: list[str] = []
+        self.transient: list[str] = []  # notices the cell's outcome supersedes
         self.metrics = MetricsView(self.ranks)
         self.finished = False
         self._last_render = 0.0
@@ -236,7 +240,7 @@ class CellView:
             if note:
                 self._notice(note)
         elif isinstance(event, Notice):
-            self._notice(event.text)
+            self._notice(event.text, event.transient)
         elif isinstance(event, CellFinished):
             self.finish()
 
@@ -247,14 +251,21 @@ class CellView:
             if rank is None or self.statuses[rank].node == node:
                 renderer.handle(event)
 
-    def _notice(self, text: str) -> None:
-        """Notes about the cell (a straggler, where ranks hung) go in the footer, where
-        they are seen whichever view is shown, and in the all-ranks view."""
-        self.notices.append(text)
-        self._all_text.handle(Notice(text))
-        self.footer.value = "<br>".join(
-            f"<pre style='margin:0'>{_escape(n)}</pre>" for n in self.notices
-        )
+    def _notice(self, text: str, transient: bool = False) -> None:
+        """Notes about the cell (a straggler, a relay's warning) go in the footer, where
+        they are seen whichever view is shown, and in the all-ranks view. A transient one
+        ("interrupting rank 0") is shown in the footer only while the cell runs: the cell's
+        outcome says it again, and each fact is said once."""
+        if transient:
+            self.transient.append(text)
+        else:
+            self.notices.append(text)
+            self._all_text.handle(Notice(text))
+        self.footer.value = self._notes_html(self.notices + self.transient)
+
+    @staticmethod
+    def _notes_html(notes: list[str]) -> str:
+        return "".join(f"<pre style='margin:0'>{_escape(n)}</pre>" for n in notes)
 
     def _rank_finished(self, event: RankFinished) -> None:
         status = self.statuses[event.rank]
@@ -299,9 +310,30 @@ class CellView:
         self._last_render = now
         with self.root.hold_sync():
             self.header.value = chips_html(list(self.statuses.values()), now)
+            self._label_selector()
             for view in self.views:
                 view.render(now, final)
             self.metrics.render()
+
+    def _logs_html(self) -> str:
+        """``logs: <folder>``, a link that opens it where a Jupyter server serves it."""
+        folder = _escape(str(self.logs.folder))
+        if self.log_url is None:
+            return f"logs: {folder}"
+        return (
+            f'logs: <a class="jd-logs" href="{_escape(self.log_url)}" target="_blank" '
+            f'rel="noopener" title="each rank\'s full output in this cell">{folder}</a>'
+        )
+
+    def _label_selector(self) -> None:
+        """The selector's buttons say each rank's state in their tooltips (read aloud by
+        screen readers): the chips' news, for keyboard users, who pick views there."""
+        if not isinstance(self.selector, widgets.ToggleButtons):
+            return
+        tips = [f"{view.label}: {self.statuses[r].state}" for r, view in self.rank_views.items()]
+        tips += [view.label for view in self.views[len(tips) :]]
+        if list(self.selector.tooltips) != tips:
+            self.selector.tooltips = tips
 
     def finish(self) -> None:
         if self.finished:
@@ -317,9 +349,9 @@ class CellView:
                 status.state = "error"
         self.logs.close()
         summary = cell_summary(list(self.statuses.values()))
-        lines = [summary, *self.metrics.summary(), f"logs: {self.logs.folder}"]
-        notes = "".join(f"<pre style='margin:0'>{_escape(n)}</pre>" for n in self.notices)
-        self.footer.value = notes + "<br>".join(_escape(line) for line in lines)
+        lines = [summary, *self.metrics.summary()]
+        footer = self._notes_html(self.notices) + "<br>".join(_escape(line) for line in lines)
+        self.footer.value = f"{footer}<br>{self._logs_html()}"
         self.render()
         several = len(self.ranks) > 1
         view = self.all_view if several else self.rank_views[self.ranks[0]]

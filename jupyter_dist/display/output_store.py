@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from jupyter_dist.common.wire_names import LOGS_FOLDER_PREFIX
 from jupyter_dist.errors import SpecError
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
 from jupyter_dist.text import strip_ansi
@@ -220,7 +221,7 @@ class RankLogs:
 _root: str | None = None
 
 
-LOGS_PREFIX = "jupyter_dist-logs-"
+LOGS_PREFIX = LOGS_FOLDER_PREFIX
 
 
 def _logs_root() -> str:

@@ -1,9 +1,9 @@
 """The header of a cell view: one status chip per rank, grouped by node, as HTML.
 
-A chip shows the rank, its state (queued, running, done, error, dead; interrupted,
-stuck or timeout for a rank stopped rather than failed of its own), its time on the
-cell as a bar against the slowest rank (stragglers stand out), and the latest process
-sample (CPU, memory, GPU) in its tooltip and under it.
+A chip (a button that shows its rank's view) shows the rank, its state (queued, running,
+done, error, dead; interrupted, stuck or timeout for a rank stopped rather than failed of
+its own), its time on the cell as a bar against the slowest rank (stragglers stand out),
+and the latest process sample (CPU, memory, GPU) in its tooltip and under it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ STYLE = (
 .jd-cell-view .jd-node-label{font-size:11px;color:var(--jp-ui-font-color2,#666);min-width:9em}
 .jd-cell-view .jd-chip{display:inline-flex;flex-direction:column;min-width:5.5em;padding:2px 6px;
  border-radius:10px;font-size:11px;line-height:1.3;border:1px solid var(--jp-border-color1,#bbb);
- background:var(--jp-layout-color2,#f4f4f4);color:var(--jp-ui-font-color1,#222)}
+ background:var(--jp-layout-color2,#f4f4f4);color:var(--jp-ui-font-color1,#222);
+ font-family:inherit;text-align:left;cursor:pointer}
+.jd-cell-view .jd-chip:hover{outline:1px solid var(--jp-brand-color1,#5b9bd5)}
 .jd-cell-view .jd-chip[data-state=running]{background:RUNNING;
  border-color:var(--jp-brand-color1,#5b9bd5)}
 .jd-cell-view .jd-chip[data-state=done]{background:DONE;
@@ -75,6 +77,7 @@ def chips_html(statuses: list[RankStatus], now: float | None = None) -> str:
     now = time.monotonic() if now is None else now
     slowest = max((s.seconds(now) for s in statuses), default=0.0) or 1.0
     nodes: dict[int, list[RankStatus]] = {}
+    index = {s.rank: i for i, s in enumerate(statuses)}  # the rank's place in the selector
     for status in statuses:
         nodes.setdefault(status.node, []).append(status)
     rows = []
@@ -84,25 +87,43 @@ def chips_html(statuses: list[RankStatus], now: float | None = None) -> str:
             if len(nodes) > 1
             else ""
         )
-        chips = "".join(_chip(s, now, slowest) for s in members)
+        chips = "".join(_chip(s, now, slowest, index[s.rank]) for s in members)
         rows.append(f'<div class="jd-node" data-node="{node}">{label}{chips}</div>')
-    return STYLE + "".join(rows)
+    return STYLE + f'<div role="group" aria-label="ranks">{"".join(rows)}</div>'
 
 
-def _chip(status: RankStatus, now: float, slowest: float) -> str:
+# A chip is a button that shows its rank: in the live view it picks the rank in the view
+# selector (the same change as clicking the selector, made in the browser, so it answers
+# while the cell runs); in a finished cell's snapshot it opens the rank's block. Where a
+# sanitizer drops the handler (an untrusted notebook, a viewer) the chip is only a label.
+# Keyboard users have the selector itself, which keeps its focus; the chips are redrawn
+# every tick and would lose it, so they stay out of the tab order.
+_CHIP_CLICK = (
+    "var v=this.closest('.jd-cell-view');if(!v)return;"
+    "var d=v.querySelector('details[data-rank=\"RANK\"]');"
+    "if(d){d.open=true;d.scrollIntoView({block:'nearest'});return}"
+    "var s=v.querySelector('.jd-select select');"
+    "if(s){s.selectedIndex=INDEX;s.dispatchEvent(new Event('change'));return}"
+    "var b=v.querySelectorAll('.jd-select button')[INDEX];if(b)b.click()"
+)
+
+
+def _chip(status: RankStatus, now: float, slowest: float, index: int) -> str:
     seconds = status.seconds(now)
     width = 100.0 * seconds / slowest
     proc = _process_text(status.process)
     title = f"rank {status.rank} on {status.host}: {status.state}, {seconds:.1f} s"
     if proc:
         title += f"; {proc}"
+    click = _CHIP_CLICK.replace("RANK", str(status.rank)).replace("INDEX", str(index))
     return (
-        f'<span class="jd-chip" data-rank="{status.rank}" data-state="{status.state}" '
-        f'title="{html.escape(title)}"><span>{status.rank} · {status.state} '
-        f"{seconds:.1f}s</span>"
+        f'<button type="button" tabindex="-1" class="jd-chip" data-rank="{status.rank}" '
+        f'data-state="{status.state}" title="{html.escape(title)}" '
+        f'aria-label="{html.escape(title)}" onclick="{html.escape(click)}">'
+        f"<span>{status.rank} · {status.state} {seconds:.1f}s</span>"
         f'<span class="jd-bar" style="width:{width:.0f}%"></span>'
         + (f'<span class="jd-proc">{html.escape(proc)}</span>' if proc else "")
-        + "</span>"
+        + "</button>"
     )
 
 

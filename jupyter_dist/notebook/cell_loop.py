@@ -11,7 +11,6 @@ import collections
 import concurrent.futures
 import contextlib
 import queue
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 from jupyter_dist.common.events import CallDone, CellEvent, CellFinished, CellResult, Notice
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_group import RankGroup
+from jupyter_dist.errors import CellInterrupted
 from jupyter_dist.notebook.owners import SessionOwner
 from jupyter_dist.text import ranks_label
 
@@ -111,20 +111,33 @@ def run_cell(
 
     def interrupt() -> None:
         control.loop.submit(session.interrupt(ranks))
-        sink.put(Notice(f"interrupting {ranks_label(ranks or sorted(session.ranks))}"))
+        sink.put(Notice(f"interrupting {ranks_label(ranks or sorted(session.ranks))}", True))
 
     interrupted = drive(future, sink, renderer, interrupt)
     if interrupted:
         renderer.finish()
-        if future.done() and not future.exception():
-            result = future.result()
-            _report_interrupted(result)
-            if result.stuck:
-                print(f"[jupyter_dist] {restart_stuck(control, session, result)}", file=sys.stderr)
-        raise KeyboardInterrupt
+        raise interrupted_error(control, session, future, ranks)
     result = future.result()
     session.raise_for(result, restart_stuck(control, session, result) if result.stuck else "")
     return result
+
+
+def interrupted_error(
+    control: SessionOwner,
+    session: RankGroup,
+    future: concurrent.futures.Future[CellResult],
+    ranks: list[int] | None,
+) -> CellInterrupted:
+    """What the notebook cell raises when the user stopped it: where each rank was, in
+    one short block (`CellInterrupted`, a KeyboardInterrupt), the session restarted first
+    if a rank could not be stopped."""
+    world = session.spec.world_size
+    if not future.done() or future.exception() is not None:
+        running = sorted(ranks or session.ranks)
+        return CellInterrupted(session.name, world, [], still_running=running)
+    result = future.result()
+    note = restart_stuck(control, session, result) if result.stuck else ""
+    return CellInterrupted(session.name, world, result.failures, note)
 
 
 def restart_stuck(control: SessionOwner, session: RankGroup, result: CellResult) -> str:
@@ -135,10 +148,6 @@ def restart_stuck(control: SessionOwner, session: RankGroup, result: CellResult)
     only clean way on is fresh ranks.
     """
     stuck = ranks_label(list(result.stuck))
-    print(
-        f"[jupyter_dist] restarting session {session.name!r}: {stuck} did not stop",
-        file=sys.stderr,
-    )
     try:
         control.run(control.manager.restart(session.name))
     except Exception as err:
@@ -147,16 +156,10 @@ def restart_stuck(control: SessionOwner, session: RankGroup, result: CellResult)
             f"({type(err).__name__}: {err}); run `%dist restart --session {session.name}`"
         )
     return (
-        f"{stuck} did not answer an interrupt (blocked, most likely inside a collective "
-        f"that another rank never joined), so session {session.name!r} was restarted with "
-        "fresh ranks: the ranks' variables are lost; run your setup cells again"
+        f"session {session.name!r} was restarted with fresh ranks, as {stuck} could not be "
+        "stopped (blocked, most likely inside a collective that another rank never "
+        "joined): the ranks' variables are lost; run your setup cells again"
     )
-
-
-def _report_interrupted(result: CellResult) -> None:
-    stopped = [f.rank for f in result.failures if f.kind == "interrupted"]
-    if stopped:
-        print(f"[jupyter_dist] interrupted {ranks_label(stopped)}", file=sys.stderr)
 
 
 def wait_with_notices(

@@ -11,6 +11,7 @@ import os
 import queue
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from IPython.core.error import UsageError
@@ -21,6 +22,7 @@ from IPython.display import publish_display_data
 from jupyter_dist.common import cluster_env, pickling
 from jupyter_dist.common.events import CellEvent, Notice
 from jupyter_dist.common.hosts import check_python, check_ssh_config, parse_hosts, read_hostfile
+from jupyter_dist.common.payloads import SessionStatus
 from jupyter_dist.common.spec import (
     DEFAULT_SESSION,
     ShapeRequest,
@@ -103,6 +105,18 @@ class DistMagics(Magics):
         self._default_session: str | None = None  # set by %dist attach
         self._cells = 0
         self.last_view: Any = None  # the latest cell view (tests and debugging look at it)
+        self._count: int | None = None  # the running notebook cell's execution count
+        events = getattr(shell, "events", None)
+        if events is not None:
+            events.register("pre_run_cell", self._note_count)
+
+    def _note_count(self, info: Any) -> None:
+        """The running cell's number, as the notebook shows it (``[4]``): IPython has
+        already counted past it when a cell runs, if the cell goes into the history."""
+        count = getattr(self.shell, "execution_count", None)
+        stored = bool(getattr(info, "store_history", False))
+        if isinstance(count, int):
+            self._count = count - 1 if stored else count
 
     @property
     def control(self) -> SessionOwner:
@@ -270,17 +284,7 @@ class DistMagics(Magics):
             renderer = self._cell_view(session, chosen)
         else:
             renderer = _renderer(chosen, summary=True)
-        count = getattr(self.shell, "execution_count", None)
-        run_cell(
-            self.control,
-            session,
-            cell,
-            chosen,
-            args.timeout,
-            renderer,
-            sink,
-            count if isinstance(count, int) else None,
-        )
+        run_cell(self.control, session, cell, chosen, args.timeout, renderer, sink, self._count)
 
     def _shape(self, args: Any, name: str) -> ShapeRequest:
         """What the arguments ask of the session: its nodes and ranks, checked (sizes,
@@ -352,11 +356,25 @@ class DistMagics(Magics):
             return stacks.describe(self.control.run(session.stacks(ranks), STACKS_READ_S))
 
         view = CellView(
-            session.name, self._cells, places, relay_for_this_kernel(), read_stacks=read_stacks
+            session.name,
+            self._cells,
+            places,
+            relay_for_this_kernel(),
+            read_stacks=read_stacks,
+            log_url=self._log_url(),
         )
         view.show()
         self.last_view = view
         return view
+
+    def _log_url(self) -> Callable[[Path], str | None] | None:
+        """Where the Jupyter server that owns this kernel's sessions serves cell logs."""
+        from jupyter_dist.server_client.log_links import log_folder_url
+
+        control = self.control
+        if not isinstance(control, planes.ServerOwner):
+            return None
+        return lambda folder: log_folder_url(control.server, folder)
 
     # -- %dist ------------------------------------------------------------------------------
     @magic_arguments()
@@ -403,29 +421,20 @@ class DistMagics(Magics):
         return list(parse_ranks(args.ranks, session.spec.world_size)) if args.ranks else None
 
     def _dist_status(self, args: Any) -> None:
+        from jupyter_dist.display.status_table import status_bundle
+
         manager = self.control.manager
         sessions = self.control.run(manager.list_status())
         owner = f"sessions run in {manager.where}"
         if planes.fallback_reason:
             owner += f": {planes.fallback_reason}"
-        if not sessions:
-            print(f"no jupyter_dist sessions are running ({owner})")
-            return
-        print(f"{owner}; this notebook's session: {self._name(None)!r}")
-        for s in sessions:
-            master = f", master {s['master']}" if s["master"] else ""
-            print(
-                f"session {s['name']!r}: {s['state']}, {s['shape']}{master}, "
-                f"{s['cells_run']} cells run"
-            )
-            if s["broken_reason"]:
-                print(f"  lost {s['broken_reason']}")
-            for r in s["ranks"]:
-                exit_note = f" ({r['exit']})" if r["exit"] else ""
-                print(
-                    f"  rank {r['rank']}: {r['state']}{exit_note}, host {r['host']}, "
-                    f"local rank {r['local_rank']}, pid {r['pid']}"
-                )
+        if sessions:
+            headline = f"{owner}; this notebook's session: {self._name(None)!r}"
+        else:
+            headline = f"no jupyter_dist sessions are running ({owner})"
+        where = "this kernel" if isinstance(self.control, planes.EmbeddedOwner) else "server"
+        bundle = status_bundle(sessions, where, headline, _rank_memory(sessions))
+        publish_display_data(bundle)
 
     def _dist_shutdown(self, args: Any) -> None:
         manager = self.control.manager
@@ -493,3 +502,24 @@ class DistMagics(Magics):
             session.pull(name, self._ranks_arg(args, session), args.timeout)
         )
         return values
+
+
+def _rank_memory(sessions: list[SessionStatus]) -> dict[str, dict[int, float]]:
+    """RSS in MiB of the ranks this machine can see: a rank process here whose parent is
+    its node's agent (a remote rank's pid means nothing here)."""
+    import psutil
+
+    memory: dict[str, dict[int, float]] = {}
+    for s in sessions:
+        agents = {n["node_rank"]: n["agent_pid"] for n in s["nodes"]}
+        for r in s["ranks"]:
+            pid, agent = r["pid"], agents.get(r["node_rank"])
+            if not pid or not agent:
+                continue
+            try:
+                proc = psutil.Process(pid)
+                if proc.ppid() == agent:
+                    memory.setdefault(s["name"], {})[r["rank"]] = proc.memory_info().rss / 2**20
+            except psutil.Error:
+                continue
+    return memory

@@ -27,6 +27,7 @@ from jupyter_dist.control.manager import SessionDefaults, SessionManager
 from jupyter_dist.control.session import SessionTimeouts
 from jupyter_dist.errors import SpecError
 from jupyter_dist.server.handlers import HANDLERS
+from jupyter_dist.server.log_files import LOG_HANDLERS
 from jupyter_dist.server.process_records import (
     REAP_GRACE_S,
     Orphaned,
@@ -147,6 +148,7 @@ class DistServerApp(ExtensionApp):
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(HANDLERS)
+        self.handlers.extend(LOG_HANDLERS)
 
     def _session_event(self, event: ManagerEvent) -> None:
         """Keep our record in step with the sessions."""

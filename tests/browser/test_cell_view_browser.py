@@ -4,17 +4,22 @@ saved file with default settings, and the stacks button answering while the rank
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import rank_waits_for_file_cell
 
 from .lab import RENDER_TIMEOUT_MS, NotebookPage, OpenNotebook
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Locator
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -45,6 +50,7 @@ def test_finished_cells_are_snapshots_that_survive_reopening(
     assert not nb.run_all(), "the last cell fails on rank 1, so the run must report a failure"
 
     check_snapshots(nb)
+    check_chip_opens_its_rank_and_logs_open(nb)
     nb.screenshot("cell-view-snapshot", nb.cell(1))
     nb.screenshot("cell-view-error-first", nb.cell(2))
     assert nb.external_requests == []
@@ -64,6 +70,21 @@ def test_finished_cells_are_snapshots_that_survive_reopening(
     for text in ("hello from rank 0", "hello from rank 1", "rank one fails here"):
         assert text in html, text
     assert html.count('class="jd-snap-line"') == 2  # the loss chart, a line per rank
+
+
+def check_picking_views_while_it_runs(nb: NotebookPage, view: Locator) -> None:
+    """While the cell runs: a click on rank 1's chip shows rank 1's view; the selector is
+    reachable by keyboard (Tab, Enter) and says each rank's state in its tooltips."""
+    from playwright.sync_api import expect
+
+    buttons = view.locator(".jd-select button")
+    view.locator('.jd-chip[data-rank="1"]').click()
+    expect(buttons.nth(1)).to_have_class(re.compile(r"mod-active"))
+    expect(buttons.nth(1)).to_have_attribute("title", "rank 1: running")
+    buttons.nth(1).focus()
+    nb.page.keyboard.press("Shift+Tab")
+    nb.page.keyboard.press("Enter")
+    expect(buttons.nth(0)).to_have_class(re.compile(r"mod-active"))
 
 
 def check_snapshots(nb: NotebookPage) -> None:
@@ -96,7 +117,37 @@ def check_snapshots(nb: NotebookPage) -> None:
     culprit = failed.locator('details.jd-snap-rank[data-rank="1"]')
     expect(culprit).to_have_attribute("open", "")
     expect(culprit).to_contain_text("rank one fails here")
+    # the rank's traceback names the cell as the notebook numbers it
+    prompt = nb.cell(2).locator(".jp-InputPrompt").inner_text()
+    count = re.search(r"\[(\d+)\]", prompt)
+    assert count is not None, prompt
+    expect(culprit).to_contain_text(f"Cell In[{count.group(1)}], line 2")
     expect(failed.locator('details.jd-snap-rank[data-rank="0"]')).not_to_have_attribute("open", "")
+
+
+def check_chip_opens_its_rank_and_logs_open(nb: NotebookPage) -> None:
+    """In a cell run in this browser (trusted output), a chip opens its rank's block; the
+    footer's log folder is a link the server serves, to each rank's whole output."""
+    from playwright.sync_api import expect
+
+    failed = nb.output(2).locator(".jd-snapshot")
+    rank0 = failed.locator('details.jd-snap-rank[data-rank="0"]')
+    expect(rank0).not_to_have_attribute("open", "")
+    failed.locator('.jd-chip[data-rank="0"]').click()
+    expect(rank0).to_have_attribute("open", "")
+
+    link = nb.output(1).locator("a.jd-logs")
+    expect(link).to_be_visible()
+    href = link.get_attribute("href")
+    assert href is not None and href.startswith("/jupyter-dist/logs/jupyter_dist-logs-"), href
+    logs = nb.page.context.new_page()
+    try:
+        logs.goto(nb.lab.url.rstrip("/") + href)
+        expect(logs.locator("a", has_text="rank-1.log")).to_be_visible()
+        logs.locator("a", has_text="rank-1.log").click()
+        expect(logs.locator("body")).to_contain_text("hello from rank 1")
+    finally:
+        logs.close()
 
 
 def nbconvert_html(path: Path) -> str:
@@ -149,6 +200,7 @@ def test_the_stacks_button_shows_where_hanging_ranks_are(
         chip = view.locator('.jd-chip[data-rank="0"]')
         expect(chip).to_have_attribute("data-state", "running")  # the cell still runs
         nb.screenshot("cell-view-stacks", nb.cell(1))
+        check_picking_views_while_it_runs(nb, view)
     finally:
         go.touch()
     assert nb.wait_all()

@@ -123,3 +123,45 @@ def test_the_legend_sits_under_the_chart_not_over_the_data() -> None:
     assert not any(m.display_legend for m in chart.figure.marks)
     assert list(chart.box.children) == [chart.figure, chart.legend]
     assert "rank 0" in chart.legend.value and "rank 3" in chart.legend.value
+
+
+def test_chips_are_buttons_that_pick_their_rank_in_the_selector() -> None:
+    statuses = [RankStatus(r, "h", 0, "running", started=0.0) for r in (0, 1, 2)]
+    html = chips_html(statuses, now=1.0)
+    assert html.count('<button type="button"') == 3
+    # rank 2 is the third view of the selector, and the third block of a snapshot
+    chip = html[html.index('data-rank="2"') :]
+    handler = chip[chip.index('onclick="') : chip.index('">')]
+    assert "selectedIndex=2" in handler and ".jd-select button&#x27;)[2]" in handler
+    assert "details[data-rank=&quot;2&quot;]" in handler
+    assert 'aria-label="rank 2 on h: running, 1.0 s"' in chip
+
+
+def test_the_selector_says_each_rank_state_for_keyboard_users() -> None:
+    from jupyter_dist.common.events import RankFinished, RankStarted
+    from jupyter_dist.display.cell_view import CellView
+    from jupyter_dist.errors import RankFailure
+
+    view = CellView("tips", 0, {0: ("h", 0), 1: ("h", 0)}, display=lambda *a, **k: None)
+    view.handle(RankStarted(0))
+    view.handle(RankStarted(1))
+    failure = RankFailure(1, "h", 1, "error", "ValueError", "boom")
+    view.handle(RankFinished(1, "error", 0.1, failure))
+    view.render()
+    assert list(view.selector.tooltips) == ["rank 0: running", "rank 1: error", "all ranks"]
+    assert view.selector.index == 1  # the culprit's view
+    view.finish()
+
+
+def test_the_log_folder_is_a_link_where_a_server_serves_it() -> None:
+    from jupyter_dist.display.cell_view import CellView
+
+    served = CellView(
+        "links", 0, {0: ("h", 0)}, display=lambda *a, **k: None, log_url=lambda f: "/l/x/"
+    )
+    served.finish()
+    assert '<a class="jd-logs" href="/l/x/" target="_blank"' in served.footer.value
+    assert 'href="/l/x/"' in served.snapshot
+    plain = CellView("links", 1, {0: ("h", 0)}, display=lambda *a, **k: None)
+    plain.finish()
+    assert f"logs: {plain.logs.folder}" in plain.footer.value and "<a " not in plain.footer.value

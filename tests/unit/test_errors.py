@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from jupyter_dist.common.stacks import place_of_traceback
 from jupyter_dist.errors import (
+    CellInterrupted,
+    CellTimeout,
     RankFailure,
     RanksFailed,
     SessionError,
@@ -73,3 +76,78 @@ def test_ranks_stopped_because_another_failed_are_not_counted_as_failed() -> Non
 def test_a_cell_the_user_stopped_says_interrupted_not_failed() -> None:
     text = str(RanksFailed("s", 2, [fail(0, "interrupted"), fail(1, "interrupted")]))
     assert text == "interrupted on ranks 0-1 in session 's'"
+
+
+# frames as ipykernel sends them in an error reply (colours included), trimmed
+KEYBOARD_TB = (
+    "\x1b[31m---------------------------------------------------------------------------\x1b[39m",
+    "\x1b[31mKeyboardInterrupt\x1b[39m                         Traceback (most recent call last)",
+    "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[4]\x1b[39m\x1b[32m, line 2\x1b[39m\n"
+    "\x1b[32m      1\x1b[39m x = 1\n"
+    "\x1b[32m----> \x1b[39m\x1b[32m2\x1b[39m dist.barrier()\n",
+    "\x1b[36mFile \x1b[39m\x1b[32m/site/torch/distributed/distributed_c10d.py:5356\x1b[39m, in "
+    "\x1b[36mbarrier\x1b[39m\x1b[34m(group, async_op)\x1b[39m\n"
+    "\x1b[32m   5355\x1b[39m work = group.barrier()\n",
+    "\x1b[31mKeyboardInterrupt\x1b[39m: ",
+)
+SLEEP_TB = (
+    "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[7]\x1b[39m\x1b[32m, line 1\x1b[39m\n"
+    "\x1b[32m----> \x1b[39m\x1b[32m1\x1b[39m time.sleep(\x1b[32m30\x1b[39m)\n",
+    "\x1b[31mKeyboardInterrupt\x1b[39m: ",
+)
+
+
+def stopped(rank: int, kind: str, traceback: tuple[str, ...]) -> RankFailure:
+    return RankFailure(
+        rank, "h", rank, kind, "KeyboardInterrupt", "", traceback,
+        place=place_of_traceback(traceback),
+    )  # fmt: skip
+
+
+def test_where_a_traceback_ended_reads_like_a_stack_dump() -> None:
+    assert place_of_traceback(KEYBOARD_TB) == "in barrier (distributed_c10d.py:5356), cell line 2"
+    assert place_of_traceback(SLEEP_TB) == "at cell line 1: time.sleep(30)"
+    assert place_of_traceback(("no frames here",)) == ""
+
+
+def test_a_timeout_is_one_short_block_naming_where_each_rank_was() -> None:
+    err = CellTimeout(
+        "s", 2, [stopped(0, "timeout", SLEEP_TB), stopped(1, "timeout", SLEEP_TB)], timeout=3.0
+    )
+    text = strip_ansi("\n".join(err._render_traceback_()))
+    assert text.splitlines() == [
+        "CellTimeout: timed out after 3 s on ranks 0-1 in session 's'",
+        "",
+        "where each rank was:",
+        "  ranks 0-1: at cell line 1: time.sleep(30)",
+    ]
+    assert "KeyboardInterrupt" not in text  # the interrupt jupyter_dist sent is no cause
+
+
+def test_an_interrupted_cell_is_a_keyboard_interrupt_with_places() -> None:
+    err = CellInterrupted(
+        "s", 2, [stopped(0, "interrupted", SLEEP_TB), stopped(1, "interrupted", KEYBOARD_TB)]
+    )
+    assert isinstance(err, KeyboardInterrupt) and isinstance(err, RanksFailed)
+    text = strip_ansi("\n".join(err._render_traceback_()))
+    assert text.splitlines()[0] == "CellInterrupted: interrupted on ranks 0-1 in session 's'"
+    assert "  rank 0: at cell line 1: time.sleep(30)" in text
+    assert "  rank 1: in barrier (distributed_c10d.py:5356), cell line 2" in text
+    assert "Traceback" not in text and "jupyter_dist" not in text
+
+
+def test_an_interrupt_the_ranks_did_not_answer_says_so() -> None:
+    err = CellInterrupted("s", 2, [], still_running=[0, 1])
+    assert str(err).startswith("interrupted in session 's'; ranks 0-1 still running")
+
+
+def test_a_failure_shows_its_traceback_and_the_stopped_ranks_one_line_each() -> None:
+    failures = [fail(1, order=1), stopped(0, "stuck", KEYBOARD_TB)]
+    text = strip_ansi("\n".join(RanksFailed("s", 2, failures)._render_traceback_()))
+    assert "--- rank 1 (host host-a, local rank 1): ValueError: boom" in text
+    assert "tb line" in text
+    assert (
+        "  rank 0 (stuck, deaf to an interrupt): in barrier (distributed_c10d.py:5356), cell "
+        "line 2" in text
+    )
+    assert text.count("barrier") == 1
