@@ -39,7 +39,7 @@ async def _reply_after_lost_wakeup(kernel: dict[str, Any], wait_s: float) -> Ran
     client = RankClient(0, kernel["connection"], kernel["key"], context)
     try:
         await client.connect(60, lambda: None)
-        socket = client.client.shell_channel.socket
+        socket = client.sockets["shell"]
         replied = asyncio.Event()
 
         def on_reply(channel: str, _msg: dict[str, Any]) -> None:
