@@ -10,7 +10,7 @@ import asyncio
 import queue
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_dist.common import stacks
@@ -37,6 +37,8 @@ from jupyter_dist.errors import STOPPED_KINDS, FailureKind, RankFailure
 WIND_DOWN_KINDS: tuple[FailureKind, ...] = ("error", "died", "interrupted")
 RICH_TYPES = ("display_data", "execute_result", "update_display_data")
 COMM_TYPES = ("comm_open", "comm_msg", "comm_close")
+#: tracebacks kept per rank and cell from IOPub (the first decides; the rest are output)
+MAX_SHOWN_ERRORS = 16
 
 
 @dataclass
@@ -51,6 +53,9 @@ class RankProgress:
     finished: bool = False
     failure: RankFailure | None = None
     elapsed: float = 0.0
+    #: tracebacks the rank showed on IOPub (``error`` messages): a cell that raised, and
+    #: also one that only showed it (``%run`` of a script that crashed replies "ok")
+    shown_errors: list[dict[str, Any]] = field(default_factory=list)
 
 
 class CellTracker:
@@ -125,6 +130,9 @@ class CellTracker:
                 self._emit(WidgetComm(rank, kind, content, buffers, metadata))
         elif kind == "stream":
             self._emit(StreamOut(rank, content.get("name", "stdout"), content.get("text", "")))
+        elif kind == "error":
+            if len(prog.shown_errors) < MAX_SHOWN_ERRORS:
+                prog.shown_errors.append(content)
         elif kind in RICH_TYPES:
             self._emit(
                 RichOut(
@@ -144,6 +152,11 @@ class CellTracker:
         reply = prog.reply
         status = reply.get("status", "error")
         failure = None
+        if status == "ok" and prog.shown_errors:
+            # the cell went on after showing a traceback (IPython's %run does, for a script
+            # that raised): the rank failed all the same, with the first one it showed
+            reply = {**prog.shown_errors[0], "status": "error"}
+            status = "error"
         if status == "error":
             ename = reply.get("ename", "Error")
             kind: FailureKind = "interrupted" if ename == "KeyboardInterrupt" else "error"

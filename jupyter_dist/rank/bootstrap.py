@@ -174,6 +174,9 @@ def bootstrap(init_process_group: bool, timeout_s: float) -> None:
         torch.set_num_threads(threads)
     if os.environ.get(DEVICE_VAR) == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    from jupyter_dist.rank import process_group
+
+    process_group.install()  # a script's own init_process_group gets the session's group
     if init_process_group:
         import torch.distributed as dist
 

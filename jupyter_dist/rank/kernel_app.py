@@ -8,6 +8,7 @@ banner and start-up chatter are off.
 from __future__ import annotations
 
 import os
+import sys
 from typing import IO, Any
 
 import zmq
@@ -17,6 +18,7 @@ from traitlets import Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
 from jupyter_dist.common.wire_names import NOTEBOOK_COUNT_KEY
+from jupyter_dist.text import strip_ansi
 
 RANK_KERNEL_ARGS = (
     "--HistoryManager.hist_file=:memory:",
@@ -32,6 +34,18 @@ class RankKernel(IPythonKernel):
     """`IPythonKernel` that runs a cell under the notebook's execution count when the
     request carries it (`NOTEBOOK_COUNT_KEY` in its metadata), so that a rank's traceback
     says ``Cell In[N]`` for the N the notebook shows beside the cell."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        shell = self.shell
+        if shell is not None and hasattr(shell, "_showtraceback"):
+            shown = shell._showtraceback
+
+            def showtraceback(etype: Any, evalue: Any, stb: list[str]) -> None:
+                log_traceback(stb)
+                shown(etype, evalue, stb)
+
+            shell._showtraceback = showtraceback
 
     async def do_execute(
         self,
@@ -79,6 +93,18 @@ class RankKernelApp(IPKernelApp):
             del context.sockopts[zmq.XPUB_NODROP]
 
 
+def log_traceback(stb: list[str]) -> None:
+    """A traceback the rank shows goes to its log too (ipykernel sends it to the notebook
+    only): a crash under ``%run`` or a traceback a library shows stays on record."""
+    if _crash_log is None:
+        return
+    try:
+        _crash_log.write(strip_ansi("\n".join(stb)).rstrip("\n") + "\n")
+        _crash_log.flush()
+    except (OSError, ValueError):  # the log is gone: the notebook still has it
+        pass
+
+
 def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
     """Initialise and run the kernel until it is shut down.
 
@@ -95,6 +121,9 @@ def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
     # in a C++ collective (faulthandler writes from its C signal handler)
     faulthandler.register(STACKS_SIGNAL, file=_crash_log, all_threads=True, chain=False)
 
+    # what a fresh interpreter's code sees (``%run script.py args`` sets its own for the
+    # script's run), not the agent's command line, which argparse would try to parse
+    sys.argv[:] = [""]
     app = RankKernelApp.instance()
     # the kernel's Unix sockets are made while it initialises: owner-only (0700) on top of
     # their private folder; the user's own files keep the user's umask
