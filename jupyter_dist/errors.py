@@ -9,7 +9,8 @@ Hierarchy::
     │   ├── UnknownSession         no session has that name
     │   └── ShapeMismatchError     a cell asks for another shape than the running session
     ├── AgentError                 a node agent failed to start or stopped answering
-    ├── PushError                  an object could not be sent to / received from ranks
+    ├── PushError                  an object could not be sent to the ranks (``--push``)
+    │   └── PullError              an object could not be received from them (``%dist pull``)
     ├── NotInRankError             a rank-side helper was called outside a rank
     └── RanksFailed                one cell failed on one or more ranks (raised in the cell)
         ├── CellTimeout            the cell ran past --timeout
@@ -79,7 +80,12 @@ class AgentError(DistError):
 
 
 class PushError(DistError):
-    """An object could not be sent to, or received from, the ranks."""
+    """An object could not be sent to the ranks."""
+
+
+class PullError(PushError):
+    """An object could not be received from the ranks (``%dist pull``); a `PushError` as
+    well, for code that caught both as one."""
 
 
 class NotInRankError(DistError, RuntimeError):
@@ -332,6 +338,7 @@ __all__ = [
     "FailureKind",
     "NoGPUError",
     "NotInRankError",
+    "PullError",
     "PushError",
     "RankFailure",
     "RanksFailed",

@@ -16,11 +16,12 @@ seconds is read from one.
 * ``JUPYTER_DIST_MAX_RANKS_PER_NODE`` (control plane): the most ranks a session may start
   on one node (default: twice this machine's CPU count, at least 8; under a Jupyter server,
   the server's setting, ``DistServerApp.max_ranks_per_node``, comes first).
-* ``JUPYTER_DIST_SESSION``, ``JUPYTER_DIST_DEVICE``, ``JUPYTER_DIST_BACKEND`` (rank, set
-  by the control plane): the session's name, ``cuda`` or ``cpu``, the process group's
-  backend.
+* ``JUPYTER_DIST_SESSION``, ``JUPYTER_DIST_DEVICE``, ``JUPYTER_DIST_BACKEND``,
+  ``JUPYTER_DIST_FRAMEWORK`` (rank, set by the control plane): the session's name, ``cuda``
+  or ``cpu``, the process group's backend, what the bootstrap prepares (``torch``, ``jax``
+  or ``none``).
 
-The first seven are the user's to set; the last three are set on every rank, as torchrun's
+The first seven are the user's to set; the last four are set on every rank, as torchrun's
 own variables are. A test checks that no module names a ``JUPYTER_DIST_`` variable
 anywhere but here.
 """
@@ -44,6 +45,7 @@ MAX_RANKS_VAR = "JUPYTER_DIST_MAX_RANKS_PER_NODE"
 SESSION_VAR = "JUPYTER_DIST_SESSION"
 DEVICE_VAR = "JUPYTER_DIST_DEVICE"
 BACKEND_VAR = "JUPYTER_DIST_BACKEND"
+FRAMEWORK_VAR = "JUPYTER_DIST_FRAMEWORK"
 
 ALL_VARS = (
     OUTPUT_VAR,
@@ -56,6 +58,7 @@ ALL_VARS = (
     SESSION_VAR,
     DEVICE_VAR,
     BACKEND_VAR,
+    FRAMEWORK_VAR,
 )
 
 

@@ -107,6 +107,10 @@ class CellResult:
     #: ranks given up on while still running (deaf to an interrupt): the session's
     #: process group cannot go on, so the session must be restarted
     stuck: tuple[int, ...] = ()
+    #: stopped by its sender while it waited for its turn: it never ran
+    withdrawn: bool = False
+    #: who else stopped it, in words ("session 's' was restarted from eval.ipynb; ...")
+    stopped_by: str = ""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from typing import Literal, TypedDict
 Device = Literal["cpu", "cuda"]
 #: torch.distributed backends a session may use
 Backend = Literal["gloo", "nccl"]
+#: what a rank's bootstrap prepares: a torch process group, JAX's cluster, or nothing
+Framework = Literal["torch", "jax", "none"]
 #: `control.rank_group.SessionState` values
 SessionStateName = Literal["starting", "ready", "broken", "restarting", "stopped"]
 #: `control.rank_group.RankState` values
@@ -68,6 +70,7 @@ class SpecJSON(TypedDict):
     ssh_config: str | None
     node_procs: Sequence[int]
     launcher: str
+    framework: Framework
 
 
 class KernelConnection(TypedDict):
@@ -105,6 +108,34 @@ class RankStatus(TypedDict):
     returncode: int | None
     exit_tail: str
     log: str
+    busy_since: float | None  # epoch s its current cell began (None: idle)
+    last_error: str  # the error line of its last failed cell ("" if its last cell passed)
+
+
+class SenderJSON(TypedDict):
+    """Who sent a request: a notebook's path (as the server knows it) and its kernel."""
+
+    path: str
+    kernel_id: str
+
+
+class NotebookJSON(SenderJSON):
+    since: float  # epoch s it attached
+
+
+class TurnStatus(SenderJSON):
+    """A request for the session's ranks (`control.cell_queue.Turn`)."""
+
+    turn_id: str
+    kind: str  # "cell", "pull" or "push"
+    ranks: list[int]  # [] = every rank
+    queued_at: float
+    started: float | None
+
+
+class QueueStatus(TypedDict):
+    running: TurnStatus | None
+    queue: list[TurnStatus]
 
 
 class SessionStatus(TypedDict):
@@ -122,6 +153,10 @@ class SessionStatus(TypedDict):
     master: str | None  # "addr:port" once the rendezvous is planned
     nodes: list[NodeStatus]
     ranks: list[RankStatus]
+    started_at: float  # epoch s it became ready (0 before)
+    notebooks: list[NotebookJSON]  # the notebook kernels attached to it
+    running: TurnStatus | None  # the request its ranks run now, and its sender
+    queue: list[TurnStatus]  # the requests waiting for its ranks, in order
 
 
 # -- connection details (`Session.connection_info`, ``GET /sessions/NAME/connection``) -----
@@ -166,11 +201,44 @@ class Snapshot(TypedDict):
     sessions: list[SessionStatus]
 
 
-ManagerEvent = SessionChanged | SessionRemoved | SessionProgress
-ServerEvent = Snapshot | SessionChanged | SessionRemoved | SessionProgress
+class SessionNotice(TypedDict):
+    """Someone interrupted, restarted or shut down a session, or a sender went away:
+    every notebook attached to it is told who and what was lost."""
+
+    type: Literal["notice"]
+    name: str
+    action: str  # "interrupt", "restart", "shutdown" or "sender-gone"
+    by: SenderJSON
+    text: str
+
+
+ManagerEvent = SessionChanged | SessionRemoved | SessionProgress | SessionNotice
+ServerEvent = Snapshot | SessionChanged | SessionRemoved | SessionProgress | SessionNotice
 
 
 # -- REST bodies ---------------------------------------------------------------------------
+class TurnRequest(TypedDict, total=False):
+    """``POST /sessions/NAME/turns``: ask for (or wait on) a turn on the session's ranks."""
+
+    turn_id: str
+    kind: str
+    ranks: list[int]
+    sender: SenderJSON
+
+
+class TurnReply(TypedDict):
+    turn_id: str
+    state: str  # "running", "waiting" or "withdrawn"
+    running: TurnStatus | None  # whose turn it is (for a waiting one)
+
+
+class TurnEnd(TypedDict, total=False):
+    """``POST /sessions/NAME/turns/ID/end``: the turn is over (or withdrawn)."""
+
+    errors: dict[str, str]  # rank -> its error line, for the ranks that failed
+    ran: list[int]
+
+
 class SessionRequest(TypedDict, total=False):
     """``POST /sessions``: what to start (a `common.spec.ShapeRequest`) and where."""
 
@@ -180,6 +248,7 @@ class SessionRequest(TypedDict, total=False):
     procs: int | list[int]
     backend: str
     init: bool
+    framework: str
     hosts: list[HostJSON]
     python: str
     ssh_config: str

@@ -21,11 +21,13 @@ from jupyter_dist.common.hosts import (
     check_python,
     whole_number,
 )
-from jupyter_dist.common.payloads import Backend, Device, SessionRequest, SpecJSON
+from jupyter_dist.common.payloads import Backend, Device, Framework, SessionRequest, SpecJSON
 from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
 from jupyter_dist.settings import MAX_RANKS_VAR, max_ranks_per_node
 
 BACKENDS: tuple[Backend, ...] = ("gloo", "nccl")
+#: what the bootstrap prepares in each rank (``--framework``); the first is the default
+FRAMEWORKS: tuple[Framework, ...] = ("torch", "jax", "none")
 REMOTE_LAUNCHERS = ("ssh", "slurm")
 DEFAULT_SESSION = "default"
 DEFAULT_CPU_PROCS = 2
@@ -79,6 +81,7 @@ class ShapeRequest:
     procs: int | Counts | None = None
     backend: str | None = None
     init: bool | None = None
+    framework: str | None = None  # one of `FRAMEWORKS`
 
     hosts: tuple[HostSpec, ...] = ()
     python: str | None = None
@@ -116,6 +119,9 @@ class SessionSpec:
     ssh_config: str | None = None  # default: ~/.ssh/config
     node_procs: Counts = ()  # ranks on each node when they differ; empty: procs_per_node
     launcher: str = "local"  # "local" (this machine), "ssh", "slurm" (srun in an allocation)
+    #: "torch": the process group is made (unless ``--no-init``); "jax": every rank gets
+    #: what ``jax.distributed.initialize()`` needs; "none": nothing is initialised
+    framework: Framework = "torch"
 
     def to_json(self) -> SpecJSON:
         return cast(SpecJSON, dataclasses.asdict(self))
@@ -147,7 +153,10 @@ class SessionSpec:
         many = self.node_procs or self.procs_per_node != 1
         per = f"{_show(self.node_procs) or self.procs_per_node} {unit}{'s' if many else ''}"
         where = f"{self.nodes} nodes x {per}" if self.nodes > 1 else per
-        pg = self.backend if self.init_process_group else "no process group"
+        if self.framework == "jax":
+            pg = "jax"
+        else:
+            pg = self.backend if self.init_process_group else "no process group"
         return f"{where} ({pg})"
 
     def flags(self) -> str:
@@ -155,7 +164,8 @@ class SessionSpec:
         counts = _show(self.node_procs) or str(self.procs_per_node)
         size = f"--gpus {counts}" if self.device == "cuda" else f"--procs {counts}"
         nodes = f"--nodes {self.nodes} " if self.nodes != 1 else ""
-        return f"{nodes}{size} --backend {self.backend}"
+        framework = f" --framework {self.framework}" if self.framework != "torch" else ""
+        return f"{nodes}{size} --backend {self.backend}{framework}"
 
 
 def check_positive(flag: str, value: int | None) -> None:
@@ -181,6 +191,20 @@ def parse_names(text: str, flag: str = "--push") -> list[str]:
         if not _IDENTIFIER.match(name):
             raise SpecError(f"{flag}: {name!r} is not a Python variable name")
     return names
+
+
+def parse_framework(text: str) -> Framework:
+    """``--framework``: one of `FRAMEWORKS` (case and surrounding blanks do not matter)."""
+    wanted = text.strip().lower()
+    for framework in FRAMEWORKS:
+        if framework == wanted:
+            return framework
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    raise SpecError(
+        f"--framework {shown!r}: expected one of {', '.join(FRAMEWORKS)} (torch: the "
+        "torch.distributed process group; jax: what jax.distributed.initialize() needs; "
+        "none: nothing initialised)"
+    )
 
 
 def check_seconds(flag: str, value: float | None) -> float | None:
@@ -255,6 +279,8 @@ def validate_request(req: ShapeRequest) -> None:
             f"--gpus {_show(gpus)} and --procs {_show(procs)}: give one; --gpus starts one rank "
             "per CUDA device, --procs starts CPU ranks"
         )
+    if req.framework is not None:
+        parse_framework(req.framework)  # raises, naming the value and the choices
     if req.backend is not None and req.backend not in BACKENDS:
         raise SpecError(f"--backend {req.backend!r}: expected one of {', '.join(BACKENDS)}")
     if req.backend == "nccl" and procs is not None:
@@ -311,7 +337,8 @@ def check_limits(spec: SessionSpec, max_ranks: int) -> None:
 def _resolve_local(name: str, req: ShapeRequest, local_gpus: int, host: str) -> SessionSpec:
     """This machine: devices are known now."""
     nodes = req.nodes or 1
-    init = True if req.init is None else req.init
+    framework = _framework(req)
+    init = req.init is not False and framework == "torch"
     gpus, procs = as_counts(req.gpus), as_counts(req.procs)
     for flag, counts in (("--gpus", gpus), ("--procs", procs)):
         if counts and len(counts) > 1:
@@ -326,22 +353,31 @@ def _resolve_local(name: str, req: ShapeRequest, local_gpus: int, host: str) -> 
                 f"{'s' if local_gpus != 1 else ''}; use --procs {gpus[0]} for "
                 f"{gpus[0]} CPU ranks with the gloo backend"
             )
-        return SessionSpec(name, nodes, gpus[0], "cuda", _backend(req, "nccl"), init)
+        return SessionSpec(
+            name, nodes, gpus[0], "cuda", _backend(req, "nccl"), init, framework=framework
+        )
     if procs is not None:
-        return SessionSpec(name, nodes, procs[0], "cpu", _backend(req, "gloo"), init)
+        return SessionSpec(
+            name, nodes, procs[0], "cpu", _backend(req, "gloo"), init, framework=framework
+        )
     if req.backend == "nccl" or (req.backend is None and local_gpus > 0):
         if local_gpus == 0:
             raise NoGPUError(
                 f"--backend nccl: node {host!r} has no CUDA device; use --procs N for CPU "
                 "ranks with the gloo backend"
             )
-        return SessionSpec(name, nodes, local_gpus, "cuda", _backend(req, "nccl"), init)
-    return SessionSpec(name, nodes, DEFAULT_CPU_PROCS, "cpu", _backend(req, "gloo"), init)
+        return SessionSpec(
+            name, nodes, local_gpus, "cuda", _backend(req, "nccl"), init, framework=framework
+        )
+    return SessionSpec(
+        name, nodes, DEFAULT_CPU_PROCS, "cpu", _backend(req, "gloo"), init, framework=framework
+    )
 
 
 def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
     """Nodes over SSH: devices are checked once each node's agent reports them."""
-    init = True if req.init is None else req.init
+    framework = _framework(req)
+    init = req.init is not False and framework == "torch"
     nodes = len(req.hosts)
 
     def spec(counts: Counts, device: Device, backend: Backend) -> SessionSpec:
@@ -350,7 +386,7 @@ def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
         return SessionSpec(
             name, nodes, per_node[0], device, backend, init,
             hosts=req.hosts, python=req.python, ssh_config=req.ssh_config, node_procs=uneven,
-            launcher=req.launcher or "ssh",
+            launcher=req.launcher or "ssh", framework=framework,
         )  # fmt: skip
 
     procs = as_counts(req.procs)
@@ -372,6 +408,11 @@ def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
             "(CPU ranks), one count or one per node, or slots=N in the hostfile"
         )
     return spec(gpus, "cuda", _backend(req, "nccl"))
+
+
+def _framework(req: ShapeRequest) -> Framework:
+    """The framework a request names (checked by `validate_request`), else ``torch``."""
+    return FRAMEWORKS[0] if req.framework is None else parse_framework(req.framework)
 
 
 def _backend(req: ShapeRequest, default: Backend) -> Backend:
@@ -396,6 +437,8 @@ def check_same_shape(running: SessionSpec, req: ShapeRequest) -> None:
         said.append(f"--backend {req.backend}")
     if req.init is False and running.init_process_group:
         said.append("--no-init")
+    if req.framework is not None and parse_framework(req.framework) != running.framework:
+        said.append(f"--framework {req.framework}")
     if req.hosts and req.hosts != running.hosts:
         said.append("--hosts " + ",".join(str(h) for h in req.hosts))
     if said:

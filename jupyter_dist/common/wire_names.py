@@ -23,3 +23,14 @@ API_PREFIX = "/jupyter-dist/api/v1"
 LOGS_ROUTE = "/jupyter-dist/logs"
 #: the name of a notebook process's log folder, in the temporary folder, starts with this
 LOGS_FOLDER_PREFIX = "jupyter_dist-logs-"
+#: execute_request metadata key: the sender acknowledges this cell's IOPub messages
+#: (`ACK_MSG_TYPE`), and the rank sends them at that sender's pace, not its slowest
+#: subscriber's (`rank.iopub_credit`)
+CREDIT_KEY = "jupyter_dist_credit"
+#: control message type: ``{"cell": msg_id, "count": n}``, the sender has taken the first
+#: n IOPub messages of its cell
+ACK_MSG_TYPE = "jupyter_dist_ack"
+#: IOPub messages of a credited cell a rank sends ahead of its sender's acknowledgement
+CREDIT_WINDOW = 64
+#: the sender acknowledges every this many messages of a cell
+ACK_EVERY = 16

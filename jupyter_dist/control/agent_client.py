@@ -78,6 +78,11 @@ class AgentClient:
 
     @property
     def host(self) -> str:
+        """The node's name as users see it: the name they gave it (`Launcher.label`), else
+        the hostname its agent reported."""
+        label = self.launcher.label
+        if label is not None:
+            return label
         return self.info.host if self.info else self.launcher.host
 
     async def start(self, session: str, env: Mapping[str, str], timeout: float) -> AgentInfo:

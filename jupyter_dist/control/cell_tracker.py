@@ -79,6 +79,8 @@ class CellTracker:
         self.timed_out = False
         self.timeout_s: float | None = None  # the --timeout it ran past
         self.interrupted = False
+        #: someone else interrupted or restarted the session during the cell (in words)
+        self.stopped_by = ""
         #: when the first rank failed (raised or died): the others then wind down
         self.first_failure_at: float | None = None
         self.stuck: tuple[int, ...] = ()
@@ -272,6 +274,7 @@ class CellTracker:
             timed_out=self.timed_out,
             timeout_s=self.timeout_s,
             interrupted=self.interrupted,
+            stopped_by=self.stopped_by,
             stuck=self.stuck,
         )
 

@@ -11,7 +11,9 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from jupyter_dist.common.gpus import discover_gpus
@@ -19,6 +21,7 @@ from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.common.payloads import ManagerEvent, SessionStatus
 from jupyter_dist.common.ports import PORTS_VAR
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape, resolve_shape
+from jupyter_dist.control.cell_queue import Sender
 from jupyter_dist.control.launchers import launcher_for
 from jupyter_dist.control.rank_group import RankGroup
 from jupyter_dist.control.session import (
@@ -75,6 +78,8 @@ class SessionManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self._watchers: set[asyncio.Queue[ManagerEvent]] = set()
         self._listeners: list[Callable[[ManagerEvent], None]] = []
+        #: kernel id -> how many event streams that notebook kernel holds open
+        self.clients: Counter[str] = Counter()
 
     # -- change events, for UIs ------------------------------------------------------
     def subscribe(self, maxsize: int = 1000) -> asyncio.Queue[ManagerEvent]:
@@ -186,6 +191,9 @@ class SessionManager:
             self.sessions[name] = session
             return session, True
 
+    async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None:
+        await self.get(name).interrupt(ranks)
+
     async def shutdown(self, name: str) -> None:
         session = self.get(name)
         try:
@@ -200,6 +208,62 @@ class SessionManager:
         for session in sessions:
             self._publish({"type": "removed", "name": session.name})
         await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
+
+    # -- who uses the sessions (notebook kernels attached under a server) --------------
+    def attach(self, name: str, sender: Sender) -> None:
+        """``sender``'s notebook uses session ``name`` (it asked for its connection)."""
+        session = self.get(name)
+        if sender.kernel_id and sender.kernel_id not in session.notebooks:
+            session.notebooks[sender.kernel_id] = {**sender.to_json(), "since": time.time()}
+            self._session_changed(session)
+
+    def client_came(self, kernel_id: str) -> None:
+        self.clients[kernel_id] += 1
+
+    async def client_left(self, kernel_id: str) -> None:
+        """A notebook kernel's event stream closed; when it was its last one the kernel
+        is gone (it died, or was restarted): its waiting requests are withdrawn, its
+        running cell interrupted, and the others told."""
+        self.clients[kernel_id] -= 1
+        if self.clients[kernel_id] > 0:
+            return
+        del self.clients[kernel_id]
+        for session in list(self.sessions.values()):
+            left = session.notebooks.pop(kernel_id, None)
+            running, _withdrawn = session.turns.drop_sender(kernel_id)
+            if running is not None:
+                self.tell(
+                    session.name,
+                    "sender-gone",
+                    running.sender,
+                    f"the cell from {running.sender.label} in session {session.name!r} was "
+                    "interrupted: its notebook's kernel went away",
+                )
+                if session.state == SessionState.READY:
+                    await session.interrupt(list(running.ranks) or None)
+            if left is not None:
+                self._session_changed(session)
+
+    def tell(self, name: str, action: str, by: Sender, text: str) -> None:
+        """Tell every notebook attached to session ``name`` (and the sidebar)."""
+        self._publish(
+            {"type": "notice", "name": name, "action": action, "by": by.to_json(), "text": text}
+        )
+
+    def tell_action(self, name: str, action: str, by: Sender) -> None:
+        """Before ``action`` (interrupt, restart, shutdown) is done to session ``name``
+        on ``by``'s request: say who asked, and what is lost."""
+        session = self.get(name)
+        running = session.turns.running
+        if action == "interrupt":
+            text = f"session {name!r} was interrupted from {by.label}"
+            if running is not None:
+                text += f": the {running.kind} from {running.sender.label} was stopped"
+        elif action == "restart":
+            text = f"session {name!r} was restarted from {by.label}; its variables are gone"
+        else:
+            text = f"session {name!r} was shut down from {by.label}; its variables are gone"
+        self.tell(name, action, by, text)
 
     def status(self) -> list[SessionStatus]:
         return [self.sessions[n].status() for n in self.names()]

@@ -26,7 +26,13 @@ import zmq.asyncio
 from jupyter_dist.common.payloads import KernelConnection
 from jupyter_dist.common.pickling import Frame
 from jupyter_dist.common.wire_codec import WireCodec, WireError
-from jupyter_dist.common.wire_names import NOTEBOOK_COUNT_KEY, OBJECTS_TARGET
+from jupyter_dist.common.wire_names import (
+    ACK_EVERY,
+    ACK_MSG_TYPE,
+    CREDIT_KEY,
+    NOTEBOOK_COUNT_KEY,
+    OBJECTS_TARGET,
+)
 from jupyter_dist.errors import PushError, SessionError
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,8 @@ RETRY_S = 0.05
 RETRY_MAX_S = 1.0
 #: a receive waiting this long checks the socket itself for a message it was not woken for
 RECHECK_S = 1.0
+#: cells of this process whose late output (from threads they started) is still taken
+PAST_CELLS = 64
 #: a reader hands the loop over after this many messages in a row
 BURST = 64
 #: the sockets of a rank kernel the notebook side uses: (name, type, port key)
@@ -79,6 +87,12 @@ class RankClient:
         self._outbox: dict[str, collections.deque[list[Any]]] = {}
         self._context = context
         self.handlers: dict[str, Handler] = {}
+        #: IOPub messages taken of each cell this process sent (acknowledged to the rank)
+        self._taken: collections.OrderedDict[str, int] = collections.OrderedDict()
+        #: the ended cells this process sent, newest last (`forget`)
+        self.past_cells: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: called with (rank, text) for output of an ended cell of this process
+        self.on_late: Callable[[int, str], None] | None = None
         self._comm_id: str | None = None
         self._comm_waiters: dict[str, asyncio.Future[tuple[dict[str, Any], list[Frame]]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -103,8 +117,11 @@ class RankClient:
             self._outbox[name] = collections.deque()
 
     # -- connection -------------------------------------------------------------------
-    async def connect(self, timeout: float, dead: Callable[[], str | None]) -> None:
-        """Open the channels and wait until shell and IOPub both answer.
+    async def connect(
+        self, timeout: float, dead: Callable[[], str | None], channel: str = "shell"
+    ) -> None:
+        """Open the channels and wait until ``channel`` and IOPub both answer (``control``
+        answers while the kernel runs a cell: attaching to a busy session).
 
         IOPub is a PUB/SUB pair and drops messages until the subscription is through, so
         a kernel_info request is repeated until a busy/idle status is seen on IOPub. An
@@ -117,12 +134,12 @@ class RankClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         seen, replied = asyncio.Event(), asyncio.Event()
-        handler = _kernel_info_handler(seen, replied)
+        handler = _kernel_info_handler(seen, replied, channel)
         sent: list[str] = []
         wait = RETRY_S
         try:
             while True:
-                sent.append(self.send("kernel_info_request", {}, handler=handler))
+                sent.append(self.send("kernel_info_request", {}, handler=handler, channel=channel))
                 try:
                     await asyncio.wait_for(seen.wait(), wait)
                     await asyncio.wait_for(replied.wait(), max(0.1, deadline - loop.time()))
@@ -215,8 +232,13 @@ class RankClient:
                 return None
         parent = msg.get("parent_header", {}).get("msg_id")
         handler = self.handlers.get(parent) if parent else None
+        if channel == "iopub" and parent in self._taken:
+            self._took(parent)
         if handler is not None:
             handler(channel, msg)
+        elif parent in self.past_cells and msg["msg_type"] == "stream" and self.on_late:
+            # a thread one of this process's cells started prints after the cell ended
+            self.on_late(self.rank, str(msg["content"].get("text", "")))
         return handler
 
     # -- requests ---------------------------------------------------------------------
@@ -268,13 +290,29 @@ class RankClient:
             "store_history": not silent,
             "user_expressions": {},
             "allow_stdin": False,
-            "stop_on_error": True,
+            "stop_on_error": False,  # one cell at a time: nothing of others to abort
         }
-        metadata = {NOTEBOOK_COUNT_KEY: execution_count} if execution_count else None
-        return self.send("execute_request", content, handler=handler, metadata=metadata)
+        metadata: dict[str, Any] = {CREDIT_KEY: True}  # this process paces its output
+        if execution_count:
+            metadata[NOTEBOOK_COUNT_KEY] = execution_count
+        msg_id = self.send("execute_request", content, handler=handler, metadata=metadata)
+        self._taken[msg_id] = 0
+        return msg_id
+
+    def _took(self, parent: str) -> None:
+        """One IOPub message of our cell ``parent`` was taken: acknowledge every
+        `ACK_EVERY` (the rank sends at most `CREDIT_WINDOW` ahead of them)."""
+        taken = self._taken[parent] = self._taken[parent] + 1
+        if taken % ACK_EVERY == 0:
+            self.send(ACK_MSG_TYPE, {"cell": parent, "count": taken}, channel="control")
 
     def forget(self, msg_id: str) -> None:
-        self.handlers.pop(msg_id, None)
+        if self.handlers.pop(msg_id, None) is not None:
+            self.past_cells[msg_id] = None
+            while len(self.past_cells) > PAST_CELLS:
+                self.past_cells.popitem(last=False)
+            while len(self._taken) > PAST_CELLS:
+                self._taken.popitem(last=False)
 
     def interrupt(self) -> None:
         """Ask the kernel to interrupt itself (it signals its whole process group)."""
@@ -339,13 +377,13 @@ class RankClient:
                 socket.close(linger=0)
 
 
-def _kernel_info_handler(seen: asyncio.Event, replied: asyncio.Event) -> Handler:
-    """Sets ``seen`` on the request's IOPub status, ``replied`` on its shell reply."""
+def _kernel_info_handler(seen: asyncio.Event, replied: asyncio.Event, asked: str) -> Handler:
+    """Sets ``seen`` on the request's IOPub status, ``replied`` on its reply."""
 
     def on_msg(channel: str, msg: dict[str, Any]) -> None:
         if channel == "iopub" and msg["msg_type"] == "status":
             seen.set()
-        elif channel == "shell":
+        elif channel == asked:
             replied.set()
 
     return on_msg

@@ -2,6 +2,12 @@
 
 `rank_env` is the single place where RANK, LOCAL_RANK, WORLD_SIZE ... are decided, so
 that a script written for ``torchrun`` reads the same values inside a rank kernel.
+
+Libraries that read their own variables get them here too: Hugging Face accelerate treats
+CPU processes as one process each (and ``prepare()`` skips DDP) unless
+``ACCELERATE_USE_CPU`` says otherwise, so a CPU session sets it on every rank (a value the
+user gave wins). JAX's coordinator and ids come from the rank itself
+(`jupyter_dist.rank.jax_cluster`), told by ``JUPYTER_DIST_FRAMEWORK``.
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ from dataclasses import dataclass
 
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.rendezvous import Rendezvous
-from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR, SESSION_VAR
+from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR, FRAMEWORK_VAR, SESSION_VAR
+
+#: accelerate's switch for distributed CPU processes (``accelerate.state.AcceleratorState``)
+ACCELERATE_CPU_VAR = "ACCELERATE_USE_CPU"
 
 
 @dataclass(frozen=True)
@@ -69,5 +78,8 @@ def rank_env(
         SESSION_VAR: spec.name,
         DEVICE_VAR: spec.device,
         BACKEND_VAR: spec.backend,
+        FRAMEWORK_VAR: spec.framework,
     }
+    if spec.device == "cpu":
+        env[ACCELERATE_CPU_VAR] = user_env.get(ACCELERATE_CPU_VAR, "1")
     return env

@@ -27,7 +27,7 @@ import enum
 import logging
 import queue
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,14 +35,18 @@ import zmq.asyncio
 
 from jupyter_dist.common import pickling, stacks
 from jupyter_dist.common.agent_protocol import describe_returncode
-from jupyter_dist.common.events import CellEvent, CellFinished, CellResult, Notice
+from jupyter_dist.common.events import CellEvent, CellFinished, CellResult, Notice, StreamOut
 from jupyter_dist.common.payloads import KernelConnection
 from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.control.cell_queue import CellQueue, Sender, Turn, TurnKind
 from jupyter_dist.control.cell_tracker import CellTracker
 from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_env import RankPlace
 from jupyter_dist.errors import (
+    CellInterrupted,
     CellTimeout,
+    DistError,
+    PullError,
     PushError,
     RanksFailed,
     SessionError,
@@ -71,6 +75,10 @@ ABORT_AFTER_S = 3.0
 #: inside a C++ collective never sees the KeyboardInterrupt)
 STUCK_AFTER_S = 2.0
 STACKS_TIMEOUT_S = 10.0
+#: notices kept for this process's next cell
+MAX_NEWS = 16
+#: characters kept a rank of what background threads printed between this process's cells
+LATE_OUTPUT_CHARS = 64 * 1024
 
 
 class SessionState(str, enum.Enum):
@@ -128,6 +136,8 @@ class RankRecord:
     exit_tail: str = ""  # the end of its log when it died
     log: str = ""
     connection: KernelConnection | None = None  # reachable from this process (tunnelled)
+    busy_since: float | None = None  # epoch s its current cell began
+    last_error: str = ""  # the error line of its last failed cell
 
     @property
     def rank(self) -> int:
@@ -144,7 +154,16 @@ class RankGroup:
         self.on_change: Callable[[RankGroup], None] | None = None
         self._state = SessionState.STARTING
         self.broken_reason = ""
-        self.cells_run = 0
+        #: whose turn it is on the ranks; the sender this process's requests carry
+        self.turns = CellQueue(self._changed)
+        self.sender = Sender()
+        self._waiting: str | None = None  # the turn this process waits for
+        #: tasks started on the group's behalf, kept until they end
+        self.background: set[asyncio.Future[Any]] = set()
+        #: what others did to the session (told by its owner), for this process's next cell
+        self.news: list[str] = []
+        #: rank -> what threads of this process's ended cells printed since (bounded)
+        self.late_output: dict[int, str] = {}
         self._context = zmq.asyncio.Context()
         # a kernel binds its ports a few ms after it is forked: reconnect quickly
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
@@ -158,6 +177,10 @@ class RankGroup:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def cells_run(self) -> int:
+        return self.turns.cells_run
 
     @property
     def state(self) -> SessionState:
@@ -226,11 +249,70 @@ class RankGroup:
         ``execution_count`` is the notebook's for the cell."""
         self._check_usable()
         chosen = self.check_ranks(ranks)
-        self.cells_run += 1
-        result = await self._run_cell(code, chosen, sink, timeout, execution_count=execution_count)
+        try:
+            async with self.turn("cell", chosen, sink) as errors:
+                self._check_usable()  # it may have broken while the cell waited
+                self._hand_over_late_output(sink)
+                result = await self._run_cell(
+                    code, chosen, sink, timeout, execution_count=execution_count
+                )
+                errors.update({f.rank: f.headline() for f in result.failures})
+        except TurnWithdrawn:
+            result = CellResult(tuple(chosen), (), {}, withdrawn=True)
         if sink is not None:
             sink.put(CellFinished(result))
         return result
+
+    def take_late_output(self, rank: int, text: str) -> None:
+        """A thread started by one of this process's ended cells printed ``text``: keep
+        it for the next cell (at most `LATE_OUTPUT_CHARS` a rank, the newest)."""
+        kept = self.late_output.get(rank, "") + text
+        self.late_output[rank] = kept[-LATE_OUTPUT_CHARS:]
+
+    def _hand_over_late_output(self, sink: queue.SimpleQueue[CellEvent] | None) -> None:
+        """Before a cell: what others did to the session since this process's last cell,
+        and what threads of its earlier cells printed meanwhile."""
+        late, self.late_output = self.late_output, {}
+        news, self.news = self.news, []
+        if sink is None:
+            return
+        for text in news:
+            sink.put(Notice(text))
+        for rank, text in sorted(late.items()):
+            sink.put(StreamOut(rank, "stdout", f"(printed after its cell ended)\n{text}"))
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self, kind: TurnKind, ranks: Sequence[int], sink: queue.SimpleQueue[CellEvent] | None
+    ) -> AsyncIterator[dict[int, str]]:
+        """Wait for this process's turn on the ranks (others' cells run first), telling
+        ``sink`` what it waits for; yield a dict the caller fills with each failed rank's
+        error line; end the turn. Raises `TurnWithdrawn` if `stop_cell` withdrew it."""
+        turn = Turn(self.turns.new_id(), self.sender, kind, tuple(ranks))
+        self._waiting = turn.turn_id
+        try:
+            await self.turns.take(turn, _waiting_notice(sink))
+        except SessionError:
+            raise TurnWithdrawn(turn.turn_id) from None
+        finally:
+            self._waiting = None
+        errors: dict[int, str] = {}
+        try:
+            yield errors
+        finally:
+            self.turns.end(turn.turn_id, errors, ranks)
+
+    async def stop_cell(self, ranks: Sequence[int] | None = None) -> None:
+        """The user stopped this process's cell: withdraw it if it still waits for its
+        turn (the running one, someone else's, goes on), else interrupt it."""
+        waiting = self._waiting
+        if waiting is not None:
+            await self.withdraw(waiting)
+            return
+        await self.interrupt(ranks)
+
+    async def withdraw(self, turn_id: str) -> None:
+        self.turns.end(turn_id)
 
     async def _run_cell(
         self,
@@ -253,6 +335,7 @@ class RankGroup:
                     run.rank_died(r, rec.exit_code or -9, rec.pid, "")
                     continue
                 rec.state = RankState.BUSY
+                rec.busy_since = time.time()
                 sent[r] = rec.client.execute(
                     code, run.handler(r), silent=silent, execution_count=execution_count
                 )
@@ -287,8 +370,13 @@ class RankGroup:
                     rec.client.forget(msg_id)
                 if rec.state == RankState.BUSY:
                     rec.state = RankState.IDLE
+                rec.busy_since = None
             self._changed()
-        return run.result()
+        result = run.result()
+        failed = {f.rank: f.headline() for f in result.failures}
+        for r in ranks:
+            self.ranks[r].last_error = failed.get(r, "")
+        return result
 
     async def _watch(self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None) -> None:
         """Wait for the cell.
@@ -383,6 +471,10 @@ class RankGroup:
         """Turn a failed `CellResult` into the exception the notebook cell raises."""
         if not result.failures:
             return
+        if result.stopped_by:  # someone else interrupted or restarted the session
+            raise CellInterrupted(
+                self.name, self.spec.world_size, result.failures, result.stopped_by
+            )
         if result.timed_out:
             raise CellTimeout(
                 self.name, self.spec.world_size, result.failures, note, result.timeout_s
@@ -406,14 +498,15 @@ class RankGroup:
         """Send pickled ``{name: value}`` to each rank's namespace."""
         self._check_usable()
         chosen = self.check_ranks(ranks)
-        replies = await self._objects(
-            "push",
-            chosen,
-            lambda r: self._client(r).objects_request(
-                {"op": "push", **payload.signed_fields()}, payload.frames
-            ),
-            timeout,
-        )
+        async with self.turn("push", chosen, None):
+            replies = await self._objects(
+                "push",
+                chosen,
+                lambda r: self._client(r).objects_request(
+                    {"op": "push", **payload.signed_fields()}, payload.frames
+                ),
+                timeout,
+            )
         errors = [(r, rep) for r, rep in zip(chosen, replies, strict=True) if _failed(rep)]
         if errors:
             r, rep = errors[0]
@@ -425,19 +518,24 @@ class RankGroup:
         """The value of ``name`` on each rank, in rank order."""
         self._check_usable()
         chosen = self.check_ranks(ranks)
-        replies = await self._objects(
-            f"pull {name!r}",
-            chosen,
-            lambda r: self._client(r).objects_request({"op": "pull", "name": name}),
-            timeout,
-        )
+        async with self.turn("pull", chosen, None):
+            replies = await self._objects(
+                f"pull {name!r}",
+                chosen,
+                lambda r: self._client(r).objects_request({"op": "pull", "name": name}),
+                timeout,
+                PullError,
+            )
         values = []
         for r, rep in zip(chosen, replies, strict=True):
             if _failed(rep):
-                raise PushError(f"pull {name!r} failed on rank {r}: {_why(rep)}")
+                raise PullError(f"pull {name!r} failed on rank {r}: {_why(rep)}")
             assert isinstance(rep, tuple)
             data, buffers = rep
-            values.append(pickling.load(buffers, data["digest"], data["sizes"]))
+            try:
+                values.append(pickling.load(buffers, data["digest"], data["sizes"]))
+            except PushError as err:  # the payload's checks
+                raise PullError(f"pull {name!r} failed on rank {r}: {err}") from None
         return values
 
     async def _objects(
@@ -446,9 +544,10 @@ class RankGroup:
         chosen: list[int],
         request: Callable[[int], Coroutine[Any, Any, Any]],
         timeout: float,
+        error: type[PushError] = PushError,
     ) -> list[Any]:
         """Each rank's answer to ``request(rank)`` (or its exception), in ``chosen``'s
-        order; `PushError` naming the ranks that did not answer within ``timeout``."""
+        order; ``error`` naming the ranks that did not answer within ``timeout``."""
         tasks = [asyncio.ensure_future(request(r)) for r in chosen]
         try:
             _done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else ((), ())
@@ -458,7 +557,7 @@ class RankGroup:
                 task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-            raise PushError(
+            raise error(
                 f"{what} in session {self.name!r}: {ranks_label(late)} of "
                 f"{ranks_label(chosen)} did not answer within {timeout:g} s (busy running "
                 "a cell? `%dist interrupt` stops it)"
@@ -477,6 +576,16 @@ class RankGroup:
             if rec.client:
                 await rec.client.close()
                 rec.client = None
+
+
+class TurnWithdrawn(DistError):
+    """A request was withdrawn before its turn came (its sender stopped it)."""
+
+
+def _waiting_notice(sink: queue.SimpleQueue[CellEvent] | None) -> Callable[[str], None] | None:
+    if sink is None:
+        return None
+    return lambda text: sink.put(Notice(text, True))
 
 
 def _timeout_detail(run: CellTracker, rank: int, dumps: Mapping[int, str]) -> str:

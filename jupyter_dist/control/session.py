@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from typing import cast
 
 from jupyter_dist.common.agent_protocol import describe_returncode
-from jupyter_dist.common.payloads import KernelConnection, SessionConnection, SessionStatus
+from jupyter_dist.common.payloads import (
+    KernelConnection,
+    NotebookJSON,
+    SessionConnection,
+    SessionStatus,
+)
 from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
 from jupyter_dist.common.proc_titles import NODE_RANK_VAR
 from jupyter_dist.common.spec import SessionSpec
@@ -69,6 +74,8 @@ class Session(RankGroup):
         self.rendezvous: Rendezvous | None = None
         self.node_env: dict[int, dict[str, str]] = {}
         self.started_at = 0.0
+        #: kernel id -> the notebook kernels attached to it (under a server)
+        self.notebooks: dict[str, NotebookJSON] = {}
 
     # -- start-up ---------------------------------------------------------------------
     async def start(self, progress: Progress = lambda _: None) -> None:
@@ -110,11 +117,11 @@ class Session(RankGroup):
         async def start(node: AgentClient) -> AgentInfo:
             began = time.monotonic()
             if remote:
-                progress(f"node {node.launcher.host}: connecting")
+                progress(f"node {node.host}: connecting")
             info = await node.start(self.name, agent_env(node.node_rank), self.timeouts.start)
             if remote:
                 gpus = f", {len(info.gpus)} GPUs" if info.gpus else ""
-                progress(f"node {info.host}: agent ready in {time.monotonic() - began:.1f} s{gpus}")
+                progress(f"node {node.host}: agent ready in {time.monotonic() - began:.1f} s{gpus}")
             return info
 
         results = await asyncio.gather(*(start(n) for n in self.nodes), return_exceptions=True)
@@ -134,7 +141,7 @@ class Session(RankGroup):
             have, want = len(info.gpus), self.spec.procs_on(node)
             if self.spec.device == "cuda" and have < want:
                 raise NoGPUError(
-                    f"--gpus {want}: node {info.host!r} has {have} CUDA "
+                    f"--gpus {want}: node {self.nodes[node].host!r} has {have} CUDA "
                     f"device{'s' if have != 1 else ''}; use --procs {want} "
                     "for CPU ranks with the gloo backend"
                 )
@@ -191,6 +198,7 @@ class Session(RankGroup):
         tunnelled = await rec.node.launcher.tunnel(rec.rank, spawned.connection)
         rec.connection = cast(KernelConnection, tunnelled)
         rec.client = RankClient(rec.rank, rec.connection, self.key, self._context)
+        rec.client.on_late = self.take_late_output
 
         def dead() -> str | None:
             return None if rec.state != RankState.DEAD else describe_returncode(rec.exit_code)
@@ -286,6 +294,7 @@ class Session(RankGroup):
         if self.state == SessionState.STOPPED:
             return
         self.state = SessionState.STOPPED
+        self.turns.clear()
         await self.close_clients()
         await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
         with contextlib.suppress(Exception):
@@ -352,9 +361,14 @@ class Session(RankGroup):
                     "returncode": r.exit_code,
                     "exit_tail": r.exit_tail,
                     "log": r.log,
+                    "busy_since": r.busy_since or self.turns.busy_since(r.rank),
+                    "last_error": r.last_error or self.turns.last_errors.get(r.rank, ""),
                 }
                 for r in sorted(self.ranks.values(), key=lambda r: r.rank)
             ],
+            "started_at": self.started_at,
+            "notebooks": sorted(self.notebooks.values(), key=lambda n: n["since"]),
+            **self.turns.status(),
         }
 
 

@@ -218,8 +218,12 @@ class CellView:
             }
             if event.msg_type == "execute_result":
                 output = {**output, "output_type": "execute_result", "execution_count": None}
+            display_id = event.transient.get("display_id")
+            shown_as = display_id if isinstance(display_id, str) else None
             if event.msg_type != "update_display_data":
-                self.rank_views[event.rank].output.add_rich(output)
+                self.rank_views[event.rank].output.add_rich(output, shown_as)
+            elif shown_as is not None:  # a library's progress table, step after step
+                self.rank_views[event.rank].output.update_rich(shown_as, event.data, event.metadata)
             self._to_text(event)
         elif isinstance(event, ClearOut):
             self.rank_views[event.rank].output.clear()

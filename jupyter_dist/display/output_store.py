@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from jupyter_dist.common.wire_names import LOGS_FOLDER_PREFIX
+from jupyter_dist.display.rich_text import readable_text
 from jupyter_dist.errors import SpecError
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
 from jupyter_dist.text import strip_ansi
@@ -78,6 +79,8 @@ class ViewOutput:
     version: int = 0  # bumped on every change, so a view redraws only when it moved
     char_limit: int = CHAR_LIMIT
     chars: int = 0  # characters of the kept lines
+    #: display id -> its kept output (``display(..., display_id=True)``, updated later)
+    displays: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def add_line(self, stream: str, line: str) -> None:
         self.entries.append((stream, line))
@@ -92,12 +95,34 @@ class ViewOutput:
         self.chars += sum(map(len, lines))
         self._trim()
 
-    def add_rich(self, output: dict[str, Any]) -> None:
+    def add_rich(self, output: dict[str, Any], display_id: str | None = None) -> None:
+        """Keep a rich output; one with a ``display_id`` may be updated later."""
         self.entries.append(("rich", output))
+        if display_id:
+            self.displays.pop(display_id, None)
+            self.displays[display_id] = output
+            while len(self.displays) > self.limit:  # the oldest have been trimmed anyway
+                del self.displays[next(iter(self.displays))]
         self._trim()
+
+    def update_rich(self, display_id: str, data: dict[str, Any], metadata: dict[str, Any]) -> bool:
+        """Show ``data`` in place of the kept output of display ``display_id`` (a progress
+        table updated step after step); False when no kept output has that id."""
+        shown = self.displays.get(display_id)
+        if shown is None:
+            return False
+        for n, (kind, value) in enumerate(self.entries):
+            if kind == "rich" and value is shown:
+                updated = {**value, "data": data, "metadata": metadata}
+                self.entries[n] = ("rich", updated)
+                self.displays[display_id] = updated
+                self.version += 1
+                return True
+        return False
 
     def clear(self) -> None:
         self.entries.clear()
+        self.displays.clear()
         self.chars = 0
         self.version += 1
 
@@ -261,4 +286,5 @@ def _stream(name: str, lines: list[str]) -> dict[str, Any]:
 def _rich_text(output: dict[str, Any]) -> str:
     if output.get("output_type") == "error":
         return "\n".join(output.get("traceback", []))
-    return str(output.get("data", {}).get("text/plain", "[rich output]"))
+    data = output.get("data")
+    return readable_text(data) if isinstance(data, Mapping) and data else "[rich output]"

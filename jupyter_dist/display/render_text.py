@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from jupyter_dist.common.events import (
     StreamOut,
 )
 from jupyter_dist.display.output_store import RankLogs, format_size, output_limit
+from jupyter_dist.display.rich_text import is_bare_repr, readable_text
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
 from jupyter_dist.text import ranks_label
@@ -39,6 +41,7 @@ STREAMS = ("stdout", "stderr")
 DisplayFn = Callable[[dict[str, Any], dict[str, Any]], None]
 #: numbers the log folders of renderers that were given none
 _cells = itertools.count(1)
+_DIGITS = re.compile(r"\d+(\.\d+)?")
 
 
 class TextSink(Protocol):
@@ -77,7 +80,11 @@ class TextRenderer:
             name: {r: collections.deque() for r in self.ranks} for name in STREAMS
         }
         self.results: list[RichOut] = []
+        #: (rank, display id) -> the latest update of that display, shown when the cell
+        #: ends: a progress table updated a thousand times is one table, not a thousand
+        self.updates: dict[tuple[int, str], RichOut] = {}
         self.results_shown = 0
+        self._last_transient = ""
         self.lines_written = 0
         self.summary = summary
         self.finished: dict[int, RankStatus] = {}
@@ -92,8 +99,11 @@ class TextRenderer:
         if isinstance(event, StreamOut):
             self._stream(event)
         elif isinstance(event, RichOut):
+            display_id = event.transient.get("display_id")
             if event.msg_type == "execute_result":
                 self.results.append(event)
+            elif event.msg_type == "update_display_data" and isinstance(display_id, str):
+                self.updates[(event.rank, display_id)] = event
             else:
                 self.flush(final=True)
                 self._show_rich([event.rank], event)
@@ -103,6 +113,11 @@ class TextRenderer:
             state = STATE_OF_FINISH.get(event.status, "error")
             self.finished[event.rank] = RankStatus(event.rank, "", 0, state, elapsed=event.elapsed)
         elif isinstance(event, Notice):
+            if event.transient:  # a ticking notice ("... (running 8 s)") is said once
+                gist = _DIGITS.sub("#", event.text)
+                if gist == self._last_transient:
+                    return
+                self._last_transient = gist
             self.flush(final=True)
             self.files["stdout"].write(f"[jupyter_dist] {event.text}\n")
         elif isinstance(event, CellFinished):
@@ -118,6 +133,9 @@ class TextRenderer:
             self._end_partial(rank)
         self.running.clear()
         self.flush(final=True)
+        updates = list(self.updates.values())
+        self.updates.clear()
+        self._show_grouped(updates)
         self._show_results()
         for rank, dropped in sorted(self.dropped.items()):
             self.files["stdout"].write(
@@ -256,21 +274,28 @@ class TextRenderer:
         label = ranks_label(ranks)
         out = self.files["stdout"]
         if set(data) <= {"text/plain"} or self.display is None:
-            text = str(data.get("text/plain", ""))
+            text = readable_text(data)
             prefix = f"[{label}] Out: " if event.msg_type == "execute_result" else f"[{label}] "
             out.write(prefix + text.replace("\n", "\n" + " " * len(prefix)) + "\n")
             return
         out.write(f"[{label}]\n")
         out.flush()
+        if is_bare_repr(str(data.get("text/plain", ""))):  # what a text-only frontend shows
+            data = {**data, "text/plain": readable_text(data)}
         self.display(data, event.metadata)
 
     def _show_results(self) -> None:
+        self.results_shown += self._show_grouped(self.results)
+        self.results.clear()
+
+    def _show_grouped(self, events: Sequence[RichOut]) -> int:
+        """Show ``events``, identical ones of several ranks once (when folding); how many
+        were shown."""
         groups: dict[str, tuple[list[int], RichOut]] = {}
-        for event in sorted(self.results, key=lambda e: e.rank):
+        for event in sorted(events, key=lambda e: e.rank):
             key = repr(sorted(event.data.items()))
             ranks, _ = groups.setdefault(key if self.fold else str(event.rank), ([], event))
             ranks.append(event.rank)
         for ranks, event in groups.values():
             self._show_rich(ranks, event)
-            self.results_shown += 1
-        self.results.clear()
+        return len(groups)

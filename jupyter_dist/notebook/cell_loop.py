@@ -110,8 +110,10 @@ def run_cell(
     future = control.loop.submit(session.execute(code, ranks, sink, timeout, execution_count))
 
     def interrupt() -> None:
-        control.loop.submit(session.interrupt(ranks))
-        sink.put(Notice(f"interrupting {ranks_label(ranks or sorted(session.ranks))}", True))
+        control.loop.submit(session.stop_cell(ranks))
+        sink.put(
+            Notice(f"stopping the cell on {ranks_label(ranks or sorted(session.ranks))}", True)
+        )
 
     interrupted = drive(future, sink, renderer, interrupt)
     if interrupted:
@@ -136,6 +138,13 @@ def interrupted_error(
         running = sorted(ranks or session.ranks)
         return CellInterrupted(session.name, world, [], still_running=running)
     result = future.result()
+    if result.withdrawn:
+        return CellInterrupted(
+            session.name,
+            world,
+            [],
+            "withdrawn before it started; the cell that was running on the ranks went on",
+        )
     note = restart_stuck(control, session, result) if result.stuck else ""
     return CellInterrupted(session.name, world, result.failures, note)
 

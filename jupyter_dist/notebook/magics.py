@@ -30,6 +30,7 @@ from jupyter_dist.common.spec import (
     check_seconds,
     check_session_name,
     parse_counts,
+    parse_framework,
     parse_names,
     parse_ranks,
     validate_request,
@@ -212,6 +213,13 @@ class DistMagics(Magics):
         "--no-init", action="store_true", help="do not create the torch.distributed process group"
     )
     @argument(
+        "--framework",
+        default=None,
+        help="what each rank is given before the first cell: torch (default; the "
+        "torch.distributed process group), jax (what jax.distributed.initialize() needs, "
+        "called without arguments), or none",
+    )
+    @argument(
         "--output",
         default=None,
         help="how output is shown: widget (a view per rank, status, charts), text (prefixed "
@@ -270,7 +278,7 @@ class DistMagics(Magics):
             return session
 
         running = manager.sessions.get(name)
-        if running is not None and running.state != SessionState.STOPPED and not running.stale:
+        if running is not None and running.state == SessionState.READY and not running.stale:
             check_same_shape(running.spec, request)  # the common case: no loop round trip
             session = running
         else:
@@ -336,6 +344,7 @@ class DistMagics(Magics):
             procs=procs,
             backend=args.backend,
             init=False if args.no_init else None,
+            framework=None if args.framework is None else parse_framework(args.framework),
             hosts=hosts,
             python=args.python,
             ssh_config=args.ssh_config,
@@ -480,8 +489,11 @@ class DistMagics(Magics):
         )
 
     def _dist_interrupt(self, args: Any) -> None:
+        """Whoever sent the running cell: under a server, every notebook attached to the
+        session is told who interrupted it."""
         session = self._session(args.session)
-        self.control.run(session.interrupt(self._ranks_arg(args, session)))
+        ranks = self._ranks_arg(args, session)
+        self.control.run(self.control.manager.interrupt(session.name, ranks))
 
     def _dist_push(self, args: Any) -> None:
         if not args.names:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from jupyter_dist.common.payloads import SessionStatus
@@ -54,6 +54,8 @@ class SessionRegistry(Protocol):
     async def restart(self, name: str, progress: Progress = ...) -> RankGroup: ...
 
     async def shutdown(self, name: str) -> None: ...
+
+    async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None: ...
 
     async def shutdown_all(self) -> None: ...
 

@@ -2,8 +2,10 @@
 
 `bootstrap` sets the thread count and CUDA device the way torchrun's workers expect,
 creates the default process group from the environment (``env://``), and registers the
-comm target through which the notebook pushes and pulls objects. The rank side imports
-nothing of widgets or the server.
+comm target through which the notebook pushes and pulls objects. What it initialises
+follows the session's ``--framework`` (``JUPYTER_DIST_FRAMEWORK``): ``torch`` the process
+group, ``jax`` what ``jax.distributed.initialize()`` needs (`jupyter_dist.rank.jax_cluster`),
+``none`` nothing. The rank side imports nothing of widgets or the server.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from jupyter_dist.common import pickling
 from jupyter_dist.common.wire_names import OBJECTS_TARGET
-from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR, MASTER_PORTS_VAR
+from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR, FRAMEWORK_VAR, MASTER_PORTS_VAR
 
 
 def _user_ns() -> dict[str, Any]:
@@ -184,6 +186,10 @@ def bootstrap(init_process_group: bool, timeout_s: float) -> None:
             backend=os.environ.get(BACKEND_VAR, "gloo"),
             timeout=timedelta(seconds=timeout_s),
         )
+    if os.environ.get(FRAMEWORK_VAR) == "jax":
+        from jupyter_dist.rank import jax_cluster
+
+        jax_cluster.prepare(_store, timeout_s)
 
 
 def _install_metrics() -> None:

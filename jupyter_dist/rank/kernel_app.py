@@ -17,7 +17,9 @@ from ipykernel.kernelapp import IPKernelApp
 from traitlets import Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
-from jupyter_dist.common.wire_names import NOTEBOOK_COUNT_KEY
+from jupyter_dist.common.wire_names import ACK_MSG_TYPE, CREDIT_KEY, NOTEBOOK_COUNT_KEY
+from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
+from jupyter_dist.rank.out_stream import attribute_threads
 from jupyter_dist.text import strip_ansi
 
 RANK_KERNEL_ARGS = (
@@ -28,6 +30,8 @@ RANK_KERNEL_ARGS = (
 )
 
 _crash_log: IO[str] | None = None
+#: paces each credited cell's IOPub messages by its sender (`rank.iopub_credit`)
+CREDIT = CreditGate()
 
 
 class RankKernel(IPythonKernel):
@@ -46,6 +50,15 @@ class RankKernel(IPythonKernel):
                 shown(etype, evalue, stb)
 
             shell._showtraceback = showtraceback
+        self.control_handlers[ACK_MSG_TYPE] = self.credit_ack
+
+    def credit_ack(self, stream: Any, ident: Any, msg: dict[str, Any]) -> None:
+        """A sender took the first ``count`` IOPub messages of its cell."""
+        del stream, ident
+        content = msg.get("content") or {}
+        cell, count = content.get("cell"), content.get("count")
+        if isinstance(cell, str) and isinstance(count, int):
+            CREDIT.ack(cell, count)
 
     async def do_execute(
         self,
@@ -58,6 +71,10 @@ class RankKernel(IPythonKernel):
         cell_meta: dict[str, Any] | None = None,
         cell_id: str | None = None,
     ) -> Any:
+        if (cell_meta or {}).get(CREDIT_KEY):
+            msg_id = self.get_parent("shell").get("header", {}).get("msg_id")
+            if isinstance(msg_id, str):
+                CREDIT.credit(msg_id)
         count = (cell_meta or {}).get(NOTEBOOK_COUNT_KEY)
         if isinstance(count, int) and count > 0 and not silent and self.shell is not None:
             self.shell.execution_count = count
@@ -73,24 +90,33 @@ class RankKernel(IPythonKernel):
 
 
 class RankKernelApp(IPKernelApp):
-    """`IPKernelApp` whose IOPub socket blocks instead of dropping when a subscriber's
-    queue is full (``XPUB_NODROP``; see `rank.out_stream`).
+    """`IPKernelApp` whose IOPub socket drops, for a subscriber whose queue holds
+    `SEND_QUEUE` messages, what it cannot take, while each credited cell's messages go
+    at the pace of that cell's sender (`rank.iopub_credit`): a stopped notebook can stall
+    neither the ranks nor the other notebooks.
 
-    The option is set as the socket is made, before the IOPub thread that owns it starts:
-    a zmq socket must not be touched by two threads, and the notebook may already be
-    subscribing while the kernel initialises.
+    The queue bound is set as the socket is made, before the IOPub thread that owns it
+    starts: a zmq socket must not be touched by two threads, and the notebook may already
+    be subscribing while the kernel initialises.
     """
 
     kernel_class = Type(RankKernel, klass=IPythonKernel)
 
     def init_iopub(self, context: zmq.Context[Any]) -> None:
-        # the context's default options go to each socket it makes: the IOPub XPUB takes
-        # this one; other kinds refuse it, and pyzmq skips it for them
-        context.setsockopt(zmq.XPUB_NODROP, 1)
+        # the context's default options go to each socket it makes from now on
+        context.setsockopt(zmq.SNDHWM, SEND_QUEUE)
         try:
             super().init_iopub(context)
         finally:
-            del context.sockopts[zmq.XPUB_NODROP]
+            del context.sockopts[zmq.SNDHWM]
+        thread = self.iopub_thread
+        send = thread._really_send
+
+        def paced_send(msg: list[Any], *args: Any, **kwargs: Any) -> None:
+            CREDIT.before_send(msg)
+            send(msg, *args, **kwargs)
+
+        thread._really_send = paced_send
 
 
 def log_traceback(stb: list[str]) -> None:
@@ -124,6 +150,7 @@ def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
     # what a fresh interpreter's code sees (``%run script.py args`` sets its own for the
     # script's run), not the agent's command line, which argparse would try to parse
     sys.argv[:] = [""]
+    attribute_threads()
     app = RankKernelApp.instance()
     # the kernel's Unix sockets are made while it initialises: owner-only (0700) on top of
     # their private folder; the user's own files keep the user's umask

@@ -14,16 +14,25 @@ The rank kernel's IOPub socket blocks instead of dropping (``XPUB_NODROP``, set 
 receive queue then slows a flooding rank down to its own pace, so neither side piles up
 the flood in memory and no output is lost on the way to the rank's log.
 
+Output of a thread goes to the cell that started the thread: ipykernel keeps a cell's
+parent in a context variable that threads do not inherit, so a background thread's lines
+would otherwise go to whichever cell runs when it prints (another notebook's, on a shared
+session). `attribute_threads` records the parent on each thread as it starts.
+
 Rank kernels use it through ``--IPKernelApp.outstream_class``.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 from ipykernel.iostream import OutStream
 
 MESSAGE_CHARS = 1 << 18
+#: the thread attribute holding the parent header of the cell that started the thread
+THREAD_PARENT_ATTR = "_jupyter_dist_parent"
 
 
 class RankOutStream(OutStream):
@@ -32,6 +41,23 @@ class RankOutStream(OutStream):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._unsent = 0
+
+    @property
+    def parent_header(self) -> dict[str, Any]:
+        try:
+            header: dict[str, Any] = self._parent_header.get()  # this thread's cell
+            return header
+        except LookupError:
+            pass
+        started_by = getattr(threading.current_thread(), THREAD_PARENT_ATTR, None)
+        if started_by:
+            return dict(started_by)
+        return dict(self._parent_header_global)
+
+    @parent_header.setter
+    def parent_header(self, value: dict[str, Any]) -> None:
+        self._parent_header.set(value)
+        self._parent_header_global = value
 
     def write(self, string: str) -> int:
         for start in range(0, len(string), MESSAGE_CHARS):
@@ -42,3 +68,19 @@ class RankOutStream(OutStream):
                 self._unsent = 0
                 self.flush()  # type: ignore[no-untyped-call]  # waits until it is sent
         return len(string)
+
+
+_thread_start = threading.Thread.start
+
+
+def _start_in_cell(self: threading.Thread) -> None:
+    if not hasattr(self, THREAD_PARENT_ATTR):
+        stream = sys.stdout
+        parent = stream.parent_header if isinstance(stream, RankOutStream) else None
+        setattr(self, THREAD_PARENT_ATTR, parent or None)
+    _thread_start(self)
+
+
+def attribute_threads() -> None:
+    """Make every thread started from now on remember the cell it was started in."""
+    threading.Thread.start = _start_in_cell  # type: ignore[method-assign]

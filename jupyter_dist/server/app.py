@@ -26,7 +26,6 @@ from jupyter_dist.common.ports import parse_port_range
 from jupyter_dist.control.manager import SessionDefaults, SessionManager
 from jupyter_dist.control.session import SessionTimeouts
 from jupyter_dist.errors import SpecError
-from jupyter_dist.server.handlers import HANDLERS
 from jupyter_dist.server.log_files import LOG_HANDLERS
 from jupyter_dist.server.process_records import (
     REAP_GRACE_S,
@@ -35,6 +34,7 @@ from jupyter_dist.server.process_records import (
     find_orphaned,
     reap,
 )
+from jupyter_dist.server.routes import API_HANDLERS
 from jupyter_dist.settings import MAX_RANKS_VAR
 
 
@@ -147,7 +147,7 @@ class DistServerApp(ExtensionApp):
             self._reaper.start()
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend(HANDLERS)
+        self.handlers.extend(API_HANDLERS)
         self.handlers.extend(LOG_HANDLERS)
 
     def _session_event(self, event: ManagerEvent) -> None:

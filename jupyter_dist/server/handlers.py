@@ -31,6 +31,7 @@ from jupyter_dist.common.hosts import (
 from jupyter_dist.common.payloads import ServerEvent, StacksReply
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_session_name, parse_ranks
 from jupyter_dist.common.wire_names import API_PREFIX
+from jupyter_dist.control.cell_queue import Sender
 from jupyter_dist.control.manager import SessionManager
 from jupyter_dist.errors import (
     AgentError,
@@ -66,6 +67,7 @@ REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "ssh_config": (str,),
     "launcher": (str,),
     "init": (bool,),
+    "framework": (str,),  # torch (default), jax or none
     "cwd": (str,),  # where the ranks run (default: the server's folder)
     "env": (dict,),  # variables the ranks get on top of the server's environment
 }
@@ -170,6 +172,7 @@ def shape_from_json(body: Any) -> CreateRequest:
         procs=_counts("procs", body.get("procs")),
         backend=body.get("backend"),
         init=body.get("init"),
+        framework=body.get("framework"),
         hosts=_hosts(body.get("hosts")),
         python=None if python is None else check_python(python, "python"),
         ssh_config=body.get("ssh_config"),
@@ -235,6 +238,17 @@ class DistHandler(APIHandler):
         self.log.warning("wrote error: %r", message)
         self.finish(json.dumps({"message": message, "reason": error.reason}))
 
+    def sender(self) -> Sender:
+        """Who sends this request: the ``path`` and ``kernel_id`` query arguments a
+        notebook kernel adds (the sidebar says ``path=JupyterLab``)."""
+        return Sender.from_json(
+            {
+                "path": self.get_query_argument("path", ""),
+                "kernel_id": self.get_query_argument("kernel_id", ""),
+            },
+            "query",
+        )
+
     def json_body(self) -> Any:
         """The request's JSON body, refused unread past `MAX_BODY_BYTES`."""
         size = len(self.request.body or b"")
@@ -298,6 +312,7 @@ class SessionHandler(DistHandler):
     @authorized
     @maps_errors
     async def delete(self, name: str) -> None:
+        self.manager.tell_action(name, "shutdown", self.sender())
         await self.manager.shutdown(name)
         self.set_status(204)
         self.finish()
@@ -314,7 +329,9 @@ class ConnectionHandler(DistHandler):
     @authorized("execute")  # type: ignore[untyped-decorator]
     @maps_errors
     async def get(self, name: str) -> None:
-        self.reply(self.manager.get(name).connection_info())
+        info = self.manager.get(name).connection_info()
+        self.manager.attach(name, self.sender())
+        self.reply(info)
 
 
 class StacksHandler(DistHandler):
@@ -344,6 +361,7 @@ class SessionActionHandler(DistHandler):
     @maps_errors
     async def post(self, name: str, action: str) -> None:
         session = self.manager.get(name)
+        self.manager.tell_action(name, action, self.sender())
         if action == "interrupt":
             await session.interrupt()
             self.set_status(204)
@@ -358,26 +376,48 @@ class EventsHandler(DistHandler):
 
     keepalive_s = 15.0
 
+    closed: asyncio.Event | None = None
+
     @web.authenticated
     @authorized
+    @maps_errors
     async def get(self) -> None:
+        """A notebook kernel names itself (``?kernel_id=...&path=...``): while its stream
+        is open it is alive; when the last one closes, its requests are withdrawn."""
+        sender = self.sender()
+        self.closed = asyncio.Event()
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
         queue = self.manager.subscribe()
+        if sender.kernel_id:
+            self.manager.client_came(sender.kernel_id)
         try:
             await self._send({"type": "snapshot", "sessions": self.manager.status()})
-            while True:
-                try:
-                    event = await asyncio.wait_for(queue.get(), self.keepalive_s)
-                except asyncio.TimeoutError:
-                    self.write(": keep-alive\n\n")
-                    await self.flush()
+            closed = asyncio.ensure_future(self.closed.wait())
+            while not self.closed.is_set():
+                getting = asyncio.ensure_future(queue.get())
+                await asyncio.wait(
+                    (getting, closed), timeout=self.keepalive_s, return_when="FIRST_COMPLETED"
+                )
+                if not getting.done():
+                    getting.cancel()
+                    if not self.closed.is_set():
+                        self.write(": keep-alive\n\n")
+                        await self.flush()
                     continue
-                await self._send(event)
+                await self._send(getting.result())
         except (StreamClosedError, asyncio.CancelledError):
             pass
         finally:
             self.manager.unsubscribe(queue)
+            self.closed.set()
+            if sender.kernel_id:
+                await self.manager.client_left(sender.kernel_id)
+
+    def on_connection_close(self) -> None:
+        """The client hung up: stop at once, not at the next write."""
+        if self.closed is not None:
+            self.closed.set()
 
     async def _send(self, event: ServerEvent) -> None:
         self.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n")

@@ -10,14 +10,30 @@ event stream and is applied here with `apply_status`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import queue
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
-from jupyter_dist.common.payloads import SessionConnection, SessionStatus
+from jupyter_dist.common.events import CellEvent, Notice
+from jupyter_dist.common.payloads import SessionConnection, SessionStatus, TurnRequest
 from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.control.cell_queue import TurnKind, waiting_text
 from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_env import RankPlace
-from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState, SessionState
+from jupyter_dist.control.rank_group import (
+    MAX_NEWS,
+    RankGroup,
+    RankRecord,
+    RankState,
+    SessionState,
+    TurnWithdrawn,
+)
+
+if TYPE_CHECKING:
+    from jupyter_dist.server_client.rest_client import ServerClient
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +62,7 @@ class AttachedSession(RankGroup):
         self.fetch_stacks: Callable[[list[int] | None], Awaitable[dict[int, str]]] | None = None
         self._state = SessionState(status["state"])
         self.broken_reason = str(status.get("broken_reason") or "")
+        self.client: ServerClient | None = None  # the server, which keeps the turns
 
     async def connect(self, timeout: float) -> None:
         """Open a kernel client to every rank that is alive."""
@@ -53,7 +70,9 @@ class AttachedSession(RankGroup):
         async def one(rec: RankRecord) -> None:
             assert rec.connection is not None
             rec.client = RankClient(rec.rank, rec.connection, self.key, self._context)
-            await rec.client.connect(timeout, lambda: None)
+            rec.client.on_late = self.take_late_output
+            # asked on the control channel: another notebook's cell may be running
+            await rec.client.connect(timeout, lambda: None, channel="control")
             rec.state = RankState.IDLE
 
         await asyncio.gather(*(one(r) for r in self.ranks.values()))
@@ -79,6 +98,78 @@ class AttachedSession(RankGroup):
         if state != self._state:
             self.broken_reason = str(status.get("broken_reason") or self.broken_reason)
             self.state = state
+
+    # -- turns, kept by the server ----------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def turn(
+        self, kind: TurnKind, ranks: Sequence[int], sink: queue.SimpleQueue[CellEvent] | None
+    ) -> AsyncIterator[dict[int, str]]:
+        """Wait for this notebook's turn on the ranks in the server's queue, telling
+        ``sink`` each second whose cell runs meanwhile; yield a dict the caller fills
+        with failed ranks' error lines; end the turn on the server."""
+        client = self.client
+        if client is None:  # not attached through a server (tests): no one else to wait for
+            async with super().turn(kind, ranks, sink) as local:
+                yield local
+            return
+        turn_id = uuid.uuid4().hex
+        body: TurnRequest = {
+            "turn_id": turn_id,
+            "kind": kind,
+            "ranks": list(ranks),
+            "sender": self.sender.to_json(),
+        }
+        self._waiting = turn_id
+        ticker = asyncio.ensure_future(self._tell_waiting(sink)) if sink is not None else None
+        try:
+            while True:
+                reply = await client.take_turn(self.name, body)
+                if reply["state"] == "running":
+                    break
+                if reply["state"] == "withdrawn":
+                    raise TurnWithdrawn(turn_id)
+        except BaseException:
+            with contextlib.suppress(Exception):  # withdraw it (a no-op if it was)
+                await client.end_turn(self.name, turn_id)
+            raise
+        finally:
+            self._waiting = None
+            if ticker is not None:
+                ticker.cancel()
+        errors: dict[int, str] = {}
+        try:
+            yield errors
+        finally:
+            try:
+                await client.end_turn(self.name, turn_id, errors, ranks)
+            except Exception as err:  # the server went away: its queue went with it
+                log.info("session %s: ending turn %s failed: %s", self.name, turn_id, err)
+
+    async def _tell_waiting(self, sink: queue.SimpleQueue[CellEvent]) -> None:
+        await asyncio.sleep(0.3)  # a turn that comes at once needs no word
+        while True:
+            sink.put(Notice(waiting_text(self.status_data.get("running")), True))
+            await asyncio.sleep(1.0)
+
+    async def withdraw(self, turn_id: str) -> None:
+        if self.client is None:
+            await super().withdraw(turn_id)
+            return
+        await self.client.end_turn(self.name, turn_id)
+
+    def told(self, text: str, action: str) -> bool:
+        """Someone else interrupted, restarted or shut down this session: a cell of this
+        notebook running there is told now (and its stopped ranks are put down to that,
+        not counted as failures of their own). False if no cell of ours runs."""
+        run = self._current
+        if run is None:
+            if len(self.news) < MAX_NEWS:
+                self.news.append(text)
+            return False
+        run.stopped_by = text
+        if run.sink is not None:
+            run.sink.put(Notice(text))
+        return True
 
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
         """Asked of the server, whose agents can signal the ranks."""

@@ -93,3 +93,26 @@ def notebook_session_name(env: Mapping[str, str], root_dir: str = "") -> str | N
     # check_session_name: at most 64 characters, the first a letter or digit
     readable = readable[: 64 - NAME_HASH_DIGITS - 1].rstrip("-._")
     return f"{readable}-{tag}" if readable else tag
+
+
+def notebook_path(env: Mapping[str, str], root_dir: str = "") -> str:
+    """The notebook this kernel runs, as the server's users see it (relative to its
+    ``root_dir``); "" when the server did not say."""
+    path = env.get("JPY_SESSION_NAME", "").strip()
+    if path and root_dir and Path(path).is_absolute():
+        with contextlib.suppress(ValueError):
+            return Path(path).relative_to(Path(root_dir).expanduser()).as_posix()
+    return path
+
+
+def kernel_id(pid: int) -> str:
+    """This kernel's id on its server (from its connection file's name,
+    ``kernel-ID.json``), or ``pid-PID`` outside ipykernel."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        name = Path(get_connection_file()).name
+    except Exception:
+        return f"pid-{pid}"
+    found = re.fullmatch(r"kernel-([A-Za-z0-9_.-]{1,64})\.json", name)
+    return found.group(1) if found else f"pid-{pid}"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -24,8 +24,11 @@ from jupyter_dist.common.payloads import (
     SessionRequest,
     SessionStatus,
     StacksReply,
+    TurnReply,
+    TurnRequest,
 )
 from jupyter_dist.common.wire_names import API_PREFIX
+from jupyter_dist.control.cell_queue import Sender
 from jupyter_dist.server_client.discovery import ServerInfo
 from jupyter_dist.text import format_ranks
 
@@ -56,9 +59,14 @@ class ServerError(errors.DistError):
 class ServerClient:
     """REST calls and the event stream of one Jupyter server's jupyter_dist API."""
 
-    def __init__(self, server: ServerInfo, request_timeout: float = 600.0) -> None:
+    def __init__(
+        self, server: ServerInfo, request_timeout: float = 600.0, sender: Sender | None = None
+    ) -> None:
         self.server = server
         self.request_timeout = request_timeout
+        #: who this client is: every request names it (``?path=...&kernel_id=...``), so the
+        #: server can tell the other notebooks who interrupted or restarted a session
+        self.sender = sender or Sender()
         self._http: AsyncHTTPClient | None = None
 
     @property
@@ -68,6 +76,9 @@ class ServerClient:
         return self._http
 
     def _url(self, path: str) -> str:
+        who = urlencode({k: v for k, v in self.sender.to_json().items() if v})
+        if who:
+            path += ("&" if "?" in path else "?") + who
         return f"{self.server.url}{API}/{path}"
 
     def _headers(self) -> dict[str, str]:
@@ -139,6 +150,25 @@ class ServerClient:
 
     async def delete(self, name: str) -> None:
         await self.call("DELETE", f"sessions/{quote(name)}")
+
+    async def interrupt(self, name: str) -> None:
+        await self.call("POST", f"sessions/{quote(name)}/interrupt")
+
+    async def take_turn(self, name: str, body: TurnRequest) -> TurnReply:
+        """Ask for a turn on the ranks (or ask again); the server answers within about
+        20 s: ``running``, ``waiting`` (ask again) or ``withdrawn``."""
+        found: TurnReply = await self.call("POST", f"sessions/{quote(name)}/turns", body)
+        return found
+
+    async def end_turn(
+        self,
+        name: str,
+        turn_id: str,
+        errors: Mapping[int, str] | None = None,
+        ran: Sequence[int] = (),
+    ) -> None:
+        body = {"errors": {str(r): line for r, line in (errors or {}).items()}, "ran": list(ran)}
+        await self.call("POST", f"sessions/{quote(name)}/turns/{quote(turn_id)}/end", body)
 
     async def follow_events(self, on_event: EventHandler) -> None:
         """Read ``/events`` until the server closes it; ``on_event(type, data)`` for each."""

@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 from jupyter_dist.common.payloads import (
     ServerEvent,
     SessionChanged,
+    SessionNotice,
     SessionProgress,
     SessionRemoved,
     SessionRequest,
@@ -26,18 +27,21 @@ from jupyter_dist.common.payloads import (
 )
 from jupyter_dist.common.ports import PORTS_VAR
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape
+from jupyter_dist.control.cell_queue import Sender
 from jupyter_dist.control.rank_group import SessionState
 from jupyter_dist.control.rendezvous import IFNAME_VARS
 from jupyter_dist.control.session import Progress
-from jupyter_dist.errors import UnknownSession
+from jupyter_dist.errors import SessionError, UnknownSession
 from jupyter_dist.server_client.attached_session import AttachedSession
-from jupyter_dist.server_client.discovery import notebook_session_name
+from jupyter_dist.server_client.discovery import kernel_id, notebook_path, notebook_session_name
 from jupyter_dist.server_client.rest_client import ServerClient
 
 log = logging.getLogger(__name__)
 #: seconds to wait for the event stream before starting a session without progress news
 SUBSCRIBE_WAIT_S = 5.0
 CONNECT_TIMEOUT_S = 60.0
+#: sessions shut down elsewhere that this notebook remembers
+MAX_NEWS = 16
 #: the kernel's variables a session started on the server gets, when they are set: the
 #: ones the control plane reads (threads per rank, gloo's and NCCL's interfaces, the store's
 #: ports). The ranks inherit the rest from the server; the kernel's own environment (tokens,
@@ -54,6 +58,12 @@ class ServerSessions:
         self.where = f"the Jupyter server at {client.server.url}"
         root = client.server.root_dir
         self.default_name = notebook_session_name(env, root) or DEFAULT_SESSION
+        if not client.sender.kernel_id:
+            client.sender = Sender(notebook_path(env, root), kernel_id(os.getpid()))
+        self.sender = client.sender
+        #: sessions this notebook used that someone else shut down -> who, in words: a
+        #: bare cell does not quietly start a new one under the same name
+        self.shut_down_elsewhere: dict[str, str] = {}
         self.sessions: dict[str, AttachedSession] = {}
         self._environ = env  # read when a session starts (os.environ: as it is then)
         self._progress: dict[str, Progress] = {}
@@ -90,11 +100,25 @@ class ServerSessions:
                 closing = asyncio.ensure_future(session.close_clients())
                 self._closing.add(closing)
                 closing.add_done_callback(self._closing.discard)
+        elif kind == "notice":
+            self._on_notice(cast(SessionNotice, data))
         elif kind == "progress":
             progress = cast(SessionProgress, data)
             report = self._progress.get(progress.get("name", ""))
             if report is not None:
                 report(str(progress.get("text", "")))
+
+    def _on_notice(self, notice: SessionNotice) -> None:
+        """Someone interrupted, restarted or shut down a session: a cell of ours running
+        there hears it now; else our next cell there does."""
+        name = notice.get("name", "")
+        session = self.sessions.get(name)
+        if session is None or notice.get("by", {}).get("kernel_id") == self.sender.kernel_id:
+            return  # not ours, or our own doing
+        text = str(notice.get("text", ""))
+        if notice.get("action") == "shutdown" and len(self.shut_down_elsewhere) < MAX_NEWS:
+            self.shut_down_elsewhere[name] = text
+        session.told(text, str(notice.get("action", "")))
 
     def _apply(self, status: SessionStatus) -> None:
         session = self.sessions.get(status.get("name", ""))
@@ -111,8 +135,8 @@ class ServerSessions:
     # -- attaching ----------------------------------------------------------------------
     def _usable(self, name: str) -> AttachedSession | None:
         session = self.sessions.get(name)
-        if session is None or session.stale or session.state == SessionState.STOPPED:
-            return None
+        if session is None or session.stale or session.state != SessionState.READY:
+            return None  # asked again: the server knows best (a restart may just have ended)
         return session
 
     async def _attach(self, name: str) -> AttachedSession:
@@ -123,7 +147,11 @@ class ServerSessions:
         if old is not None:
             await old.close_clients()
         session = AttachedSession(status, connection)
+        if old is not None:  # what others did to it, not yet said
+            session.news = old.news
         session.fetch_stacks = lambda ranks: self.client.stacks(name, ranks)
+        session.client = self.client
+        session.sender = self.sender
         try:
             await session.connect(CONNECT_TIMEOUT_S)
         except BaseException:
@@ -142,6 +170,12 @@ class ServerSessions:
         if attached is not None:
             check_same_shape(attached.spec, request)
             return attached, False
+        told = self.shut_down_elsewhere.pop(name, "")
+        if told:
+            raise SessionError(
+                f"{told}. Run the cell again to start a new session {name!r} (with none of "
+                "the old one's variables)"
+            )
         await self._ensure_events()
         body: SessionRequest = {
             "name": name,
@@ -164,6 +198,13 @@ class ServerSessions:
         finally:
             self._progress.pop(name, None)
         return await self._attach(name)
+
+    async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None:
+        """Interrupt the session's running cell, whoever sent it; everyone is told."""
+        if ranks is not None:
+            await (await self.find(name)).interrupt(ranks)
+            return
+        await self.client.interrupt(name)
 
     # -- stopping -----------------------------------------------------------------------
     async def shutdown(self, name: str) -> None:

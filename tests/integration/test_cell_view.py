@@ -101,6 +101,25 @@ def test_two_ranks_route_fold_chart_and_mark_the_failing_rank(kernel: Kernel) ->
     assert [kinds for kinds in state["rich"]["1"] if "text/html" in kinds] == []
 
 
+def test_a_display_updated_step_after_step_shows_its_last_state(kernel: Kernel) -> None:
+    """As transformers' progress table is: ``display(HTML, display_id=True)``, then updates.
+    The rank's view shows the last state, the text copy reads it as text."""
+    reply = kernel.run(
+        "%%distributed --procs 2\n"
+        "from IPython.display import HTML, display\n"
+        "handle = display(HTML('<p>step 0/3</p>'), display_id=True)\n"
+        "for step in range(1, 4):\n"
+        "    handle.update(HTML(f'<p>step {step}/3</p>'))\n"
+    )
+    assert reply["status"] == "ok", reply
+    final = kernel.of_type("update_display_data")[-1]["content"]["data"]["text/plain"]
+    assert "IPython.core.display.HTML object" not in final, final
+    assert "step 3/3" in final and "step 2/3" not in final, final
+    state = kernel.state()
+    assert "step 3/3" in state["lines"]["0"] and "step 0/3" not in state["lines"]["0"]
+    assert state["rich"]["1"] == [["text/html", "text/plain"]]  # one output, updated
+
+
 def test_output_is_bounded_and_the_full_log_is_on_disk(kernel: Kernel) -> None:
     reply = kernel.run("%%distributed --procs 2\nfor i in range(3000):\n    print('line', i)")
     assert reply["status"] == "ok"

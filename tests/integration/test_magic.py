@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from jupyter_dist.common.gpus import discover_gpus
-from jupyter_dist.errors import RanksFailed, SessionError
+from jupyter_dist.errors import PullError, RanksFailed, SessionError
 from jupyter_dist.text import strip_ansi
 from tests.conftest import CellOutput, session_status
 
@@ -90,7 +90,7 @@ def test_dist_push_sends_arrays_as_buffers(shell: Any, run: Run) -> None:
 
 
 def test_pull_of_a_missing_name_names_it(shell: Any) -> None:
-    with pytest.raises(Exception, match="'nope' is not defined on rank 0"):
+    with pytest.raises(PullError, match="'nope' is not defined on rank 0"):  # not a PushError
         shell.run_line_magic("dist", "pull nope")
 
 
@@ -188,8 +188,11 @@ def test_status_is_a_table_of_sessions_then_ranks(run: Run) -> None:
     row = lines[header + 1]
     assert row.startswith("default") and "ready" in row and "2 CPU ranks (gloo)" in row
     assert "this kernel" in row
-    cells_run = int(row.split("this kernel")[1].split()[2])  # after notebooks and up
+    column = lines[header].index("cells run")  # columns are aligned under their names
+    cells_run = int(row[column:].split()[0])
     assert cells_run >= 1  # the module's setup cell, at least
+    up = row[lines[header].index(" up ") + 1 :].split()[0]
+    assert up != "-"  # how long the session has been ready
     ranks = next(line for line in lines if line.strip().startswith("rank  node"))
     assert "memory" in ranks and "last error" in ranks
     rank_1 = next(line for line in lines if line.strip().startswith("1 ") and "idle" in line)

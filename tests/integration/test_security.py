@@ -29,7 +29,8 @@ import pytest
 
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.rendezvous import loopback_interface, plan_rendezvous
-from jupyter_dist.server.handlers import API_PREFIX, HANDLERS, DistHandler
+from jupyter_dist.server.handlers import API_PREFIX, DistHandler
+from jupyter_dist.server.routes import API_HANDLERS
 from tests.conftest import CellOutput
 
 from .server_process import API, Server, start_server, stop_server
@@ -304,7 +305,7 @@ _AUTH_WORDS = re.compile(
     r"|Couldn't authenticate",
     re.IGNORECASE,
 )
-_OUR_HANDLERS = {handler.__name__ for _, handler in HANDLERS}
+_OUR_HANDLERS = {handler.__name__ for _, handler in API_HANDLERS}
 
 
 def auth_warnings(log: str) -> list[str]:
@@ -339,8 +340,10 @@ def test_every_handler_method_is_authenticated_and_authorized() -> None:
         ("SessionsHandler", "post"),
         ("ConnectionHandler", "get"),
         ("StacksHandler", "post"),  # it signals the ranks
+        ("TurnsHandler", "post"),  # the order of the cells others run
+        ("TurnEndHandler", "post"),
     }
-    for pattern, handler in HANDLERS:
+    for pattern, handler in API_HANDLERS:
         methods = own_methods(handler)
         assert methods, handler
         for method in methods:
@@ -374,8 +377,9 @@ def every_route(name: str) -> list[tuple[str, str]]:
     """(method, path) for every method of every route, with ``name`` as the session and
     every alternative of the other groups (``interrupt|restart``)."""
     routes: list[tuple[str, str]] = []
-    for pattern, handler in HANDLERS:
+    for pattern, handler in API_HANDLERS:
         paths = [re.sub(r"\(\?P<name>[^)]*\)", name, pattern)]
+        paths = [re.sub(r"\(\?P<turn_id>[^)]*\)", "t1", p) for p in paths]
         for group, choices in re.findall(r"\(\?P<(\w+)>([^)]*)\)", paths[0]):
             assert re.fullmatch(r"\w+(\|\w+)*", choices), f"cannot fill {group} in {pattern}"
             paths = [

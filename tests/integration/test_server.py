@@ -55,6 +55,7 @@ def test_requests_without_a_valid_token_are_refused_and_start_nothing(
         ({"procs": 0}, "--procs 0: expected a whole number"),
         ({"name": "a b", "procs": 1}, "--session 'a b'"),
         ({"procs": 1, "backend": "mpi"}, "--backend 'mpi'"),
+        ({"procs": 1, "framework": "tf"}, "--framework 'tf': expected one of torch, jax, none"),
     ],
 )
 def test_bad_requests_are_400_and_name_the_value(
@@ -63,6 +64,20 @@ def test_bad_requests_are_400_and_name_the_value(
     status, reply = server.call("POST", f"{API}/sessions", body)
     assert status == 400
     assert fragment in reply["message"]
+
+
+def test_a_session_without_a_process_group_through_the_server(server: Server) -> None:
+    body = {"name": "bare", "procs": 2, "framework": "none"}
+    status, created = server.call("POST", f"{API}/sessions", body)
+    try:
+        assert status == 201, created
+        assert created["spec"]["framework"] == "none" and not created["spec"]["init_process_group"]
+        assert created["shape"] == "2 CPU ranks (no process group)"
+        again = {"name": "bare", "framework": "torch"}
+        status, conflict = server.call("POST", f"{API}/sessions", again)
+        assert status == 409 and "--framework torch" in conflict["message"], conflict
+    finally:
+        assert server.call("DELETE", f"{API}/sessions/bare")[0] == 204
 
 
 def test_unknown_session_is_404(server: Server) -> None:
@@ -127,16 +142,18 @@ def test_server_options_apply_and_stopping_the_server_stops_its_sessions(
 def test_openapi_file_describes_every_route() -> None:
     import yaml
 
-    from jupyter_dist.server.handlers import API_PREFIX, HANDLERS
+    from jupyter_dist.server.handlers import API_PREFIX
+    from jupyter_dist.server.routes import API_HANDLERS
 
     spec = yaml.safe_load(
         (Path(__file__).parents[2] / "jupyter_dist" / "server" / "rest-api.yaml").read_text()
     )
     assert spec["servers"][0]["url"] == API_PREFIX
     documented = set(spec["paths"])
-    for pattern, _handler in HANDLERS:
+    for pattern, _handler in API_HANDLERS:
         path = pattern.removeprefix(API_PREFIX)
         path = re.sub(r"\(\?P<name>[^)]*\)", "{name}", path)
+        path = re.sub(r"\(\?P<turn_id>[^)]*\)", "{turn_id}", path)
         for action in re.findall(r"\(\?P<action>([^)]*)\)", path):
             for one in action.split("|"):
                 assert path.replace(f"(?P<action>{action})", one) in documented

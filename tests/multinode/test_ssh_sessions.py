@@ -252,3 +252,54 @@ def test_uneven_nodes(run: Run, cluster: Any) -> None:
         assert "[rank 2] node1 0 1 3 3.0" in out.stdout
     finally:
         run("%dist shutdown --session uneven")
+
+
+def test_nodes_with_one_hostname_go_by_their_aliases(
+    run: Run, cluster: Any, tmp_path: Path
+) -> None:
+    """Two aliases of one machine (as containers or cloned VMs that all say ``vm``): both
+    agents report the hostname node1, and each node is shown by the name it was given."""
+    text = Path(cluster.config_path).read_text()
+    block = re.search(r"(?ms)^Host node1\n.*?(?=^Host |\Z)", text)
+    assert block is not None
+    config = tmp_path / "config"
+    config.write_text(text + block.group(0).replace("Host node1", "Host twin1", 1))
+    out = run(
+        f"%%distributed --session twins --hosts node1,twin1 --ssh-config {config} --procs 1\n"
+        "import socket\nprint(socket.gethostname())"
+    )
+    try:
+        assert out.ok, out.stdout + out.stderr
+        assert "[ranks 0-1] node1" in out.stdout  # one machine indeed
+        assert "[jupyter_dist] node twin1: agent ready" in out.stdout, out.stdout
+        status = session_status("twins")
+        assert [n["host"] for n in status["nodes"]] == ["node1", "twin1"]
+        assert [r["host"] for r in status["ranks"]] == ["node1", "twin1"]
+        table = run("%dist status --session twins").stdout
+        assert "1 · twin1" in table, table
+    finally:
+        run("%dist shutdown --session twins")
+
+
+def test_jax_across_two_nodes_without_arguments(run: Run, cluster: Any) -> None:
+    pytest.importorskip("jax")
+    out = run(
+        f"%%distributed --session jaxmn {flags(cluster)} --procs 1 --framework jax\n"
+        "import os, jax, numpy as np\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "jax.distributed.initialize()\n"
+        "mesh = jax.make_mesh((jax.device_count(),), ('i',))\n"
+        "local = np.array([float(jax.process_index() + 1)])\n"
+        "x = jax.make_array_from_process_local_data(NamedSharding(mesh, P('i')), local)\n"
+        "total = jax.shard_map(lambda v: jax.lax.psum(v, 'i'), mesh=mesh, in_specs=P('i'),\n"
+        "                      out_specs=P())(x)\n"
+        "print('psum', jax.process_count(), float(total.addressable_data(0)[0]))\n"
+        "print('coordinator', os.environ['JAX_COORDINATOR_ADDRESS'].rsplit(':', 1)[0] == "
+        "os.environ['MASTER_ADDR'])"
+    )
+    try:
+        assert out.ok, out.stdout + out.stderr
+        assert "[ranks 0-1] psum 2 3.0" in out.stdout, out.stdout
+        assert "[ranks 0-1] coordinator True" in out.stdout, out.stdout  # node 0's address
+    finally:
+        run("%dist shutdown --session jaxmn")

@@ -252,6 +252,14 @@ def test_bad_bodies_are_refused_at_parsing(body: dict[str, Any], fragment: str) 
     assert fragment in refused(shape_from_json, body)
 
 
+def test_a_framework_in_a_body_is_checked_like_the_magics() -> None:
+    assert shape_from_json({"framework": "jax"}).shape.framework == "jax"
+    assert "framework: '7' is not a str" in refused(shape_from_json, {"framework": 7})
+    shape = shape_from_json({"framework": "tensorflow"}).shape
+    message = refused(validate_request, shape)
+    assert "--framework 'tensorflow': expected one of torch, jax, none" in message
+
+
 def test_huge_counts_in_a_body_pass_parsing_and_stop_at_the_shape() -> None:
     """Parsing keeps what the body says; `validate_request` (before any agent) refuses it."""
     shape = shape_from_json({"procs": 10**12}).shape

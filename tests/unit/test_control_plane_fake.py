@@ -575,3 +575,47 @@ def test_the_manager_keeps_no_session_that_failed_to_start() -> None:
     cluster.script(0).versions = {}
     with pytest.raises(UnknownSession):
         manager.get("bad")
+
+
+def test_nodes_that_report_one_hostname_go_by_the_names_they_were_given(
+    kernels: KernelStub,
+) -> None:
+    """Two nodes whose agents both say ``vm`` (containers, cloned machines) are shown as
+    the ssh aliases or host strings the user gave, in the status and in progress."""
+    from tests.unit.fake_agent import FakeLauncher
+
+    class Named(FakeLauncher):
+        @property
+        def label(self) -> str:
+            return f"alias{self.node}" if self.node == 0 else "me@vm:2202"
+
+    cluster = FakeCluster(remote=True, host="vm")
+    progress: list[str] = []
+
+    def launcher(spec: SessionSpec, node: int) -> Named:
+        made = Named(cluster, node)
+        cluster.launchers.append(made)
+        return made
+
+    async def main() -> SessionStatus:
+        session = Session(two_nodes(), timeouts=FAST, env={}, launchers=launcher)
+        await session.start(progress.append)
+        try:
+            return session.status()
+        finally:
+            await session.shutdown()
+
+    status = run(main())
+    assert [a.host for a in cluster.agents] == ["vm", "vm"]  # what the agents report
+    assert [n["host"] for n in status["nodes"]] == ["alias0", "me@vm:2202"]
+    assert [r["host"] for r in status["ranks"]] == ["alias0"] * 2 + ["me@vm:2202"] * 2
+    assert any("node me@vm:2202: agent ready" in p for p in progress), progress
+
+
+def test_an_ssh_node_is_labelled_as_the_user_wrote_it() -> None:
+    from jupyter_dist.control.launchers.local import LocalLauncher
+    from jupyter_dist.control.launchers.ssh import SSHLauncher
+
+    assert SSHLauncher(HostSpec("gpu-a")).label == "gpu-a"
+    assert SSHLauncher(HostSpec("vm", user="me", port=2202)).label == "me@vm:2202"
+    assert LocalLauncher().label is None  # this machine goes by its reported hostname

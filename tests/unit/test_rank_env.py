@@ -86,3 +86,17 @@ def test_server_defaults_fill_in_hosts_and_ssh_config() -> None:
     assert defaults.apply(ShapeRequest(hosts=parse_hosts("x"))).hosts == parse_hosts("x")
     with pytest.raises(SpecError, match="--nodes 4: the server knows 3 hosts"):
         defaults.apply(ShapeRequest(nodes=4))
+
+
+def test_cpu_ranks_tell_accelerate_they_are_distributed() -> None:
+    rdzv = Rendezvous("localhost", 1, "r")
+    cpu = SessionSpec("s", procs_per_node=2)
+    env = rank_env(cpu, places(cpu)[1], rdzv, {})
+    assert env["ACCELERATE_USE_CPU"] == "1"
+    assert env["JUPYTER_DIST_FRAMEWORK"] == "torch"
+    mine = rank_env(cpu, places(cpu)[1], rdzv, {"ACCELERATE_USE_CPU": "false"})
+    assert mine["ACCELERATE_USE_CPU"] == "false"  # the user's own value wins
+    gpus = SessionSpec("s", procs_per_node=2, device="cuda", backend="nccl", framework="jax")
+    gpu_env = rank_env(gpus, places(gpus)[0], rdzv, {})
+    assert "ACCELERATE_USE_CPU" not in gpu_env
+    assert gpu_env["JUPYTER_DIST_FRAMEWORK"] == "jax"

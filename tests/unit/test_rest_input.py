@@ -25,7 +25,8 @@ from pytest_jupyter.pytest_tornasync import *  # noqa: F403
 
 from jupyter_dist.common import pickling
 from jupyter_dist.common.spec import MAX_WORLD_SIZE, SessionSpec, ShapeRequest
-from jupyter_dist.errors import PushError
+from jupyter_dist.control.cell_queue import Sender
+from jupyter_dist.errors import PullError, PushError
 from jupyter_dist.server_client.server_sessions import ServerSessions
 from tests.unit.fake_agent import FakeCluster
 from tests.unit.test_control_plane_fake import KernelStub, kernels, run, session_on
@@ -168,6 +169,7 @@ def test_a_kernel_sends_only_the_variables_the_session_reads(
 
     class Client:
         server = SimpleNamespace(url="http://127.0.0.1:1/", root_dir="/")
+        sender = Sender("train.ipynb", "k1")
 
         async def create(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             sent.append(json.loads(json.dumps(body)))
@@ -214,6 +216,7 @@ def test_push_and_pull_give_up_after_their_timeout(ready: Callable[[], Any], op:
                 else:
                     await session.pull("x", [1], 0.3)
             assert time.monotonic() - began < 3
+            assert type(err.value) is (PushError if op == "push" else PullError)
             assert all(not rec.client._comm_waiters for rec in session.ranks.values())
             return str(err.value)
         finally:

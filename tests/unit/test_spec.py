@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from jupyter_dist.common.hosts import parse_hosts
 from jupyter_dist.common.spec import (
     SessionSpec,
     ShapeRequest,
     check_same_shape,
     check_session_name,
+    parse_framework,
     parse_names,
     parse_ranks,
     resolve_shape,
@@ -109,3 +111,60 @@ def test_describe_and_flags() -> None:
     spec = SessionSpec("s", 1, 4, "cuda", "nccl")
     assert spec.describe() == "4 GPUs (nccl)"
     assert spec.flags() == "--gpus 4 --backend nccl"
+
+
+# -- --framework ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"), [("torch", "torch"), ("jax", "jax"), (" JAX ", "jax"), ("none", "none")]
+)
+def test_parse_framework(text: str, expected: str) -> None:
+    assert parse_framework(text) == expected
+
+
+@pytest.mark.parametrize("text", ["tensorflow", "", "torch,jax", "x" * 500])
+def test_a_bad_framework_names_the_value_and_the_choices(text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_framework(text)
+    message = str(info.value)
+    assert f"--framework {text[:37]!r}"[:-1] in message  # the value, cut when long
+    assert "expected one of torch, jax, none" in message
+    assert len(message) < 300
+
+
+def test_the_framework_decides_what_is_initialised() -> None:
+    default = resolve_shape("s", ShapeRequest(procs=2), local_gpus=0, host="h")
+    assert (default.framework, default.init_process_group) == ("torch", True)
+    jax = resolve_shape("s", ShapeRequest(procs=2, framework="jax"), local_gpus=0, host="h")
+    assert (jax.framework, jax.init_process_group) == ("jax", False)
+    assert jax.describe() == "2 CPU ranks (jax)"
+    assert jax.flags() == "--procs 2 --backend gloo --framework jax"
+    bare = resolve_shape("s", ShapeRequest(gpus=1, framework="none"), local_gpus=1, host="h")
+    assert (bare.framework, bare.init_process_group) == ("none", False)
+    assert bare.describe() == "1 GPU (no process group)"
+    no_init = resolve_shape("s", ShapeRequest(init=False), local_gpus=0, host="h")
+    assert (no_init.framework, no_init.init_process_group) == ("torch", False)
+    remote = resolve_shape(
+        "s", ShapeRequest(procs=1, framework="jax", hosts=parse_hosts("a,b")), 0, "h"
+    )
+    assert remote.framework == "jax" and not remote.init_process_group
+    assert SessionSpec.from_json(remote.to_json()) == remote
+
+
+def test_a_bad_framework_in_a_request_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"--framework 'tf': expected one of torch, jax, none"):
+        resolve_shape("s", ShapeRequest(framework="tf"), local_gpus=0, host="h")
+
+
+def test_an_older_peers_spec_is_a_torch_session() -> None:
+    data = dict(SessionSpec("s").to_json())
+    del data["framework"]
+    assert SessionSpec.from_json(data).framework == "torch"
+
+
+def test_another_framework_is_another_shape() -> None:
+    running = SessionSpec("s", 1, 2, "cpu", "gloo")
+    check_same_shape(running, ShapeRequest(framework="torch"))
+    with pytest.raises(ShapeMismatchError, match="this cell asks for --framework jax"):
+        check_same_shape(running, ShapeRequest(framework="jax"))
+    jax = SessionSpec("s", 1, 2, "cpu", "gloo", False, framework="jax")
+    check_same_shape(jax, ShapeRequest(framework="JAX"))

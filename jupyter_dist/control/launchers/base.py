@@ -86,6 +86,13 @@ class Launcher(abc.ABC):
     def host(self) -> str:
         """The node's name as users see it."""
 
+    @property
+    def label(self) -> str | None:
+        """The name the user gave the node (an ssh config alias, ``user@name:port``), shown
+        for it in place of the hostname its agent reports: two nodes may report one
+        hostname (containers, cloned machines). None: show the reported hostname."""
+        return None
+
     @abc.abstractmethod
     def stderr_tail(self) -> str:
         """The last lines the agent wrote to stderr, for error messages."""

@@ -129,6 +129,10 @@ class SSHLauncher(Launcher):
     def host(self) -> str:
         return self.spec.name
 
+    @property
+    def label(self) -> str:
+        return str(self.spec)
+
     async def connect(self) -> asyncssh.SSHClientConnection:
         """An SSH connection to the node, host key verified, with errors that say what to do."""
         where = f"node {str(self.spec)!r}"

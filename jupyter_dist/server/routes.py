@@ -1,0 +1,11 @@
+"""Every REST route of the server extension under ``/jupyter-dist/api/v1``, in one list
+(the app registers it; the tests check that each is documented and guarded)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_dist.server.handlers import HANDLERS
+from jupyter_dist.server.turn_handlers import TURN_HANDLERS
+
+API_HANDLERS: list[tuple[str, Any]] = [*HANDLERS, *TURN_HANDLERS]

@@ -1,0 +1,249 @@
+"""Two notebooks on one server-owned session, driven through a real Jupyter server: each
+waits its turn where it can see whose cell runs, stops only its own cell, hears what the
+other did to the session, and never gets the other's output."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from .server_process import API, Server, start_server, stop_server
+from .test_server_kernels import ServerKernel
+
+pytestmark = pytest.mark.slow
+SESSION = "shared"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("shared-sessions")
+    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
+    yield running
+    ours = running.descendants()
+    stop_server(running)
+    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture
+def pair(server: Server, kernel_name: str) -> Iterator[tuple[ServerKernel, ServerKernel]]:
+    """Notebook A starts the session, notebook B attaches to it."""
+    a = ServerKernel(server, "train.ipynb", kernel_name)
+    b = ServerKernel(server, "eval.ipynb", kernel_name)
+    try:
+        a.ok("%load_ext jupyter_dist")
+        b.ok("%load_ext jupyter_dist")
+        a.ok(f"%%distributed --procs 2 --session {SESSION}\nimport time, threading")
+        b.ok(f"%dist attach {SESSION}")
+        yield a, b
+    finally:
+        _status, _ = server.call("DELETE", f"{API}/sessions/{SESSION}")
+        for kernel in (a, b):
+            with contextlib.suppress(Exception):
+                kernel.close()
+
+
+def later(kernel: ServerKernel, code: str, timeout: float = 120) -> concurrent.futures.Future[Any]:
+    """Run a cell in the background: (output, reply, seconds it took)."""
+
+    def run() -> tuple[str, dict[str, Any], float]:
+        began = time.monotonic()
+        out, reply = kernel.run(code, timeout)
+        return out, reply, time.monotonic() - began
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(run)
+    pool.shutdown(wait=False)
+    return future
+
+
+def session_status(server: Server) -> dict[str, Any]:
+    status, found = server.call("GET", f"{API}/sessions/{SESSION}")
+    assert status == 200, found
+    return dict(found)
+
+
+def wait_for(predicate: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
+
+
+def running_sender(server: Server) -> str:
+    running = session_status(server)["running"]
+    return "" if running is None else str(running["path"])
+
+
+def done_in(out: str) -> float:
+    found = re.findall(r"done in ([0-9.]+) ?(ms|s)", out)
+    assert found, out
+    value, unit = found[-1]
+    return float(value) / (1000 if unit == "ms" else 1)
+
+
+def test_a_queued_cell_waits_visibly_and_its_time_excludes_the_wait(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(8); print('a done')")
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    status = session_status(server)
+    assert {n["path"] for n in status["notebooks"]} == {"train.ipynb", "eval.ipynb"}
+    assert all(r["busy_since"] for r in status["ranks"])
+    out = b.ok("%dist status")  # answered while A's cell runs
+    assert "train.ipynb" in out and "eval.ipynb" in out, out
+    out, reply, _took = later(b, "%%distributed --timeout 3\nprint('b done')").result()
+    assert reply["status"] == "ok", out  # --timeout counts from its own start
+    assert "waiting for a cell from train.ipynb (running" in out, out
+    assert "[ranks 0-1] b done" in out, out
+    out_a, reply_a, _ = long.result()
+    assert reply_a["status"] == "ok" and "[ranks 0-1] a done" in out_a, out_a
+    assert "b done" not in out_a and "a done" not in out
+    assert session_status(server)["cells_run"] >= 3
+
+
+def test_stopping_a_queued_cell_withdraws_it_and_leaves_the_running_one(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(6); print('a done')")
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    queued = later(b, "%%distributed\nprint('never')")
+    wait_for(lambda: len(session_status(server)["queue"]) == 1)
+    status, _ = server.call("POST", f"/api/kernels/{b.id}/interrupt", {})
+    assert status == 204
+    out, reply, _ = queued.result()
+    assert reply["status"] == "error" and "withdrawn before it started" in out, out
+    assert "never" not in out
+    out_a, reply_a, _ = long.result()
+    assert reply_a["status"] == "ok" and "[ranks 0-1] a done" in out_a, out_a
+    assert "interrupt" not in out_a
+
+
+def test_an_error_in_one_notebook_leaves_the_others_queued_cell(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    failing = later(a, f"%%distributed --session {SESSION}\ntime.sleep(3)\nraise ValueError('a')")
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    out, reply, _ = later(b, "%%distributed\nprint('b ran')").result()
+    assert reply["status"] == "ok" and "[ranks 0-1] b ran" in out, out
+    out_a, reply_a, _ = failing.result()
+    assert reply_a["status"] == "error" and "ValueError: a" in out_a, out_a
+    assert "ValueError" not in out
+    assert session_status(server)["ranks"][0]["last_error"] == ""  # b's cell passed since
+
+
+def test_an_interrupt_from_one_notebook_tells_the_other_who(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(60)")
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    b.ok("%dist interrupt")
+    out, reply, took = long.result()
+    assert reply["status"] == "error", out
+    assert "session 'shared' was interrupted from eval.ipynb" in out, out
+    assert took < 50
+
+
+def test_a_restart_from_one_notebook_is_news_in_the_other(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    a.ok(f"%%distributed --session {SESSION}\nkept = 1")
+    b.ok(f"%dist restart --session {SESSION}")
+    out, _reply = a.run(f"%%distributed --session {SESSION}\nprint('kept' in dir())")
+    assert "session 'shared' was restarted from eval.ipynb; its variables are gone" in out, out
+    assert "[ranks 0-1] False" in out, out
+
+
+def test_a_session_shut_down_elsewhere_is_not_quietly_started_again(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    b.ok(f"%dist shutdown --session {SESSION}")
+    out, reply = a.run(f"%%distributed --procs 2 --session {SESSION}\nprint('x')")
+    assert reply["status"] == "error", out
+    assert "session 'shared' was shut down from eval.ipynb" in out, out
+    assert "Run the cell again to start a new session 'shared'" in out, out
+    out = a.ok(f"%%distributed --procs 2 --session {SESSION}\nprint('fresh')")
+    assert "[ranks 0-1] fresh" in out, out
+
+
+def test_a_killed_notebook_frees_the_ranks_for_the_other(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    a_pid = a.pid()
+    a.kc.execute(f"%%distributed --session {SESSION}\ntime.sleep(120)")
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    queued = later(b, "%%distributed\nprint('b ran')")
+    wait_for(lambda: len(session_status(server)["queue"]) == 1)
+    os.kill(a_pid, signal.SIGKILL)
+    out, reply, took = queued.result()
+    assert reply["status"] == "ok" and "[ranks 0-1] b ran" in out, out
+    assert took < 100  # not the 120 s of the killed notebook's cell
+    assert a.id not in [n["kernel_id"] for n in session_status(server)["notebooks"]]
+
+
+def test_a_thread_of_one_notebook_prints_to_that_notebook_only(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    a.ok(
+        f"%%distributed --session {SESSION}\n"
+        "def chatter():\n    time.sleep(2); print('from a thread of a', flush=True)\n"
+        "threading.Thread(target=chatter).start()"
+    )
+    out = b.ok("%%distributed\ntime.sleep(4); print('b cell')")
+    assert "from a thread of a" not in out, out
+    out = a.ok(f"%%distributed --session {SESSION}\nprint('a again')")
+    assert "printed after its cell ended" in out and "from a thread of a" in out, out
+
+
+def test_a_stopped_notebook_does_not_stall_the_others_output(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    b_pid = b.pid()
+    os.kill(b_pid, signal.SIGSTOP)
+    try:
+        out, reply, _ = later(
+            a,
+            f"%%distributed --session {SESSION}\n"
+            "for i in range(5000):\n    print('line', i, flush=True)\nprint('flood over')",
+            timeout=150,
+        ).result()
+    finally:
+        os.kill(b_pid, signal.SIGCONT)
+    assert reply["status"] == "ok", out[-2000:]
+    assert "flood over" in out, out[-2000:]
+    out = b.ok("%%distributed\nprint('b still works')")
+    assert "[ranks 0-1] b still works" in out, out
+
+
+def test_attaching_while_another_notebooks_cell_runs_answers_at_once(
+    server: Server, pair: tuple[ServerKernel, ServerKernel], kernel_name: str
+) -> None:
+    a, _b = pair
+    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(15); print('a done')")
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    third = ServerKernel(server, "third.ipynb", kernel_name)
+    try:
+        third.ok("%load_ext jupyter_dist")
+        out = third.ok(f"%dist attach {SESSION}")
+        assert "attached to session 'shared'" in out, out
+        assert not long.done()  # it did not wait for the running cell
+    finally:
+        third.close()
+    assert "a done" in long.result()[0]
