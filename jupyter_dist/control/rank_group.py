@@ -494,11 +494,13 @@ class RankGroup:
         payload: pickling.Payload,
         ranks: Sequence[int] | None = None,
         timeout: float = OBJECTS_TIMEOUT_S,
+        sink: queue.SimpleQueue[CellEvent] | None = None,
     ) -> None:
-        """Send pickled ``{name: value}`` to each rank's namespace."""
+        """Send pickled ``{name: value}`` to each rank's namespace; ``sink`` hears what it
+        waits for (another notebook's cell)."""
         self._check_usable()
         chosen = self.check_ranks(ranks)
-        async with self.turn("push", chosen, None):
+        async with self.turn("push", chosen, sink):
             replies = await self._objects(
                 "push",
                 chosen,
@@ -513,12 +515,17 @@ class RankGroup:
             raise PushError(f"push failed on {len(errors)} rank(s); rank {r}: {_why(rep)}")
 
     async def pull(
-        self, name: str, ranks: Sequence[int] | None = None, timeout: float = OBJECTS_TIMEOUT_S
+        self,
+        name: str,
+        ranks: Sequence[int] | None = None,
+        timeout: float = OBJECTS_TIMEOUT_S,
+        sink: queue.SimpleQueue[CellEvent] | None = None,
     ) -> list[Any]:
-        """The value of ``name`` on each rank, in rank order."""
+        """The value of ``name`` on each rank, in rank order; ``sink`` hears what it waits
+        for (another notebook's cell)."""
         self._check_usable()
         chosen = self.check_ranks(ranks)
-        async with self.turn("pull", chosen, None):
+        async with self.turn("pull", chosen, sink):
             replies = await self._objects(
                 f"pull {name!r}",
                 chosen,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import os
 import queue
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -502,7 +503,9 @@ class DistMagics(Magics):
         session = self._session(args.session)
         names = parse_names(",".join(args.names))
         payload = pickling.dump(self._user_values(names))
-        self.control.run(session.push(payload, self._ranks_arg(args, session), args.timeout))
+        self.control.run(
+            session.push(payload, self._ranks_arg(args, session), args.timeout, _SaidOnce())
+        )
 
     def _dist_pull(self, args: Any) -> list[Any]:
         if len(args.names) != 1:
@@ -511,9 +514,24 @@ class DistMagics(Magics):
         check_seconds("--timeout", args.timeout)
         session = self._session(args.session)
         values: list[Any] = self.control.run(
-            session.pull(name, self._ranks_arg(args, session), args.timeout)
+            session.pull(name, self._ranks_arg(args, session), args.timeout, _SaidOnce())
         )
         return values
+
+
+class _SaidOnce(queue.SimpleQueue[CellEvent]):
+    """A sink that prints each new kind of notice once (``waiting for a cell from
+    train.ipynb``), for a `%dist` command that waits for another notebook's cell."""
+
+    def __init__(self) -> None:
+        self.said: set[str] = set()
+
+    def put(self, item: CellEvent, block: bool = True, timeout: float | None = None) -> None:
+        if isinstance(item, Notice):
+            gist = re.sub(r"\d+", "#", item.text)
+            if gist not in self.said:
+                self.said.add(gist)
+                print(f"[jupyter_dist] {item.text}", flush=True)
 
 
 def _rank_memory(sessions: list[SessionStatus]) -> dict[str, dict[int, float]]:

@@ -247,3 +247,16 @@ def test_attaching_while_another_notebooks_cell_runs_answers_at_once(
     finally:
         third.close()
     assert "a done" in long.result()[0]
+
+
+def test_a_pull_waits_for_the_running_cell_and_says_so(
+    server: Server, pair: tuple[ServerKernel, ServerKernel]
+) -> None:
+    a, b = pair
+    a.ok(f"%%distributed --session {SESSION}\nvalue = 5")
+    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(6); value = 6")
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    out = b.ok("values = %dist pull value\nprint(values)")
+    assert "waiting for a cell from train.ipynb" in out, out
+    assert "[6, 6]" in out, out  # after the running cell, not in the middle of it
+    assert long.result()[1]["status"] == "ok"
