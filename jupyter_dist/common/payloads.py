@@ -257,10 +257,31 @@ class SessionRequest(TypedDict, total=False):
     env: dict[str, str]
 
 
+class StackGroup(TypedDict):
+    """Ranks at the same place, as ``%dist stacks`` groups them."""
+
+    ranks: list[int]
+    place: str  # "in all_reduce (distributed_c10d.py:2810), cell line 3"
+    frames: list[str]  # from the cell's frame inward
+
+
 class StacksReply(TypedDict):
-    """``GET /sessions/NAME/stacks``: faulthandler's text by rank (keys are strings)."""
+    """``POST /sessions/NAME/stacks``: faulthandler's text by rank (keys are strings), and
+    the ranks grouped by where they are, the biggest group first."""
 
     stacks: dict[str, str]
+    groups: list[StackGroup]
+
+
+class RankLog(TypedDict):
+    """``GET /sessions/NAME/ranks/R/log``: a piece of a rank's log from byte ``offset``;
+    ``end`` is where the next piece starts (poll with it to follow the log)."""
+
+    rank: int
+    path: str
+    offset: int
+    end: int
+    text: str
 
 
 # -- the agent protocol (`common.agent_protocol`) ------------------------------------------
@@ -374,8 +395,9 @@ class ReplyFields(TypedDict, total=False):
     ok: bool
     # stacks: rank (as a string) -> where its log ended before the dump
     offsets: dict[str, int]
-    # read_log
+    # read_log: the text from the offset asked, and the byte offset after it
     text: str
+    end: int
 
 
 class ReplyEvent(ReplyFields):

@@ -91,6 +91,9 @@ class RankClient:
         self._taken: collections.OrderedDict[str, int] = collections.OrderedDict()
         #: the ended cells this process sent, newest last (`forget`)
         self.past_cells: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: called with (rank, msg_type, content) for the IOPub ``status`` and ``error`` of
+        #: every cell the rank runs, whoever sent it
+        self.on_activity: Callable[[int, str, dict[str, Any]], None] | None = None
         #: called with (rank, text) for output of an ended cell of this process
         self.on_late: Callable[[int, str], None] | None = None
         self._comm_id: str | None = None
@@ -230,7 +233,15 @@ class RankClient:
             if content.get("comm_id") == self._comm_id:
                 self._comm_reply(msg)
                 return None
-        parent = msg.get("parent_header", {}).get("msg_id")
+        parent_header = msg.get("parent_header", {})
+        parent = parent_header.get("msg_id")
+        if (
+            self.on_activity is not None
+            and channel == "iopub"
+            and msg["msg_type"] in ("status", "error")
+            and parent_header.get("msg_type") == "execute_request"
+        ):  # whoever sent the cell: the owner keeps every rank's busy/idle and errors
+            self.on_activity(self.rank, msg["msg_type"], msg["content"])
         handler = self.handlers.get(parent) if parent else None
         if channel == "iopub" and parent in self._taken:
             self._took(parent)

@@ -15,12 +15,13 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.payloads import (
     KernelConnection,
     NotebookJSON,
+    RankLog,
     SessionConnection,
     SessionStatus,
 )
@@ -45,6 +46,10 @@ class SessionTimeouts:
 
 
 Progress = Callable[[str], None]
+#: seconds rank news is gathered before the session's watchers hear of it
+CHANGE_COALESCE_S = 0.05
+#: seconds a node's agent gets to read back a piece of a rank's log
+LOG_READ_TIMEOUT_S = 10.0
 #: makes the launcher of node ``node`` of a session (`launcher_for`; tests pass a fake)
 LauncherFactory = Callable[[SessionSpec, int], Launcher]
 
@@ -74,6 +79,7 @@ class Session(RankGroup):
         self.rendezvous: Rendezvous | None = None
         self.node_env: dict[int, dict[str, str]] = {}
         self.started_at = 0.0
+        self._change_pending = False
         #: kernel id -> the notebook kernels attached to it (under a server)
         self.notebooks: dict[str, NotebookJSON] = {}
 
@@ -199,6 +205,7 @@ class Session(RankGroup):
         rec.connection = cast(KernelConnection, tunnelled)
         rec.client = RankClient(rec.rank, rec.connection, self.key, self._context)
         rec.client.on_late = self.take_late_output
+        rec.client.on_activity = self._on_rank_activity
 
         def dead() -> str | None:
             return None if rec.state != RankState.DEAD else describe_returncode(rec.exit_code)
@@ -226,6 +233,50 @@ class Session(RankGroup):
         parts = [f"\n  its stack:\n{dump}" if dump else ""]
         parts.append(f"\n  the end of its log ({rec.log}):\n{log_tail}" if log_tail else "")
         return "".join(parts)
+
+    def _on_rank_activity(self, rank: int, kind: str, content: dict[str, Any]) -> None:
+        """A rank began or ended a cell, or showed an error, whoever sent the cell: the
+        session's status (the sidebar, `%dist status`) shows each rank's truth."""
+        rec = self.ranks.get(rank)
+        if rec is None or rec.state in (RankState.DEAD, RankState.STARTING):
+            return
+        if kind == "error":
+            rec.last_error = f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"[:300]
+        elif content.get("execution_state") == "busy":
+            if rec.state != RankState.BUSY:
+                rec.state, rec.busy_since, rec.last_error = RankState.BUSY, time.time(), ""
+        elif content.get("execution_state") == "idle" and rec.state == RankState.BUSY:
+            if self._current is None:  # a cell of this process's own ends in _run_cell
+                rec.state, rec.busy_since = RankState.IDLE, None
+        else:
+            return
+        self._changed_soon()
+
+    def _changed_soon(self) -> None:
+        """`_changed` once for a burst of rank news (every rank starts a cell at once)."""
+        if self._change_pending:
+            return
+        self._change_pending = True
+
+        def fire() -> None:
+            self._change_pending = False
+            self._changed()
+
+        asyncio.get_running_loop().call_later(CHANGE_COALESCE_S, fire)
+
+    async def read_log(self, rank: int, offset: int = 0) -> RankLog:
+        """A piece of rank ``rank``'s log from byte ``offset`` (at most 256 KiB), read by
+        its node's agent, wherever the node is."""
+        (rank,) = self.check_ranks([rank])
+        rec = self.ranks[rank]
+        if rec.node is None:
+            raise SessionError(f"rank {rank}: its node's agent is not this process's")
+        reply = await asyncio.wait_for(
+            rec.node.request("read_log", rank=rank, offset=offset), LOG_READ_TIMEOUT_S
+        )
+        text = str(reply.get("text", ""))
+        end = int(reply.get("end", offset + len(text.encode())))
+        return {"rank": rank, "path": rec.log, "offset": offset, "end": end, "text": text}
 
     # -- rank deaths ------------------------------------------------------------------
     def _on_rank_exit(self, rank: int, returncode: int, log_tail: str) -> None:

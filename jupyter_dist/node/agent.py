@@ -242,8 +242,8 @@ class Agent:
                 offsets = self.dump_stacks(None if ranks is None else set(ranks))
                 self.emit({"event": "reply", "id": cmd["id"], "offsets": offsets})
             elif cmd["op"] == "read_log":
-                text = _read_from(self._log_of(int(cmd["rank"])), int(cmd["offset"]))
-                self.emit({"event": "reply", "id": cmd["id"], "text": text})
+                text, end = _read_from(self._log_of(int(cmd["rank"])), int(cmd["offset"]))
+                self.emit({"event": "reply", "id": cmd["id"], "text": text, "end": end})
             else:  # shutdown
                 self.stopping = True
         except Exception as err:
@@ -504,10 +504,15 @@ def prune_dead_agent_dirs(base: str) -> list[str]:
     return removed
 
 
-def _read_from(path: str, offset: int, limit: int = STACKS_READ_LIMIT) -> str:
+def _read_from(path: str, offset: int, limit: int = STACKS_READ_LIMIT) -> tuple[str, int]:
+    """At most ``limit`` bytes of ``path`` from ``offset``, cut at a line's end when there
+    is one, and the offset after them."""
     with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(limit).decode(errors="replace")
+        f.seek(max(0, offset))
+        data = f.read(limit)
+    if len(data) == limit and b"\n" in data:
+        data = data[: data.rindex(b"\n") + 1]
+    return data.decode(errors="replace"), max(0, offset) + len(data)
 
 
 def _tail(path: str, size: int = LOG_TAIL_BYTES) -> str:

@@ -20,6 +20,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from jupyter_dist.common import stacks
 from jupyter_dist.common.hosts import (
     HostSpec,
     check_host,
@@ -349,7 +350,19 @@ class StacksHandler(DistHandler):
         text = self.get_query_argument("ranks", "")
         ranks = parse_ranks(text, session.spec.world_size) if text else None
         dumps = await session.stacks(ranks)
-        reply: StacksReply = {"stacks": {str(r): d for r, d in dumps.items()}}
+        reply: StacksReply = {
+            "stacks": {str(r): d for r, d in dumps.items()},
+            "groups": [
+                {
+                    "ranks": group,
+                    "place": place.text,
+                    "frames": [
+                        f'File "{f.file}", line {f.line}, in {f.func}' for f in place.frames
+                    ],
+                }
+                for group, place in stacks.group_places(dumps)
+            ],
+        }
         self.reply(reply)
 
 

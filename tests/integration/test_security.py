@@ -380,6 +380,7 @@ def every_route(name: str) -> list[tuple[str, str]]:
     for pattern, handler in API_HANDLERS:
         paths = [re.sub(r"\(\?P<name>[^)]*\)", name, pattern)]
         paths = [re.sub(r"\(\?P<turn_id>[^)]*\)", "t1", p) for p in paths]
+        paths = [re.sub(r"\(\?P<rank>[^)]*\)", "0", p) for p in paths]
         for group, choices in re.findall(r"\(\?P<(\w+)>([^)]*)\)", paths[0]):
             assert re.fullmatch(r"\w+(\|\w+)*", choices), f"cannot fill {group} in {pattern}"
             paths = [

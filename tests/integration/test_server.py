@@ -154,6 +154,7 @@ def test_openapi_file_describes_every_route() -> None:
         path = pattern.removeprefix(API_PREFIX)
         path = re.sub(r"\(\?P<name>[^)]*\)", "{name}", path)
         path = re.sub(r"\(\?P<turn_id>[^)]*\)", "{turn_id}", path)
+        path = re.sub(r"\(\?P<rank>[^)]*\)", "{rank}", path)
         for action in re.findall(r"\(\?P<action>([^)]*)\)", path):
             for one in action.split("|"):
                 assert path.replace(f"(?P<action>{action})", one) in documented

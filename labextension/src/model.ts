@@ -1,0 +1,206 @@
+/**
+ * The sessions of the server as the panel shows them: applied from the event stream
+ * (``snapshot``, ``session``, ``removed``, ``notice``), and the pure functions the views
+ * use to make many ranks readable (folding idle ranks, spotting a late one).
+ */
+import { ISignal, Signal } from '@lumino/signaling';
+
+export interface IRank {
+  rank: number;
+  local_rank: number;
+  node_rank: number;
+  host: string;
+  pid: number | null;
+  state: string;
+  exit: string | null;
+  log: string;
+  busy_since?: number | null;
+  last_error?: string;
+}
+
+export interface INode {
+  node_rank: number;
+  host: string;
+  agent_pid: number | null;
+  gpus: { index?: number; name?: string; memory_mib?: number }[];
+  lost: boolean;
+}
+
+export interface ITurn {
+  turn_id: string;
+  kind: string;
+  path: string;
+  kernel_id: string;
+  started: number | null;
+}
+
+export interface ISession {
+  name: string;
+  state: string;
+  shape: string;
+  spec: { launcher?: string | null; hosts?: unknown[]; procs?: number[] };
+  world_size: number;
+  backend: string;
+  device: string;
+  cells_run: number;
+  broken_reason: string;
+  nodes: INode[];
+  ranks: IRank[];
+  started_at?: number;
+  notebooks?: { path: string; kernel_id: string; since: number }[];
+  running?: ITurn | null;
+  queue?: ITurn[];
+}
+
+/** The launcher a session's nodes were started by, in words. */
+export function launcherOf(session: ISession): string {
+  const launcher = session.spec?.launcher;
+  if (launcher) {
+    return launcher === 'ssh' ? 'SSH' : launcher === 'slurm' ? 'Slurm' : launcher;
+  }
+  return session.spec?.hosts && session.spec.hosts.length ? 'SSH' : 'local';
+}
+
+/** "3 s", "4 min 10 s", "2 h 5 min". */
+export function formatDuration(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${s % 60} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
+/** "rank 3", "ranks 0-3", "ranks 0,2,5-7". */
+export function ranksLabel(ranks: number[]): string {
+  const sorted = [...ranks].sort((a, b) => a - b);
+  const parts: string[] = [];
+  let start = 0;
+  for (let i = 1; i <= sorted.length; i++) {
+    if (i === sorted.length || sorted[i] !== sorted[i - 1] + 1) {
+      const first = sorted[start];
+      const last = sorted[i - 1];
+      parts.push(first === last ? `${first}` : `${first}-${last}`);
+      start = i;
+    }
+  }
+  return `${sorted.length === 1 ? 'rank' : 'ranks'} ${parts.join(',')}`;
+}
+
+/** What a rank is doing, in one word: starting, idle, busy, error or dead. */
+export function rankState(rank: IRank): string {
+  if (rank.state === 'idle' && rank.last_error) {
+    return 'error';
+  }
+  return rank.state;
+}
+
+/** A rank row, or several identical idle ranks folded into one. */
+export interface IRankRow {
+  ranks: IRank[];
+  folded: boolean;
+}
+
+/** Ranks in order, with runs of two or more plain idle ranks (no error) folded. */
+export function foldRanks(ranks: IRank[]): IRankRow[] {
+  const rows: IRankRow[] = [];
+  let run: IRank[] = [];
+  const flush = () => {
+    if (run.length >= 2) {
+      rows.push({ ranks: run, folded: true });
+    } else {
+      run.forEach(r => rows.push({ ranks: [r], folded: false }));
+    }
+    run = [];
+  };
+  for (const rank of [...ranks].sort((a, b) => a.rank - b.rank)) {
+    if (rankState(rank) === 'idle' || rankState(rank) === 'starting') {
+      if (run.length && rankState(run[0]) !== rankState(rank)) {
+        flush();
+      }
+      run.push(rank);
+    } else {
+      flush();
+      rows.push({ ranks: [rank], folded: false });
+    }
+  }
+  flush();
+  return rows;
+}
+
+/**
+ * Ranks still busy with the session's cell while at least one other rank of it is done
+ * (idle again) for ``after`` seconds or more: late ranks, stragglers. ``now`` in epoch
+ * seconds.
+ */
+export function lateRanks(session: ISession, now: number, after = 5): number[] {
+  const running = session.running;
+  if (!running || running.kind !== 'cell' || running.started === null) {
+    return [];
+  }
+  const busy = session.ranks.filter(r => r.state === 'busy');
+  const done = session.ranks.filter(r => r.state === 'idle');
+  if (!busy.length || !done.length || now - running.started < after) {
+    return [];
+  }
+  return busy.map(r => r.rank);
+}
+
+/** Nodes of a session with their ranks, in node order. */
+export function nodesOf(session: ISession): { node: INode; ranks: IRank[] }[] {
+  const nodes = session.nodes.length
+    ? session.nodes
+    : [...new Set(session.ranks.map(r => r.node_rank))].map(n => ({
+        node_rank: n,
+        host: session.ranks.find(r => r.node_rank === n)?.host ?? '?',
+        agent_pid: null,
+        gpus: [],
+        lost: false
+      }));
+  return [...nodes]
+    .sort((a, b) => a.node_rank - b.node_rank)
+    .map(node => ({ node, ranks: session.ranks.filter(r => r.node_rank === node.node_rank) }));
+}
+
+/** The sessions, kept up to date from the server's events. */
+export class SessionsModel {
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** A notice ("session 's' was restarted from eval.ipynb; ...") arrived. */
+  get noticed(): ISignal<this, string> {
+    return this._noticed;
+  }
+
+  get sessions(): ISession[] {
+    return [...this._sessions.values()].sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  get(name: string): ISession | undefined {
+    return this._sessions.get(name);
+  }
+
+  /** Apply one server-sent event. */
+  apply(kind: string, data: any): void {
+    if (kind === 'snapshot' && Array.isArray(data?.sessions)) {
+      this._sessions = new Map(data.sessions.map((s: ISession) => [s.name, s]));
+    } else if (kind === 'session' && data?.session?.name) {
+      this._sessions.set(data.session.name, data.session);
+    } else if (kind === 'removed' && typeof data?.name === 'string') {
+      this._sessions.delete(data.name);
+    } else if (kind === 'notice' && typeof data?.text === 'string') {
+      this._noticed.emit(data.text);
+      return;
+    } else {
+      return;
+    }
+    this._changed.emit();
+  }
+
+  private _sessions = new Map<string, ISession>();
+  private _changed = new Signal<this, void>(this);
+  private _noticed = new Signal<this, string>(this);
+}

@@ -1,0 +1,346 @@
+/**
+ * The sidebar panel: every session of the server, its nodes and ranks, live from the
+ * event stream while the panel is visible, with the actions a person needs (new session,
+ * use in this notebook, stacks, interrupt, restart, shut down, a rank's log).
+ */
+import { Widget } from '@lumino/widgets';
+import { Message } from '@lumino/messaging';
+
+import { EventStream } from './events';
+import {
+  IRank,
+  ISession,
+  SessionsModel,
+  foldRanks,
+  formatDuration,
+  lateRanks,
+  launcherOf,
+  nodesOf,
+  rankState,
+  ranksLabel
+} from './model';
+
+/** What the panel's buttons do (given by the plugin, which has the app). */
+export interface IActions {
+  newSession(): void;
+  useInNotebook(session: string): void;
+  stacks(session: string): void;
+  interrupt(session: string): void;
+  restart(session: string): void;
+  shutdown(session: string): void;
+  openLog(session: string, rank: number): void;
+}
+
+function button(label: string, title: string, onClick: () => void, cls = ''): HTMLButtonElement {
+  const element = document.createElement('button');
+  element.type = 'button';
+  element.className = `jp-DistButton ${cls}`.trim();
+  element.textContent = label;
+  element.title = title;
+  element.setAttribute('aria-label', title);
+  element.addEventListener('click', event => {
+    event.stopPropagation();
+    onClick();
+  });
+  return element;
+}
+
+function span(text: string, cls: string, title = ''): HTMLSpanElement {
+  const element = document.createElement('span');
+  element.className = cls;
+  element.textContent = text;
+  if (title) {
+    element.title = title;
+  }
+  return element;
+}
+
+export class DistPanel extends Widget {
+  constructor(
+    readonly model: SessionsModel,
+    private actions: IActions,
+    private tickMs = 1000
+  ) {
+    super();
+    this.id = 'jupyter-dist-sidebar';
+    this.addClass('jp-DistPanel');
+    this.title.caption = 'Distributed sessions';
+    this.node.setAttribute('role', 'region');
+    this.node.setAttribute('aria-label', 'Distributed sessions');
+
+    const header = document.createElement('div');
+    header.className = 'jp-DistPanel-header';
+    header.append(
+      span('Distributed sessions', 'jp-DistPanel-title'),
+      button('New session', 'Start a new session', () => this.actions.newSession(), 'jp-mod-accept')
+    );
+    this.status = span('', 'jp-DistPanel-connection');
+    this.status.setAttribute('role', 'status');
+    this.list = document.createElement('div');
+    this.list.className = 'jp-DistPanel-sessions';
+    this.list.setAttribute('role', 'tree');
+    this.node.append(header, this.status, this.list);
+
+    this.stream = new EventStream(
+      (kind, data) => this.model.apply(kind, data),
+      (connected, error) => this.setConnection(connected, error)
+    );
+    this.model.changed.connect(() => this.scheduleRender());
+  }
+
+  /** Which sessions are opened into their nodes and ranks. */
+  readonly expanded = new Set<string>();
+
+  set tick(ms: number) {
+    this.tickMs = Math.max(250, ms);
+    if (this.timer !== null) {
+      this.stopTicking();
+      this.startTicking();
+    }
+  }
+
+  dispose(): void {
+    this.stream.stop();
+    this.stopTicking();
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    this.stream.start();
+    this.startTicking();
+    this.render();
+  }
+
+  protected onAfterHide(msg: Message): void {
+    this.stream.stop(); // nothing streams while nobody looks
+    this.stopTicking();
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    if (this.isVisible) {
+      this.onAfterShow(msg);
+    }
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this.onAfterHide(msg);
+  }
+
+  get listening(): boolean {
+    return this.stream.running;
+  }
+
+  private startTicking(): void {
+    if (this.timer === null) {
+      this.timer = setInterval(() => this.scheduleRender(), this.tickMs);
+    }
+  }
+
+  private stopTicking(): void {
+    if (this.timer !== null) {
+      clearInterval(this.timer);
+      this.timer = null;
+    }
+  }
+
+  private setConnection(connected: boolean, error: string): void {
+    this.status.textContent = connected ? '' : `Reconnecting: ${error}`;
+    this.toggleClass('jp-mod-disconnected', !connected);
+  }
+
+  private scheduleRender(): void {
+    if (this.pending) {
+      return;
+    }
+    this.pending = true;
+    requestAnimationFrame(() => {
+      this.pending = false;
+      this.render();
+    });
+  }
+
+  /** Draw every session; keeps the keyboard focus on the same control. */
+  render(): void {
+    const focused = (document.activeElement as HTMLElement | null)?.dataset?.distKey;
+    const now = Date.now() / 1000;
+    const sessions = this.model.sessions;
+    this.list.replaceChildren(...sessions.map(s => this.sessionNode(s, now)));
+    if (!sessions.length) {
+      const empty = document.createElement('p');
+      empty.className = 'jp-DistPanel-empty';
+      empty.textContent =
+        'No sessions. Run a %%distributed cell, or start one with "New session".';
+      this.list.appendChild(empty);
+    }
+    if (focused) {
+      const again = this.list.querySelector<HTMLElement>(`[data-dist-key="${focused}"]`);
+      again?.focus();
+    }
+  }
+
+  private sessionNode(session: ISession, now: number): HTMLElement {
+    const open = this.expanded.has(session.name);
+    const card = document.createElement('div');
+    card.className = `jp-DistSession jp-mod-${session.state}`;
+    card.setAttribute('role', 'treeitem');
+    card.setAttribute('aria-expanded', String(open));
+    card.dataset.session = session.name;
+
+    const head = document.createElement('div');
+    head.className = 'jp-DistSession-head';
+    const toggle = button(
+      open ? '▾' : '▸',
+      `${open ? 'Fold' : 'Open'} session ${session.name}`,
+      () => {
+        if (open) {
+          this.expanded.delete(session.name);
+        } else {
+          this.expanded.add(session.name);
+        }
+        this.render();
+      },
+      'jp-DistToggle'
+    );
+    toggle.dataset.distKey = `toggle:${session.name}`;
+    const nodes = session.nodes.length || 1;
+    const perNode = Math.max(1, Math.round(session.world_size / nodes));
+    const uptime = session.started_at ? formatDuration(now - session.started_at) : '';
+    head.append(
+      toggle,
+      span(session.name, 'jp-DistSession-name'),
+      span(session.state, `jp-DistBadge jp-mod-${session.state}`, session.broken_reason)
+    );
+    const facts = document.createElement('div');
+    facts.className = 'jp-DistSession-facts';
+    facts.textContent = [
+      launcherOf(session),
+      `${nodes} × ${perNode} ${session.device === 'cuda' ? 'GPU' : 'CPU'}`,
+      session.backend,
+      uptime ? `up ${uptime}` : '',
+      `${session.cells_run} cells`
+    ]
+      .filter(Boolean)
+      .join(' · ');
+    const notebooks = (session.notebooks ?? []).map(n => n.path || n.kernel_id.slice(0, 8));
+    const running = session.running;
+    const activity = document.createElement('div');
+    activity.className = 'jp-DistSession-activity';
+    if (running) {
+      const since = running.started ? ` (${formatDuration(now - running.started)})` : '';
+      activity.textContent = `running a ${running.kind} from ${running.path || 'a notebook'}${since}`;
+      const waiting = session.queue?.length ?? 0;
+      if (waiting) {
+        activity.textContent += `; ${waiting} waiting`;
+      }
+    } else if (notebooks.length) {
+      activity.textContent = `used by ${notebooks.join(', ')}`;
+    }
+
+    const actions = document.createElement('div');
+    actions.className = 'jp-DistSession-actions';
+    const name = session.name;
+    const act = (label: string, title: string, fn: () => void, cls = '') => {
+      const b = button(label, title, fn, cls);
+      b.dataset.distKey = `${label}:${name}`;
+      return b;
+    };
+    actions.append(
+      act('Use here', `Use session ${name} in the current notebook`, () =>
+        this.actions.useInNotebook(name)
+      ),
+      act('Stacks', `Where every rank of ${name} is now`, () => this.actions.stacks(name)),
+      act('Interrupt', `Interrupt the running cell of ${name}`, () => this.actions.interrupt(name)),
+      act('Restart', `Restart the ranks of ${name}`, () => this.actions.restart(name)),
+      act('Shut down', `Shut session ${name} down`, () => this.actions.shutdown(name), 'jp-mod-warn')
+    );
+    card.append(head, facts);
+    if (activity.textContent) {
+      card.append(activity);
+    }
+    if (session.broken_reason) {
+      card.append(span(session.broken_reason, 'jp-DistSession-error'));
+    }
+    card.append(actions);
+    if (open) {
+      card.append(this.nodesNode(session, now));
+    }
+    return card;
+  }
+
+  private nodesNode(session: ISession, now: number): HTMLElement {
+    const late = new Set(lateRanks(session, now));
+    const group = document.createElement('div');
+    group.className = 'jp-DistNodes';
+    group.setAttribute('role', 'group');
+    for (const { node, ranks } of nodesOf(session)) {
+      const box = document.createElement('div');
+      box.className = 'jp-DistNode';
+      box.setAttribute('role', 'treeitem');
+      const gpus = node.gpus.length
+        ? `${node.gpus.length} GPU${node.gpus.length > 1 ? 's' : ''}`
+        : `${ranks.length} CPU rank${ranks.length > 1 ? 's' : ''}`;
+      box.append(
+        span(`node ${node.node_rank}: ${node.host}`, 'jp-DistNode-host'),
+        span(` · ${gpus}${node.lost ? ' · lost' : ''}`, 'jp-DistNode-facts')
+      );
+      const table = document.createElement('div');
+      table.className = 'jp-DistRanks';
+      table.setAttribute('role', 'group');
+      for (const row of foldRanks(ranks)) {
+        table.appendChild(this.rankRow(session, row.ranks, row.folded, late, now));
+      }
+      box.appendChild(table);
+      group.appendChild(box);
+    }
+    return group;
+  }
+
+  private rankRow(
+    session: ISession,
+    ranks: IRank[],
+    folded: boolean,
+    late: Set<number>,
+    now: number
+  ): HTMLElement {
+    const first = ranks[0];
+    const state = rankState(first);
+    const row = document.createElement('div');
+    const isLate = !folded && late.has(first.rank);
+    row.className = `jp-DistRank jp-mod-${state}${isLate ? ' jp-mod-late' : ''}`;
+    row.setAttribute('role', 'treeitem');
+    row.dataset.rank = String(first.rank);
+    const label = folded ? ranksLabel(ranks.map(r => r.rank)) : `rank ${first.rank}`;
+    row.append(span(label, 'jp-DistRank-label'), span(state, `jp-DistBadge jp-mod-${state}`));
+    if (!folded) {
+      row.append(span(first.pid ? `pid ${first.pid}` : '', 'jp-DistRank-pid'));
+      if (first.busy_since && first.state === 'busy') {
+        row.append(
+          span(
+            formatDuration(now - first.busy_since),
+            'jp-DistRank-elapsed',
+            isLate ? 'still running while other ranks are done' : 'running its cell for'
+          )
+        );
+      }
+      if (isLate) {
+        row.append(span('late', 'jp-DistBadge jp-mod-late', 'a straggler'));
+      }
+      const log = button('log', `Open the log of rank ${first.rank}`, () =>
+        this.actions.openLog(session.name, first.rank)
+      );
+      log.dataset.distKey = `log:${session.name}:${first.rank}`;
+      row.append(log);
+      const error = first.last_error || first.exit || '';
+      if (error) {
+        row.append(span(error, 'jp-DistRank-error', error));
+      }
+    }
+    return row;
+  }
+
+  private stream: EventStream;
+  private list: HTMLElement;
+  private status: HTMLElement;
+  private pending = false;
+  private timer: ReturnType<typeof setInterval> | null = null;
+}

@@ -1,0 +1,144 @@
+"""The jupyter_dist sidebar in a real JupyterLab: sessions started by notebooks and by its
+own form appear live with their ranks, a late rank stands out while its cell runs, the
+stacks view names the collective, the buttons act, and "use here" attaches a notebook."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .lab import RENDER_TIMEOUT_MS, NotebookPage, OpenNotebook
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
+SESSION = "sidebar"
+HANG = (
+    f"%%distributed --session {SESSION}\n"
+    "import threading, time, torch, torch.distributed as dist\n"
+    "if dist.get_rank() == 1:  # joins rank 0's all_reduce 25 s later, from a thread\n"
+    "    threading.Timer(25, lambda: dist.all_reduce(torch.ones(1))).start()\n"
+    "else:\n"
+    "    dist.all_reduce(torch.ones(1))\n"
+    "print('joined')"
+)
+
+
+def open_sidebar(nb: NotebookPage) -> None:
+    from playwright.sync_api import expect
+
+    tab = nb.page.locator('.jp-SideBar [data-id="jupyter-dist-sidebar"]')
+    expect(tab).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    tab.click()
+    expect(nb.page.locator("#jupyter-dist-sidebar")).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+
+
+def new_session(nb: NotebookPage) -> None:
+    sidebar = nb.page.locator("#jupyter-dist-sidebar")
+    sidebar.get_by_role("button", name="Start a new session").click()
+
+
+def session_card(nb: NotebookPage, name: str):  # type: ignore[no-untyped-def]
+    return nb.page.locator(f'#jupyter-dist-sidebar .jp-DistSession[data-session="{name}"]')
+
+
+def click_action(nb: NotebookPage, name: str, label: str) -> None:
+    session_card(nb, name).locator("button.jp-DistButton", has_text=label).first.click()
+
+
+def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
+    open_lab_notebook: OpenNotebook,
+) -> None:
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook(
+        "sidebar_hang",
+        ["%load_ext jupyter_dist", f"%%distributed --procs 2 --session {SESSION}\nx = 1", HANG],
+    )
+    open_sidebar(nb)
+    empty = nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")
+    expect(empty).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    nb.screenshot("sidebar-empty")
+    nb.start_all()
+    card = session_card(nb, SESSION)
+    expect(card).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(card.locator(".jp-DistBadge").first).to_have_text("ready", timeout=RENDER_TIMEOUT_MS)
+    card.get_by_role("button", name=f"Open session {SESSION}").click()
+    late = card.locator(".jp-DistRank.jp-mod-late")
+    # while the cell runs: rank 0 waits in all_reduce, rank 1 is done and idle
+    expect(late).to_have_count(1, timeout=RENDER_TIMEOUT_MS)
+    assert late.get_attribute("data-rank") == "0"
+    expect(card.locator('.jp-DistRank[data-rank="1"] .jp-DistBadge')).to_have_text("idle")
+    expect(card.locator(".jp-DistSession-activity")).to_contain_text("running a cell from")
+    nb.screenshot("sidebar-late-rank")
+    elapsed = late.locator(".jp-DistRank-elapsed")
+    first = elapsed.inner_text()
+    time.sleep(2.5)
+    assert elapsed.inner_text() != first, "the late rank's elapsed time does not tick"
+    click_action(nb, SESSION, "Stacks")
+    dialog = nb.page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("rank 0: in all_reduce", timeout=RENDER_TIMEOUT_MS)
+    expect(dialog).to_contain_text("rank 1: idle")
+    nb.screenshot("sidebar-stacks", dialog.locator(".jp-Dialog-content"))
+    dialog.get_by_role("button", name="Close").click()
+    assert nb.wait_all(), "the cell did not end once rank 1 joined"
+    expect(card.locator(".jp-DistRank.jp-mod-late")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
+    ours = [e for e in nb.console_errors if "jupyter-dist" in e or "DistPanel" in e]
+    assert not ours, ours
+
+
+def test_form_use_here_interrupt_and_shut_down(open_lab_notebook: OpenNotebook) -> None:
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook(
+        "sidebar_use",
+        [
+            "%%distributed\nimport os, time\nprint('on rank', os.environ['RANK'])",
+            "%%distributed\ntime.sleep(120)",
+        ],
+    )
+    open_sidebar(nb)
+    nb.page.locator("#jupyter-dist-sidebar").get_by_role(
+        "button", name="Start a new session"
+    ).click()
+    form = nb.page.locator(".jp-Dialog .jp-DistForm")
+    form.locator('input[name="name"]').fill("formed")
+    form.locator('input[name="count"]').fill("2")
+    nb.page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+    card = session_card(nb, "formed")
+    expect(card.locator(".jp-DistBadge").first).to_have_text("ready", timeout=RENDER_TIMEOUT_MS)
+    card.get_by_role("button", name="Open session formed").click()
+    expect(card.locator(".jp-DistRank")).to_have_count(1)  # ranks 0-1 idle, folded
+    expect(card.locator(".jp-DistRank-label")).to_have_text("ranks 0-1")
+    nb.screenshot("sidebar-formed")
+
+    # a bad value: the server's message, as a notification
+    nb.page.locator("#jupyter-dist-sidebar").get_by_role(
+        "button", name="Start a new session"
+    ).click()
+    form.locator('input[name="name"]').fill("bad")
+    form.locator('input[name="count"]').fill("0")
+    nb.page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
+    toast = nb.page.locator(".Toastify__toast").filter(has_text="Starting session bad failed")
+    expect(toast).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(toast).to_contain_text("procs")
+
+    click_action(nb, "formed", "Use here")
+    expect(card.locator(".jp-DistSession-activity")).to_contain_text(
+        "sidebar_use.ipynb", timeout=RENDER_TIMEOUT_MS
+    )
+    nb.start_all()
+    expect(nb.output(0)).to_contain_text("on rank 1", timeout=RENDER_TIMEOUT_MS)
+    expect(card.locator(".jp-DistSession-activity")).to_contain_text(
+        "running a cell from", timeout=RENDER_TIMEOUT_MS
+    )
+    click_action(nb, "formed", "Interrupt")
+    assert not nb.wait_all(), "the sleeping cell was not interrupted"
+    expect(nb.output(1)).to_contain_text("interrupted from JupyterLab")
+
+    click_action(nb, "formed", "Shut down")
+    confirm = nb.page.locator(".jp-Dialog")
+    expect(confirm).to_contain_text("variables in its 2 ranks are lost")
+    confirm.get_by_role("button", name="Shut down").click()
+    expect(card).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
+    expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()
+    nb.screenshot("sidebar-after-shutdown")
