@@ -41,6 +41,7 @@ $(PY):
 # The JupyterLab sidebar is built first, so that the editable install carries it.
 $(SETUP_STAMP): pyproject.toml constraints.txt $(LABEXT_BUILT) | $(PY)
 	$(PIP_INSTALL) -e '.[test,dev]'
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .  # a link: rebuilds show at once
 	touch $@
 
 # The sidebar (labextension/): TypeScript built with the environment's jlpm (JupyterLab's

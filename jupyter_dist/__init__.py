@@ -45,6 +45,7 @@ __all__ = [
     "SessionError",
     "SpecError",
     "__version__",
+    "_jupyter_labextension_paths",
     "_jupyter_server_extension_points",
     "info",
     "load_ipython_extension",
@@ -88,6 +89,11 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     from jupyter_dist.server.app import DistServerApp
 
     return [{"module": "jupyter_dist.server.app", "app": DistServerApp}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The JupyterLab sidebar, built into ``labextension/`` beside this file."""
+    return [{"src": "labextension", "dest": "jupyter-dist-labextension"}]
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -13,7 +13,8 @@ Commands (launcher -> agent)::
     {"op": "route", "id": "r1", "addr": "10.0.0.1"}
     {"op": "probe", "id": "r2", "addr": "10.0.0.1", "port": 29500, "timeout_s": 5}
     {"op": "stacks", "id": "r3", "ranks": [0, 1] | null}   (reply: offsets of the logs)
-    {"op": "read_log", "id": "r4", "rank": 0, "offset": 1234}   (reply: text)
+    {"op": "read_log", "id": "r4", "rank": 0, "offset": 1234}   (reply: text, end)
+    {"op": "sample", "id": "r5"}   (reply: sample: the node's and its ranks' CPU, memory, GPUs)
     {"op": "shutdown"}
 
 Events (agent -> launcher)::
@@ -35,7 +36,7 @@ from typing import Any, cast, get_args
 
 from jupyter_dist.common.payloads import AgentCommand, AgentEvent, AgentEventKind, AgentOp
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 #: makes a rank's faulthandler write every thread's Python stack to its log
 STACKS_SIGNAL = signal.SIGUSR1
 

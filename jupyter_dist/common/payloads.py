@@ -326,6 +326,11 @@ class StacksCommand(TypedDict):
     ranks: list[int] | None
 
 
+class SampleCommand(TypedDict):
+    op: Literal["sample"]
+    id: str
+
+
 class ReadLogCommand(TypedDict):
     op: Literal["read_log"]
     id: str
@@ -345,11 +350,58 @@ AgentCommand = (
     | ProbeCommand
     | StacksCommand
     | ReadLogCommand
+    | SampleCommand
     | ShutdownCommand
 )
-AgentOp = Literal["spawn", "signal", "kill", "route", "probe", "stacks", "read_log", "shutdown"]
+AgentOp = Literal[
+    "spawn", "signal", "kill", "route", "probe", "stacks", "read_log", "sample", "shutdown"
+]
 #: the commands answered by a ``reply`` event with the command's ``id``
-RequestOp = Literal["route", "probe", "stacks", "read_log"]
+RequestOp = Literal["route", "probe", "stacks", "read_log", "sample"]
+
+
+# -- live samples (``sample``; ``GET /sessions/NAME/metrics``) -----------------------------
+class GPUSample(TypedDict):
+    index: int
+    name: str
+    util_percent: float
+    mem_used_mib: float
+    mem_total_mib: float
+
+
+class RankSample(TypedDict):
+    rank: int
+    pid: int
+    cpu_percent: float | None  # of one core; None: the process is gone
+    rss_mib: float | None
+
+
+class NodeSample(TypedDict):
+    cpu_percent: float  # of the whole machine
+    cpus: int
+    mem_used_mib: float
+    mem_total_mib: float
+    gpus: list[GPUSample]
+    ranks: list[RankSample]
+
+
+class NodeMetrics(TypedDict):
+    node_rank: int
+    host: str
+    cpu_percent: float | None
+    cpus: int
+    mem_used_mib: float | None
+    mem_total_mib: float | None
+    gpus: list[GPUSample]
+    error: str  # why this node gave no sample ("" when it did)
+
+
+class SessionMetrics(TypedDict):
+    """One ``metrics`` event: every node's and rank's sample at ``time`` (epoch s)."""
+
+    time: float
+    nodes: list[NodeMetrics]
+    ranks: list[RankSample]
 
 
 class ReadyEvent(TypedDict):
@@ -398,6 +450,8 @@ class ReplyFields(TypedDict, total=False):
     # read_log: the text from the offset asked, and the byte offset after it
     text: str
     end: int
+    # sample
+    sample: NodeSample
 
 
 class ReplyEvent(ReplyFields):

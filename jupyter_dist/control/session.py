@@ -20,9 +20,13 @@ from typing import Any, cast
 from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.payloads import (
     KernelConnection,
+    NodeMetrics,
+    NodeSample,
     NotebookJSON,
     RankLog,
+    RankSample,
     SessionConnection,
+    SessionMetrics,
     SessionStatus,
 )
 from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
@@ -48,6 +52,8 @@ class SessionTimeouts:
 Progress = Callable[[str], None]
 #: seconds rank news is gathered before the session's watchers hear of it
 CHANGE_COALESCE_S = 0.05
+#: seconds a node's agent gets to sample its processes
+SAMPLE_TIMEOUT_S = 10.0
 #: seconds a node's agent gets to read back a piece of a rank's log
 LOG_READ_TIMEOUT_S = 10.0
 #: makes the launcher of node ``node`` of a session (`launcher_for`; tests pass a fake)
@@ -263,6 +269,54 @@ class Session(RankGroup):
             self._changed()
 
         asyncio.get_running_loop().call_later(CHANGE_COALESCE_S, fire)
+
+    async def sample(self) -> SessionMetrics:
+        """Every node's CPU, memory and GPUs and every rank's CPU and memory now, as its
+        node's agent measures them; a node that does not answer says why."""
+
+        async def one(node: AgentClient) -> tuple[AgentClient, NodeSample | str]:
+            try:
+                reply = await node.request("sample", timeout=SAMPLE_TIMEOUT_S)
+            except Exception as err:
+                return node, f"{type(err).__name__}: {err}"
+            return node, reply["sample"]
+
+        replies = await asyncio.gather(*(one(n) for n in self.nodes if not n.lost))
+        nodes: list[NodeMetrics] = []
+        ranks: list[RankSample] = []
+        for node, got in replies:
+            if isinstance(got, str):
+                nodes.append(
+                    {
+                        "node_rank": node.node_rank,
+                        "host": node.host,
+                        "cpu_percent": None,
+                        "cpus": 0,
+                        "mem_used_mib": None,
+                        "mem_total_mib": None,
+                        "gpus": [],
+                        "error": got,
+                    }
+                )
+                continue
+            nodes.append(
+                {
+                    "node_rank": node.node_rank,
+                    "host": node.host,
+                    "cpu_percent": got["cpu_percent"],
+                    "cpus": got["cpus"],
+                    "mem_used_mib": got["mem_used_mib"],
+                    "mem_total_mib": got["mem_total_mib"],
+                    "gpus": got["gpus"],
+                    "error": "",
+                }
+            )
+            ranks.extend(got["ranks"])
+        return {
+            "time": time.time(),
+            "nodes": nodes,
+            "ranks": sorted(ranks, key=lambda r: r["rank"]),
+        }
 
     async def read_log(self, rank: int, offset: int = 0) -> RankLog:
         """A piece of rank ``rank``'s log from byte ``offset`` (at most 256 KiB), read by

@@ -42,7 +42,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from jupyter_dist.common.agent_protocol import (
     PROTOCOL_VERSION,
@@ -65,6 +65,9 @@ from jupyter_dist.common.proc_titles import (
     rank_title,
     set_title,
 )
+
+if TYPE_CHECKING:
+    from jupyter_dist.node.samples import Sampler
 
 PRELOAD = (
     "torch",
@@ -116,6 +119,7 @@ class Agent:
         self.dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{self.pid}-{session[:16]}-")
         self._lock_fd = hold_lock(self.dir)
         self.children: dict[int, RankChild] = {}  # by pid
+        self.sampler: Sampler | None = None  # made on the first ``sample`` command
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
         self.stopping = False
         self.preload_errors: dict[str, str] = {}
@@ -241,6 +245,15 @@ class Agent:
                 ranks = cmd.get("ranks")
                 offsets = self.dump_stacks(None if ranks is None else set(ranks))
                 self.emit({"event": "reply", "id": cmd["id"], "offsets": offsets})
+            elif cmd["op"] == "sample":
+                if self.sampler is None:
+                    from jupyter_dist.node.samples import Sampler
+
+                    self.sampler = Sampler()
+                pids = {child.rank: pid for pid, child in self.children.items()}
+                self.sampler.forget(set(pids.values()))
+                sample = self.sampler.sample(pids)
+                self.emit({"event": "reply", "id": cmd["id"], "sample": sample})
             elif cmd["op"] == "read_log":
                 text, end = _read_from(self._log_of(int(cmd["rank"])), int(cmd["offset"]))
                 self.emit({"event": "reply", "id": cmd["id"], "text": text, "end": end})

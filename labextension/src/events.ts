@@ -55,9 +55,12 @@ export function backoff(attempt: number): number {
 }
 
 export class EventStream {
+  /** ``path``: the API route of the stream (``events``, ``sessions/a/metrics``). */
   constructor(
     private onEvent: EventHandler,
     private onState: (connected: boolean, error: string) => void = () => undefined,
+    private path = 'events',
+    private query: Record<string, string> = {},
     private settings: ServerConnection.ISettings = ServerConnection.makeSettings()
   ) {}
 
@@ -88,7 +91,7 @@ export class EventStream {
       let error = '';
       try {
         const response = await ServerConnection.makeRequest(
-          apiUrl('events', {}, this.settings),
+          apiUrl(this.path, this.query, this.settings),
           { signal: controller.signal },
           this.settings
         );

@@ -204,3 +204,32 @@ export class SessionsModel {
   private _changed = new Signal<this, void>(this);
   private _noticed = new Signal<this, string>(this);
 }
+
+/** One sample of a session's nodes and ranks (``GET /sessions/NAME/metrics``). */
+export interface IGpuSample {
+  index: number;
+  name: string;
+  util_percent: number;
+  mem_used_mib: number;
+  mem_total_mib: number;
+}
+
+export interface IMetrics {
+  time: number;
+  nodes: {
+    node_rank: number;
+    host: string;
+    cpu_percent: number | null;
+    cpus: number;
+    mem_used_mib: number | null;
+    mem_total_mib: number | null;
+    gpus: IGpuSample[];
+    error: string;
+  }[];
+  ranks: { rank: number; pid: number; cpu_percent: number | null; rss_mib: number | null }[];
+}
+
+/** "512 MiB", "3.4 GiB". */
+export function formatMiB(mib: number): string {
+  return mib >= 1024 ? `${(mib / 1024).toFixed(1)} GiB` : `${Math.round(mib)} MiB`;
+}

@@ -8,11 +8,13 @@ import { Message } from '@lumino/messaging';
 
 import { EventStream } from './events';
 import {
+  IMetrics,
   IRank,
   ISession,
   SessionsModel,
   foldRanks,
   formatDuration,
+  formatMiB,
   lateRanks,
   launcherOf,
   nodesOf,
@@ -43,6 +45,24 @@ function button(label: string, title: string, onClick: () => void, cls = ''): HT
     onClick();
   });
   return element;
+}
+
+/** A small horizontal bar: ``fraction`` of it filled, with a label read by screen readers. */
+function bar(fraction: number, label: string, cls = ''): HTMLElement {
+  const outer = document.createElement('span');
+  outer.className = `jp-DistBar ${cls}`.trim();
+  outer.setAttribute('role', 'meter');
+  outer.setAttribute('aria-valuemin', '0');
+  outer.setAttribute('aria-valuemax', '100');
+  const percent = Math.max(0, Math.min(100, fraction * 100));
+  outer.setAttribute('aria-valuenow', percent.toFixed(0));
+  outer.setAttribute('aria-label', label);
+  outer.title = label;
+  const inner = document.createElement('span');
+  inner.className = 'jp-DistBar-fill';
+  inner.style.width = `${percent}%`;
+  outer.appendChild(inner);
+  return outer;
 }
 
 function span(text: string, cls: string, title = ''): HTMLSpanElement {
@@ -85,11 +105,18 @@ export class DistPanel extends Widget {
       (kind, data) => this.model.apply(kind, data),
       (connected, error) => this.setConnection(connected, error)
     );
-    this.model.changed.connect(() => this.scheduleRender());
+    this.model.changed.connect(() => {
+      this.syncMetrics();
+      this.scheduleRender();
+    });
   }
 
   /** Which sessions are opened into their nodes and ranks. */
   readonly expanded = new Set<string>();
+  /** Sessions whose idle ranks are shown one by one, not folded. */
+  readonly unfolded = new Set<string>();
+  /** The latest sample of each opened session. */
+  readonly metrics = new Map<string, IMetrics>();
 
   set tick(ms: number) {
     this.tickMs = Math.max(250, ms);
@@ -101,6 +128,7 @@ export class DistPanel extends Widget {
 
   dispose(): void {
     this.stream.stop();
+    this.stopMetrics();
     this.stopTicking();
     super.dispose();
   }
@@ -108,12 +136,55 @@ export class DistPanel extends Widget {
   protected onAfterShow(msg: Message): void {
     this.stream.start();
     this.startTicking();
+    this.syncMetrics();
     this.render();
   }
 
   protected onAfterHide(msg: Message): void {
     this.stream.stop(); // nothing streams while nobody looks
+    this.stopMetrics();
     this.stopTicking();
+  }
+
+  /** A metrics stream for each opened session that exists, none for the others. */
+  private syncMetrics(): void {
+    const wanted = new Set(
+      [...this.expanded].filter(name => this.model.get(name)?.state === 'ready')
+    );
+    for (const [name, stream] of this.metricStreams) {
+      if (!wanted.has(name) || !this.isVisible) {
+        stream.stop();
+        this.metricStreams.delete(name);
+        this.metrics.delete(name);
+      }
+    }
+    if (!this.isVisible) {
+      return;
+    }
+    for (const name of wanted) {
+      if (!this.metricStreams.has(name)) {
+        const stream = new EventStream(
+          (kind, data) => {
+            if (kind === 'metrics') {
+              this.metrics.set(name, data as IMetrics);
+              this.scheduleRender();
+            }
+          },
+          () => undefined,
+          `sessions/${encodeURIComponent(name)}/metrics`,
+          { interval: String(this.tickMs / 1000) }
+        );
+        this.metricStreams.set(name, stream);
+        stream.start();
+      }
+    }
+  }
+
+  private stopMetrics(): void {
+    for (const stream of this.metricStreams.values()) {
+      stream.stop();
+    }
+    this.metricStreams.clear();
   }
 
   protected onAfterAttach(msg: Message): void {
@@ -197,6 +268,7 @@ export class DistPanel extends Widget {
         } else {
           this.expanded.add(session.name);
         }
+        this.syncMetrics();
         this.render();
       },
       'jp-DistToggle'
@@ -272,6 +344,7 @@ export class DistPanel extends Widget {
     const group = document.createElement('div');
     group.className = 'jp-DistNodes';
     group.setAttribute('role', 'group');
+    const sample = this.metrics.get(session.name);
     for (const { node, ranks } of nodesOf(session)) {
       const box = document.createElement('div');
       box.className = 'jp-DistNode';
@@ -283,11 +356,18 @@ export class DistPanel extends Widget {
         span(`node ${node.node_rank}: ${node.host}`, 'jp-DistNode-host'),
         span(` · ${gpus}${node.lost ? ' · lost' : ''}`, 'jp-DistNode-facts')
       );
+      const measured = sample?.nodes.find(n => n.node_rank === node.node_rank);
+      if (measured) {
+        box.appendChild(this.nodeMetrics(measured));
+      }
       const table = document.createElement('div');
       table.className = 'jp-DistRanks';
       table.setAttribute('role', 'group');
-      for (const row of foldRanks(ranks)) {
-        table.appendChild(this.rankRow(session, row.ranks, row.folded, late, now));
+      const rows = this.unfolded.has(session.name)
+        ? ranks.map(r => ({ ranks: [r], folded: false }))
+        : foldRanks(ranks);
+      for (const row of rows) {
+        table.appendChild(this.rankRow(session, row.ranks, row.folded, late, now, sample));
       }
       box.appendChild(table);
       group.appendChild(box);
@@ -300,7 +380,8 @@ export class DistPanel extends Widget {
     ranks: IRank[],
     folded: boolean,
     late: Set<number>,
-    now: number
+    now: number,
+    sample?: IMetrics
   ): HTMLElement {
     const first = ranks[0];
     const state = rankState(first);
@@ -311,7 +392,14 @@ export class DistPanel extends Widget {
     row.dataset.rank = String(first.rank);
     const label = folded ? ranksLabel(ranks.map(r => r.rank)) : `rank ${first.rank}`;
     row.append(span(label, 'jp-DistRank-label'), span(state, `jp-DistBadge jp-mod-${state}`));
-    if (!folded) {
+    if (folded) {
+      const show = button('show', `Show ${label} one by one`, () => {
+        this.unfolded.add(session.name);
+        this.render();
+      });
+      show.dataset.distKey = `show:${session.name}:${first.rank}`;
+      row.append(show);
+    } else {
       row.append(span(first.pid ? `pid ${first.pid}` : '', 'jp-DistRank-pid'));
       if (first.busy_since && first.state === 'busy') {
         row.append(
@@ -324,6 +412,16 @@ export class DistPanel extends Widget {
       }
       if (isLate) {
         row.append(span('late', 'jp-DistBadge jp-mod-late', 'a straggler'));
+      }
+      const measured = sample?.ranks.find(r => r.rank === first.rank);
+      if (measured && measured.cpu_percent !== null && measured.rss_mib !== null) {
+        row.append(
+          span(
+            `CPU ${Math.round(measured.cpu_percent)}% · ${formatMiB(measured.rss_mib)}`,
+            'jp-DistRank-usage',
+            'CPU (of one core) and resident memory of the rank process'
+          )
+        );
       }
       const log = button('log', `Open the log of rank ${first.rank}`, () =>
         this.actions.openLog(session.name, first.rank)
@@ -338,6 +436,41 @@ export class DistPanel extends Widget {
     return row;
   }
 
+  private nodeMetrics(node: IMetrics['nodes'][number]): HTMLElement {
+    const box = document.createElement('div');
+    box.className = 'jp-DistNode-metrics';
+    if (node.error) {
+      box.append(span(`no sample: ${node.error}`, 'jp-DistRank-error'));
+      return box;
+    }
+    const line = (label: string, fraction: number, text: string, cls = '') => {
+      const row = document.createElement('div');
+      row.className = 'jp-DistMetric';
+      row.append(span(label, 'jp-DistMetric-label'), bar(fraction, `${label} ${text}`, cls));
+      row.append(span(text, 'jp-DistMetric-value'));
+      box.appendChild(row);
+    };
+    line('CPU', (node.cpu_percent ?? 0) / 100, `${Math.round(node.cpu_percent ?? 0)}% of ${node.cpus}`);
+    if (node.mem_used_mib !== null && node.mem_total_mib) {
+      line(
+        'memory',
+        node.mem_used_mib / node.mem_total_mib,
+        `${formatMiB(node.mem_used_mib)} of ${formatMiB(node.mem_total_mib)}`
+      );
+    }
+    for (const gpu of node.gpus) {
+      line(`GPU ${gpu.index}`, gpu.util_percent / 100, `${Math.round(gpu.util_percent)}%`, 'jp-mod-gpu');
+      line(
+        `GPU ${gpu.index} mem`,
+        gpu.mem_total_mib ? gpu.mem_used_mib / gpu.mem_total_mib : 0,
+        `${formatMiB(gpu.mem_used_mib)} of ${formatMiB(gpu.mem_total_mib)}`,
+        'jp-mod-gpu'
+      );
+    }
+    return box;
+  }
+
+  private metricStreams = new Map<string, EventStream>();
   private stream: EventStream;
   private list: HTMLElement;
   private status: HTMLElement;

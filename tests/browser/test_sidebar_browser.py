@@ -9,6 +9,7 @@ import time
 import pytest
 
 from .lab import RENDER_TIMEOUT_MS, NotebookPage, OpenNotebook
+from .test_dark_theme_browser import set_theme
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 SESSION = "sidebar"
@@ -69,6 +70,13 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     assert late.get_attribute("data-rank") == "0"
     expect(card.locator('.jp-DistRank[data-rank="1"] .jp-DistBadge')).to_have_text("idle")
     expect(card.locator(".jp-DistSession-activity")).to_contain_text("running a cell from")
+    # live samples while the session is open: the node's CPU and memory, each rank's
+    meters = card.locator('.jp-DistNode-metrics [role="meter"]')
+    expect(meters.first).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    assert meters.first.get_attribute("aria-label").startswith("CPU ")
+    expect(card.locator(".jp-DistRank-usage").first).to_contain_text(
+        "MiB", timeout=RENDER_TIMEOUT_MS
+    )
     nb.screenshot("sidebar-late-rank")
     elapsed = late.locator(".jp-DistRank-elapsed")
     first = elapsed.inner_text()
@@ -81,6 +89,36 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     nb.screenshot("sidebar-stacks", dialog.locator(".jp-Dialog-content"))
     dialog.get_by_role("button", name="Close").click()
     assert nb.wait_all(), "the cell did not end once rank 1 joined"
+    # idle again, the ranks fold into one row, which unfolds on demand
+    expect(card.locator(".jp-DistRank-label")).to_have_text("ranks 0-1")
+    card.locator(".jp-DistRank button", has_text="show").click()
+    expect(card.locator(".jp-DistRank")).to_have_count(2)
+    # rank 1's log in a tab of its own, following the file
+    card.locator('.jp-DistRank[data-rank="1"] button', has_text="log").click()
+    log = nb.page.locator("#jupyter-dist-log-sidebar-1 .jp-DistLog pre")
+    expect(log).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    nb.screenshot("sidebar-rank-log")
+
+    # hidden, the panel stops listening: its streams are aborted and none starts again
+    aborted: list[str] = []
+    started: list[str] = []
+    nb.page.on(
+        "requestfailed", lambda r: aborted.append(r.url) if "jupyter-dist/api" in r.url else None
+    )
+    nb.page.on("request", lambda r: started.append(r.url) if "jupyter-dist/api" in r.url else None)
+    nb.page.locator('.jp-SideBar [data-id="filebrowser"]').click()
+    nb.page.wait_for_timeout(3000)
+    assert any("/events" in u for u in aborted), aborted
+    assert any("/metrics" in u for u in aborted), aborted
+    assert not [u for u in started if "/events" in u or "/metrics" in u], started
+    open_sidebar(nb)
+    set_theme(nb, "JupyterLab Dark")
+    expect(nb.page.locator("#jupyterlab-splash")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
+    expect(card).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    background = card.evaluate("e => getComputedStyle(e.closest('.jp-DistPanel')).backgroundColor")
+    assert background not in ("rgb(255, 255, 255)", "rgba(0, 0, 0, 0)"), background
+    nb.screenshot("sidebar-dark")
+    set_theme(nb, "JupyterLab Light")
     expect(card.locator(".jp-DistRank.jp-mod-late")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
     ours = [e for e in nb.console_errors if "jupyter-dist" in e or "DistPanel" in e]
     assert not ours, ours

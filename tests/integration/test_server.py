@@ -270,3 +270,47 @@ def test_connection_info_lets_a_client_run_code_on_the_ranks(server: Server) -> 
             bad.stop_channels()
     finally:
         server.call("DELETE", f"{API}/sessions/conn")
+
+
+def test_metrics_stream_and_rank_logs_for_the_sidebar(server: Server) -> None:
+    import http.client
+
+    status, created = server.call("POST", f"{API}/sessions", {"name": "watched", "procs": 2})
+    assert status == 201, created
+    try:
+        host, port = server.url.removeprefix("http://").split(":")
+        auth = {"Authorization": f"token {server.token}"}
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("GET", f"{API}/sessions/watched/metrics?interval=0.25", headers=auth)
+        stream = conn.getresponse()
+        assert stream.status == 200
+        samples = read_events(stream, lambda e: len(e.get("ranks", [])) == 2 and e["time"])
+        conn.close()
+        last = samples[-1]
+        (node,) = last["nodes"]
+        assert node["error"] == "" and node["cpus"] >= 1
+        assert 0 < node["mem_used_mib"] < node["mem_total_mib"]
+        assert node["gpus"] == []  # no NVIDIA driver here: CPU and memory only
+        assert [r["rank"] for r in last["ranks"]] == [0, 1]
+        assert all(r["rss_mib"] > 10 for r in last["ranks"])  # real rank processes
+        pids = [r["pid"] for r in server.call("GET", f"{API}/sessions/watched")[1]["ranks"]]
+        assert [r["pid"] for r in last["ranks"]] == pids
+
+        for bad in ("0", "nan", "61", "x"):
+            status, reply = server.call("GET", f"{API}/sessions/watched/metrics?interval={bad}")
+            assert status == 400 and "interval" in reply["message"], (bad, reply)
+
+        status, piece = server.call("GET", f"{API}/sessions/watched/ranks/1/log")
+        assert status == 200, piece
+        assert piece["rank"] == 1 and piece["offset"] == 0 and piece["end"] >= 0
+        assert piece["path"].endswith(".log")
+        status, again = server.call(
+            "GET", f"{API}/sessions/watched/ranks/1/log?offset={piece['end']}"
+        )
+        assert status == 200 and again["offset"] == piece["end"]
+        status, reply = server.call("GET", f"{API}/sessions/watched/ranks/2/log")
+        assert status == 400 and "has ranks 0-1" in reply["message"], reply
+        status, reply = server.call("GET", f"{API}/sessions/watched/ranks/0/log?offset=-1")
+        assert status == 400 and "offset" in reply["message"], reply
+    finally:
+        assert server.call("DELETE", f"{API}/sessions/watched")[0] == 204
