@@ -71,3 +71,19 @@ describe('sessions', () => {
     expect(formatDuration(7500)).toBe('2 h 5 min');
   });
 });
+
+describe('nodes', () => {
+  it('group ranks under their node, in order, for a two-node session', () => {
+    const { nodesOf } = require('../src/model');
+    const ranks = [0, 1, 2, 3].map(n => ({ ...rank(n), node_rank: n < 2 ? 0 : 1, host: n < 2 ? 'a' : 'b' }));
+    const nodes = [
+      { node_rank: 1, host: 'b', agent_pid: 2, gpus: [], lost: false },
+      { node_rank: 0, host: 'a', agent_pid: 1, gpus: [], lost: false }
+    ];
+    const grouped = nodesOf(session(ranks, { nodes }));
+    expect(grouped.map((g: any) => [g.node.host, g.ranks.map((r: IRank) => r.rank)])).toEqual([
+      ['a', [0, 1]],
+      ['b', [2, 3]]
+    ]);
+  });
+});

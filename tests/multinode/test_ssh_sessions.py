@@ -303,3 +303,22 @@ def test_jax_across_two_nodes_without_arguments(run: Run, cluster: Any) -> None:
         assert "[ranks 0-1] coordinator True" in out.stdout, out.stdout  # node 0's address
     finally:
         run("%dist shutdown --session jaxmn")
+
+
+def test_live_samples_and_logs_come_from_every_node(two_nodes: str) -> None:
+    """What the sidebar shows of a 2-node session: each node's agent samples its own
+    machine and ranks, and reads its own ranks' logs."""
+    from jupyter_dist.notebook.owners import embedded_owner
+
+    plane = embedded_owner()
+    session = plane.manager.get(two_nodes)
+    plane.run(session.sample())  # the first sample starts psutil's CPU counts
+    sample = plane.run(session.sample())
+    assert [n["node_rank"] for n in sample["nodes"]] == [0, 1]
+    assert all(n["error"] == "" and n["mem_total_mib"] for n in sample["nodes"])
+    assert [r["rank"] for r in sample["ranks"]] == [0, 1, 2, 3]
+    pids = {r["rank"]: r["pid"] for r in session_status(two_nodes)["ranks"]}
+    assert {r["rank"]: r["pid"] for r in sample["ranks"]} == pids
+    assert all(r["rss_mib"] for r in sample["ranks"])
+    piece = plane.run(session.read_log(3))  # a rank of the second node
+    assert piece["rank"] == 3 and piece["end"] >= piece["offset"] == 0
