@@ -154,9 +154,11 @@ class CellTracker:
         reply = prog.reply
         status = reply.get("status", "error")
         failure = None
-        if status == "ok" and prog.shown_errors:
+        if status in ("ok", "error") and prog.shown_errors:
             # the cell went on after showing a traceback (IPython's %run does, for a script
-            # that raised): the rank failed all the same, with the first one it showed
+            # that raised): the rank failed all the same, and the first traceback it showed
+            # is the cause (a later error, a NameError of what the script never defined,
+            # is its consequence)
             reply = {**prog.shown_errors[0], "status": "error"}
             status = "error"
         if status == "error":

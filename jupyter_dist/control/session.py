@@ -392,6 +392,7 @@ class Session(RankGroup):
             raise
         self.state = SessionState.READY
         self.broken_reason = ""
+        self.turns.last_errors.clear()  # fresh ranks: no error of theirs yet
         log.info("session %s restarted", self.name)
 
     async def shutdown(self) -> None:

@@ -29,10 +29,45 @@ def text_of(nb: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
+def expected_to_fail(cell: nbformat.NotebookNode) -> bool:
+    """A cell whose error is the point (tagged as nbclient knows it)."""
+    return "raises-exception" in cell.get("metadata", {}).get("tags", [])
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_demo_notebook_runs(path: Path, kernel_name: str) -> None:
     nb = execute(nbformat.read(path, as_version=4), kernel_name, path.parent)
-    assert "error" not in {o.output_type for c in nb.cells for o in c.get("outputs", [])}
+    for cell in nb.cells:
+        kinds = {o.output_type for o in cell.get("outputs", [])}
+        assert ("error" in kinds) == expected_to_fail(cell), cell.source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebooks_are_kept_without_outputs(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, (path.name, cell.source)
+
+
+def test_mingpt_resumes_from_its_snapshot_with_identical_weights(kernel_name: str) -> None:
+    path = Path(__file__).parents[2] / "notebooks" / "mingpt_ddp.ipynb"
+    text = text_of(execute(nbformat.read(path, as_version=4), kernel_name, path.parent))
+    assert "[ranks 0-1] False" in text  # the restart left no variables
+    assert "resumed after 2 epochs" in text
+    assert "identical weights after the restart: True" in text
+    assert "[rank 0] epoch 2: loss" in text
+
+
+def test_the_hang_is_found_in_all_reduce(kernel_name: str) -> None:
+    path = Path(__file__).parents[2] / "notebooks" / "observability.ipynb"
+    nb = execute(nbformat.read(path, as_version=4), kernel_name, path.parent)
+    failed = [c for c in nb.cells if expected_to_fail(c)]
+    (error,) = [o for o in failed[0].outputs if o.output_type == "error"]
+    assert error.ename == "CellTimeout"
+    shown = "\n".join(error.traceback)
+    assert "ranks 0-1: did not stop; it was in all_reduce" in shown, shown
+    assert "restarted with fresh ranks" in error.evalue
 
 
 def test_quickstart_outputs(kernel_name: str) -> None:
