@@ -34,6 +34,7 @@ from jupyter_dist.server.process_records import (
     find_orphaned,
     reap,
 )
+from jupyter_dist.server.rank_consoles import RankConsoles
 from jupyter_dist.server.routes import API_HANDLERS
 from jupyter_dist.settings import MAX_RANKS_VAR
 
@@ -139,6 +140,10 @@ class DistServerApp(ExtensionApp):
             if found.path == self.records.path:
                 found.path.unlink(missing_ok=True)
         self.manager.add_listener(self._session_event)
+        assert self.serverapp is not None
+        self.consoles = RankConsoles(self.serverapp.kernel_manager, runtime_dir)
+        self.settings["jupyter_dist_consoles"] = self.consoles
+        self.manager.add_listener(self.consoles.observe)
         # in a thread: the event loop need not run yet, nor wait for the grace
         self._reaper = threading.Thread(
             target=self._reap, args=(orphaned,), name="jupyter_dist-reaper", daemon=True

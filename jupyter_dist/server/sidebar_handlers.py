@@ -17,6 +17,7 @@ from tornado.iostream import StreamClosedError
 from jupyter_dist.common.wire_names import API_PREFIX
 from jupyter_dist.errors import SpecError
 from jupyter_dist.server.handlers import DistHandler, maps_errors
+from jupyter_dist.server.rank_consoles import KERNEL_NAME, RankConsoles
 
 #: the largest byte offset a request may ask for (a log is never bigger)
 MAX_OFFSET = 1 << 50
@@ -93,8 +94,28 @@ class MetricsHandler(DistHandler):
             self.closed.set()
 
 
+class RankKernelHandler(DistHandler):
+    """``POST /sessions/NAME/ranks/R/kernel``: make rank R's kernel a kernel of this server
+    (not owned by it), so that a console or the debugger can connect to it; returns
+    ``{"id", "name", "rank"}``. Needs ``execute``: it runs code on the rank."""
+
+    @web.authenticated
+    @authorized("execute")  # type: ignore[untyped-decorator]
+    @maps_errors
+    async def post(self, name: str, rank: str) -> None:
+        session = self.manager.get(name)
+        if not rank.isdigit() or int(rank) >= session.spec.world_size:
+            raise SpecError(
+                f"rank {rank[:20]!r}: session {name!r} has ranks 0-{session.spec.world_size - 1}"
+            )
+        consoles: RankConsoles = self.settings["jupyter_dist_consoles"]
+        kernel_id = await asyncio.to_thread(consoles.adopt, session, int(rank))
+        self.reply({"id": kernel_id, "name": KERNEL_NAME, "rank": int(rank)}, 201)
+
+
 _NAME = r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})"
 SIDEBAR_HANDLERS = [
     (rf"{API_PREFIX}/sessions/{_NAME}/ranks/(?P<rank>[0-9]{{1,6}})/log", RankLogHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/metrics", MetricsHandler),
+    (rf"{API_PREFIX}/sessions/{_NAME}/ranks/(?P<rank>[0-9]{{1,6}})/kernel", RankKernelHandler),
 ]

@@ -149,6 +149,20 @@ function actionsFor(
         report(error, `Shutting ${name} down`);
       }
     },
+    openConsole: async (name, rank) => {
+      try {
+        const kernel = await requestAPI<{ id: string; name: string }>(
+          `${sessionPath(name)}/ranks/${rank}/kernel`,
+          { method: 'POST' }
+        );
+        await app.commands.execute('console:create', {
+          name: `${name} rank ${rank}`,
+          kernelPreference: { id: kernel.id, name: kernel.name }
+        });
+      } catch (error) {
+        report(error, `A console on rank ${rank} of ${name}`);
+      }
+    },
     openLog: (name, rank) => {
       const id = `jupyter-dist-log-${name}-${rank}`;
       const open = [...app.shell.widgets('main')].find(w => w.id === id);

@@ -31,6 +31,7 @@ export interface IActions {
   restart(session: string): void;
   shutdown(session: string): void;
   openLog(session: string, rank: number): void;
+  openConsole(session: string, rank: number): void;
 }
 
 function button(label: string, title: string, onClick: () => void, cls = ''): HTMLButtonElement {
@@ -427,7 +428,11 @@ export class DistPanel extends Widget {
         this.actions.openLog(session.name, first.rank)
       );
       log.dataset.distKey = `log:${session.name}:${first.rank}`;
-      row.append(log);
+      const console = button('console', `Open a console on rank ${first.rank}'s kernel`, () =>
+        this.actions.openConsole(session.name, first.rank)
+      );
+      console.dataset.distKey = `console:${session.name}:${first.rank}`;
+      row.append(log, console);
       const error = first.last_error || first.exit || '';
       if (error) {
         row.append(span(error, 'jp-DistRank-error', error));

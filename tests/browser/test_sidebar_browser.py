@@ -99,6 +99,20 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     expect(log).to_be_visible(timeout=RENDER_TIMEOUT_MS)
     nb.screenshot("sidebar-rank-log")
 
+    # a console on rank 1's own kernel: code typed there runs in that rank
+    card.locator('.jp-DistRank[data-rank="1"] button', has_text="console").click()
+    console = nb.page.locator(".jp-CodeConsole").last
+    expect(console).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    prompt = console.locator(".jp-CodeConsole-promptCell .cm-content")
+    expect(prompt).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    prompt.click()
+    nb.page.keyboard.type("import os; print('this is rank', os.environ['RANK'])")
+    nb.page.keyboard.press("Shift+Enter")
+    expect(console.locator(".jp-CodeConsole-content")).to_contain_text(
+        "this is rank 1", timeout=RENDER_TIMEOUT_MS
+    )
+    nb.screenshot("sidebar-rank-console")
+
     # hidden, the panel stops listening: its streams are aborted and none starts again
     aborted: list[str] = []
     started: list[str] = []

@@ -342,6 +342,7 @@ def test_every_handler_method_is_authenticated_and_authorized() -> None:
         ("StacksHandler", "post"),  # it signals the ranks
         ("TurnsHandler", "post"),  # the order of the cells others run
         ("TurnEndHandler", "post"),
+        ("RankKernelHandler", "post"),  # a console runs code on the rank
     }
     for pattern, handler in API_HANDLERS:
         methods = own_methods(handler)

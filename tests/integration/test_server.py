@@ -314,3 +314,87 @@ def test_metrics_stream_and_rank_logs_for_the_sidebar(server: Server) -> None:
         assert status == 400 and "offset" in reply["message"], reply
     finally:
         assert server.call("DELETE", f"{API}/sessions/watched")[0] == 204
+
+
+def run_on_kernel(server: Server, kernel_id: str, code: str) -> str:
+    """Execute ``code`` on the server's kernel ``kernel_id`` through its websocket, as a
+    JupyterLab console does; returns what it printed."""
+    import asyncio
+    import uuid
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def go() -> str:
+        url = server.url.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels"
+        ws = await websocket_connect(
+            HTTPRequest(url, headers={"Authorization": f"token {server.token}"})
+        )
+        msg_id = uuid.uuid4().hex
+        ws.write_message(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "msg_type": "execute_request",
+                        "username": "test",
+                        "session": uuid.uuid4().hex,
+                        "version": "5.3",
+                        "date": "2026-01-01T00:00:00Z",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": {"code": code, "silent": False, "store_history": False},
+                    "channel": "shell",
+                }
+            )
+        )
+        printed = []
+        while True:
+            raw = await asyncio.wait_for(ws.read_message(), 60)
+            assert raw is not None, "the websocket closed"
+            msg = json.loads(raw)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                printed.append(msg["content"]["text"])
+            idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+            if idle:  # after every output of the request (the reply may come first)
+                ws.close()
+                return "".join(printed)
+
+    return asyncio.run(go())
+
+
+def test_a_rank_kernel_becomes_a_server_kernel_for_a_console(server: Server) -> None:
+    status, created = server.call("POST", f"{API}/sessions", {"name": "consoled", "procs": 2})
+    assert status == 201, created
+    try:
+        pids = [r["pid"] for r in created["ranks"]]
+        status, kernel = server.call("POST", f"{API}/sessions/consoled/ranks/1/kernel", {})
+        assert status == 201, kernel
+        assert kernel["rank"] == 1 and kernel["name"] == "python3"
+        status, listed = server.call("GET", "/api/kernels")
+        assert kernel["id"] in [k["id"] for k in listed]
+        out = run_on_kernel(server, kernel["id"], "import os; print('rank', os.environ['RANK'])")
+        assert out.strip() == "rank 1", out
+        # asked again: the same kernel; closing it from a console leaves the rank alone
+        assert server.call("POST", f"{API}/sessions/consoled/ranks/1/kernel", {})[1] == kernel
+        assert server.call("DELETE", f"/api/kernels/{kernel['id']}")[0] == 204
+        after = server.call("GET", f"{API}/sessions/consoled")[1]
+        assert [r["pid"] for r in after["ranks"]] == pids
+        assert {r["state"] for r in after["ranks"]} == {"idle"}
+        # and it can be opened again
+        status, again = server.call("POST", f"{API}/sessions/consoled/ranks/1/kernel", {})
+        assert status == 201 and again["id"] != kernel["id"], again
+        assert run_on_kernel(server, again["id"], "print(1 + 1)").strip() == "2"
+        # a restart takes the old ranks' kernels off the server's list
+        status, kernel = server.call("POST", f"{API}/sessions/consoled/ranks/0/kernel", {})
+        assert status == 201, kernel
+        assert server.call("POST", f"{API}/sessions/consoled/restart", {})[0] == 200
+        listed = server.call("GET", "/api/kernels")[1]
+        assert kernel["id"] not in [k["id"] for k in listed]
+        status, reply = server.call("POST", f"{API}/sessions/consoled/ranks/2/kernel", {})
+        assert status == 400 and "has ranks 0-1" in reply["message"], reply
+    finally:
+        assert server.call("DELETE", f"{API}/sessions/consoled")[0] == 204
