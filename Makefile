@@ -24,7 +24,7 @@ BENCH_ARGS ?=
 .PHONY: help setup demo test unit lint bench bench-multinode labextension-test
 
 help:
-	@echo "make setup   create .venv/ and install jupyter_dist with its test and dev extras"
+	@echo "make setup   create .venv/ and install jupyter_dist with its test, dev and examples extras"
 	@echo "make demo    run notebooks/quickstart.ipynb headless and print its outputs"
 	@echo "make test    lint, install the system packages the tests need, then run pytest"
 	@echo "make unit    the fast tier: tests/unit (no processes, root or network), in seconds"
@@ -40,7 +40,7 @@ $(PY):
 # Re-installs only when pyproject.toml or constraints.txt change (or .venv/ is new).
 # The JupyterLab sidebar is built first, so that the editable install carries it.
 $(SETUP_STAMP): pyproject.toml constraints.txt $(LABEXT_BUILT) | $(PY)
-	$(PIP_INSTALL) -e '.[test,dev]'
+	$(PIP_INSTALL) -e '.[test,dev,examples]'
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .  # a link: rebuilds show at once
 	touch $@
 

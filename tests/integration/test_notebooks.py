@@ -11,6 +11,9 @@ from nbclient.exceptions import CellExecutionError
 
 pytestmark = pytest.mark.slow
 NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
+#: needs SSH nodes: run against the test suite's sshd nodes in tests/multinode
+ON_NODES = {"multi_node.ipynb"}
+HERE = [p for p in NOTEBOOKS if p.name not in ON_NODES]
 
 
 def execute(nb: nbformat.NotebookNode, kernel_name: str, cwd: Path) -> nbformat.NotebookNode:
@@ -34,7 +37,12 @@ def expected_to_fail(cell: nbformat.NotebookNode) -> bool:
     return "raises-exception" in cell.get("metadata", {}).get("tags", [])
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_every_notebook_is_executed_somewhere() -> None:
+    assert len(NOTEBOOKS) >= 8, [p.name for p in NOTEBOOKS]
+    assert {p.name for p in NOTEBOOKS} >= ON_NODES
+
+
+@pytest.mark.parametrize("path", HERE, ids=[p.name for p in HERE])
 def test_demo_notebook_runs(path: Path, kernel_name: str) -> None:
     nb = execute(nbformat.read(path, as_version=4), kernel_name, path.parent)
     for cell in nb.cells:
@@ -77,6 +85,20 @@ def test_quickstart_outputs(kernel_name: str) -> None:
     assert "[rank 0] rank 0 of 2" in text
     assert "[rank 1] rank 1 of 2" in text
     assert "ranks agree: True" in text
+    assert "rank 1 got lr=0.01, and still has 256 rows" in text  # pushed, one rank only
+    assert "[rank 0] rank 0 got lr" not in text
+    assert "[ranks 0-1] still here: torch.Size([1, 4])" in text  # the failure lost nothing
+    assert "[ranks 0-1] False True 2" in text  # restarted: fresh ranks, a process group
+
+
+def test_hugging_face_sees_the_session(kernel_name: str) -> None:
+    path = Path(__file__).parents[2] / "notebooks" / "hugging_face.ipynb"
+    text = text_of(execute(nbformat.read(path, as_version=4), kernel_name, path.parent))
+    assert "[rank 1] process 1 of 2, DistributedType.MULTI_CPU, ACCELERATE_USE_CPU=1" in text
+    assert "[rank 0] rank 0: DistributedDataParallel, 8 of the 16 batches" in text
+    assert "[rank 1] rank 1: world size 2, parallel mode DISTRIBUTED" in text
+    assert "model wrapped as DistributedDataParallel" in text
+    assert "[ranks 0-1] same weights on every rank: True" in text
 
 
 def test_a_failing_rank_fails_the_notebook(kernel_name: str, tmp_path: Path) -> None:
