@@ -205,6 +205,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
           settings.defaultLauncher = loaded.get('defaultLauncher').composite as string;
           settings.refreshRate = loaded.get('refreshRate').composite as number;
           panel.tick = settings.refreshRate * 1000;
+          panel.shown = new Set(loaded.get('metrics').composite as string[]);
+          panel.render();
         };
         apply();
         loaded.changed.connect(apply);

@@ -116,6 +116,8 @@ export class DistPanel extends Widget {
   readonly expanded = new Set<string>();
   /** Sessions whose idle ranks are shown one by one, not folded. */
   readonly unfolded = new Set<string>();
+  /** Which samples to show: node CPU, node memory, GPUs, each rank's CPU and memory. */
+  shown = new Set<string>(['cpu', 'memory', 'gpu', 'ranks']);
   /** The latest sample of each opened session. */
   readonly metrics = new Map<string, IMetrics>();
 
@@ -415,7 +417,12 @@ export class DistPanel extends Widget {
         row.append(span('late', 'jp-DistBadge jp-mod-late', 'a straggler'));
       }
       const measured = sample?.ranks.find(r => r.rank === first.rank);
-      if (measured && measured.cpu_percent !== null && measured.rss_mib !== null) {
+      if (
+        this.shown.has('ranks') &&
+        measured &&
+        measured.cpu_percent !== null &&
+        measured.rss_mib !== null
+      ) {
         row.append(
           span(
             `CPU ${Math.round(measured.cpu_percent)}% · ${formatMiB(measured.rss_mib)}`,
@@ -455,15 +462,17 @@ export class DistPanel extends Widget {
       row.append(span(text, 'jp-DistMetric-value'));
       box.appendChild(row);
     };
-    line('CPU', (node.cpu_percent ?? 0) / 100, `${Math.round(node.cpu_percent ?? 0)}% of ${node.cpus}`);
-    if (node.mem_used_mib !== null && node.mem_total_mib) {
+    if (this.shown.has('cpu')) {
+      line('CPU', (node.cpu_percent ?? 0) / 100, `${Math.round(node.cpu_percent ?? 0)}% of ${node.cpus}`);
+    }
+    if (this.shown.has('memory') && node.mem_used_mib !== null && node.mem_total_mib) {
       line(
         'memory',
         node.mem_used_mib / node.mem_total_mib,
         `${formatMiB(node.mem_used_mib)} of ${formatMiB(node.mem_total_mib)}`
       );
     }
-    for (const gpu of node.gpus) {
+    for (const gpu of this.shown.has('gpu') ? node.gpus : []) {
       line(`GPU ${gpu.index}`, gpu.util_percent / 100, `${Math.round(gpu.util_percent)}%`, 'jp-mod-gpu');
       line(
         `GPU ${gpu.index} mem`,

@@ -4,6 +4,7 @@ stacks view names the collective, the buttons act, and "use here" attaches a not
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -30,6 +31,30 @@ def open_sidebar(nb: NotebookPage) -> None:
     tab = nb.page.locator('.jp-SideBar [data-id="jupyter-dist-sidebar"]')
     expect(tab).to_be_visible(timeout=RENDER_TIMEOUT_MS)
     tab.click()
+    expect(nb.page.locator("#jupyter-dist-sidebar")).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+
+
+#: WCAG contrast of each element's text colour against the panel's background
+_CONTRAST_JS = """els => els.map(e => {
+    const lum = c => { const m = c.match(/[\\d.]+/g).map(Number);
+        const lin = v => (v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+        return 0.2126 * lin(m[0]) + 0.7152 * lin(m[1]) + 0.0722 * lin(m[2]); };
+    const fg = lum(getComputedStyle(e).color);
+    const bg = lum(getComputedStyle(e.closest('.jp-DistPanel')).backgroundColor);
+    return (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+})"""
+
+
+def show_sidebar(nb: NotebookPage) -> None:
+    """Show the panel by its command (activates it; a click on the tab toggles it)."""
+    from playwright.sync_api import expect
+
+    nb.page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.commands.hasCommand("
+        "'jupyter-dist:open-sidebar')",
+        timeout=RENDER_TIMEOUT_MS,
+    )
+    nb.page.evaluate("() => window.jupyterapp.commands.execute('jupyter-dist:open-sidebar')")
     expect(nb.page.locator("#jupyter-dist-sidebar")).to_be_visible(timeout=RENDER_TIMEOUT_MS)
 
 
@@ -113,6 +138,41 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     )
     nb.screenshot("sidebar-rank-console")
 
+    # every control has a name a screen reader says, and works from the keyboard
+    unnamed = nb.page.locator("#jupyter-dist-sidebar button:not([aria-label])")
+    assert unnamed.count() == 0, unnamed.all_inner_texts()
+    toggle = card.get_by_role("button", name=f"Fold session {SESSION}")
+    toggle.focus()
+    nb.page.keyboard.press("Enter")
+    expect(card).to_have_attribute("aria-expanded", "false")
+    card.get_by_role("button", name=f"Open session {SESSION}").focus()
+    nb.page.keyboard.press("Enter")
+    expect(card).to_have_attribute("aria-expanded", "true")
+
+    # the settings decide which samples show: without the node's CPU and memory, no meters
+    status, _ = nb.lab.call(
+        "PUT",
+        "/lab/api/settings/jupyter-dist-labextension:plugin",
+        {"raw": json.dumps({"metrics": ["ranks"]})},
+    )
+    assert status == 204, status
+    nb.page.reload()
+    show_sidebar(nb)
+    card = session_card(nb, SESSION)
+    expect(card).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    if card.get_attribute("aria-expanded") != "true":
+        card.get_by_role("button", name=f"Open session {SESSION}").click()
+    card.locator(".jp-DistRank button", has_text="show").click()  # idle ranks, folded
+    expect(card.locator(".jp-DistRank-usage").first).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(card.locator('.jp-DistNode-metrics [role="meter"]')).to_have_count(0)
+    nb.lab.call("PUT", "/lab/api/settings/jupyter-dist-labextension:plugin", {"raw": "{}"})
+    nb.page.reload()
+    show_sidebar(nb)
+    card = session_card(nb, SESSION)
+    expect(card).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    if card.get_attribute("aria-expanded") != "true":
+        card.get_by_role("button", name=f"Open session {SESSION}").click()
+
     # hidden, the panel stops listening: its streams are aborted and none starts again
     aborted: list[str] = []
     started: list[str] = []
@@ -131,6 +191,11 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     expect(card).to_be_visible(timeout=RENDER_TIMEOUT_MS)
     background = card.evaluate("e => getComputedStyle(e.closest('.jp-DistPanel')).backgroundColor")
     assert background not in ("rgb(255, 255, 255)", "rgba(0, 0, 0, 0)"), background
+    # every badge and line of text stands out from the dark panel (WCAG contrast >= 3)
+    contrasts = card.locator(
+        ".jp-DistBadge, .jp-DistSession-facts, .jp-DistRank-label"
+    ).evaluate_all(_CONTRAST_JS)
+    assert contrasts and min(contrasts) >= 3, contrasts
     nb.screenshot("sidebar-dark")
     set_theme(nb, "JupyterLab Light")
     expect(card.locator(".jp-DistRank.jp-mod-late")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
