@@ -113,11 +113,15 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     expect(dialog).to_contain_text("rank 1: idle")
     nb.screenshot("sidebar-stacks", dialog.locator(".jp-Dialog-content"))
     dialog.get_by_role("button", name="Close").click()
-    assert nb.wait_all(), "the cell did not end once rank 1 joined"
-    # idle again, the ranks fold into one row, which unfolds on demand
-    expect(card.locator(".jp-DistRank-label")).to_have_text("ranks 0-1")
-    card.locator(".jp-DistRank button", has_text="show").click()
-    expect(card.locator(".jp-DistRank")).to_have_count(2)
+    # interrupted from the panel: rank 0 leaves all_reduce once rank 1 joins it, and stops
+    click_action(nb, SESSION, "Interrupt")
+    assert not nb.wait_all(), "the interrupted cell did not fail"
+    expect(nb.output(2)).to_contain_text(f"session '{SESSION}' was interrupted from JupyterLab")
+    expect(card.locator(".jp-DistRank.jp-mod-late")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
+    # rank 0's last cell ended in the interrupt: its row says so, the late mark is gone
+    rank0 = card.locator('.jp-DistRank[data-rank="0"]')
+    expect(rank0.locator(".jp-DistBadge").first).to_have_text("error", timeout=RENDER_TIMEOUT_MS)
+    expect(rank0.locator(".jp-DistRank-error")).to_contain_text("KeyboardInterrupt")
     # rank 1's log in a tab of its own, following the file
     card.locator('.jp-DistRank[data-rank="1"] button', has_text="log").click()
     log = nb.page.locator("#jupyter-dist-log-sidebar-1 .jp-DistLog pre")
@@ -162,7 +166,9 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     expect(card).to_be_visible(timeout=RENDER_TIMEOUT_MS)
     if card.get_attribute("aria-expanded") != "true":
         card.get_by_role("button", name=f"Open session {SESSION}").click()
-    card.locator(".jp-DistRank button", has_text="show").click()  # idle ranks, folded
+    folded = card.locator(".jp-DistRank button", has_text="show")
+    if folded.count():
+        folded.click()
     expect(card.locator(".jp-DistRank-usage").first).to_be_visible(timeout=RENDER_TIMEOUT_MS)
     expect(card.locator('.jp-DistNode-metrics [role="meter"]')).to_have_count(0)
     nb.lab.call("PUT", "/lab/api/settings/jupyter-dist-labextension:plugin", {"raw": "{}"})
@@ -198,7 +204,6 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     assert contrasts and min(contrasts) >= 3, contrasts
     nb.screenshot("sidebar-dark")
     set_theme(nb, "JupyterLab Light")
-    expect(card.locator(".jp-DistRank.jp-mod-late")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
     ours = [e for e in nb.console_errors if "jupyter-dist" in e or "DistPanel" in e]
     assert not ours, ours
 
@@ -226,6 +231,8 @@ def test_form_use_here_interrupt_and_shut_down(open_lab_notebook: OpenNotebook) 
     card.get_by_role("button", name="Open session formed").click()
     expect(card.locator(".jp-DistRank")).to_have_count(1)  # ranks 0-1 idle, folded
     expect(card.locator(".jp-DistRank-label")).to_have_text("ranks 0-1")
+    card.locator(".jp-DistRank button", has_text="show").click()  # unfolds on demand
+    expect(card.locator(".jp-DistRank")).to_have_count(2)
     nb.screenshot("sidebar-formed")
 
     # a bad value: the server's message, as a notification
