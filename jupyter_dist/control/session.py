@@ -247,7 +247,8 @@ class Session(RankGroup):
         if rec is None or rec.state in (RankState.DEAD, RankState.STARTING):
             return
         if kind == "error":
-            rec.last_error = f"{content.get('ename', 'Error')}: {content.get('evalue', '')}"[:300]
+            ename, evalue = content.get("ename", "Error"), content.get("evalue", "")
+            rec.last_error = (f"{ename}: {evalue}" if evalue else str(ename))[:300]
         elif content.get("execution_state") == "busy":
             if rec.state != RankState.BUSY:
                 rec.state, rec.busy_since, rec.last_error = RankState.BUSY, time.time(), ""
