@@ -32,10 +32,22 @@ HISTORY = 1 << 16
 _DIGESTS = {"hmac-sha256": "sha256", "hmac-sha512": "sha512", "hmac-md5": "md5"}
 
 Frame = bytes | bytearray | memoryview
+#: ``(msg_id, frames)`` of an encoded message
+Encoded = tuple[str, list[Frame]]
 
 
 class WireError(ValueError):
     """A message that is not one: unsigned, badly signed, replayed, or malformed."""
+
+
+_decode_json = json.JSONDecoder().decode
+
+
+def _loads(part: Frame) -> Any:
+    """A JSON part (UTF-8, as the protocol says), without `json.loads`'s guessing of the
+    encoding of bytes; the empty dict most metadata and parents are, without parsing."""
+    raw = bytes(part)
+    return {} if raw == b"{}" else _decode_json(raw.decode())
 
 
 def _dumps(obj: Any) -> bytes:
@@ -52,12 +64,17 @@ class WireCodec:
                 f"signature scheme {signature_scheme!r}: expected one of {', '.join(_DIGESTS)}"
             )
         self.key = key.encode() if isinstance(key, str) else bytes(key)
+        self.scheme = signature_scheme
         self._auth = hmac.new(self.key, digestmod=digest) if self.key else None
         self.session = uuid.uuid4().hex
         self.username = os.environ.get("USER", "jupyter_dist")
         self._seen: set[bytes] = set()
         self._order: collections.deque[bytes] = collections.deque()
         self._count = 0
+
+    def same_signer(self, other: WireCodec) -> bool:
+        """Whether ``other`` signs with the same key and scheme (its messages are ours)."""
+        return self.key == other.key and self.scheme == other.scheme
 
     def sign(self, parts: Sequence[Frame]) -> bytes:
         if self._auth is None:
@@ -74,7 +91,7 @@ class WireCodec:
         parent: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
         buffers: Sequence[Frame] = (),
-    ) -> tuple[str, list[Frame]]:
+    ) -> Encoded:
         """``(msg_id, frames)`` of a new message, ready for ``send_multipart``."""
         self._count += 1
         msg_id = f"{self.session}_{self._count}"
@@ -113,7 +130,7 @@ class WireCodec:
                 raise WireError("invalid signature")
             self._remember(signature)
         try:
-            header, parent, metadata, content = (json.loads(bytes(p)) for p in parts)
+            header, parent, metadata, content = (_loads(p) for p in parts)
         except ValueError as err:
             raise WireError(f"a message part is not JSON: {err}") from None
         if not isinstance(header, dict) or "msg_type" not in header:

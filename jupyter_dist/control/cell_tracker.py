@@ -301,6 +301,9 @@ class _RankMessages(PacedHandler):
     def __call__(self, channel: str, msg: dict[str, Any]) -> None:
         self.run.on_message(self.rank, channel, msg)
 
+    def has_room(self) -> bool:
+        return self.sink is None or not self.sink.full or self.sink.closed
+
     async def room(self) -> None:
         if self.sink is not None:
             await self.sink.room()

@@ -4,11 +4,12 @@ Three zmq sockets (shell, control, IOPub) and `common.wire_codec`: it routes eve
 message to the handler registered for the request it answers, and carries object push/pull
 as comm messages with binary buffers.
 
-This is the hot path of every cell, once per rank, so it does no more than it must: each
-channel's reader drains its socket without a future per message (a plain, non-blocking
-receive on the same socket, waiting on the asyncio socket only when it is empty), sends go
-out at once unless the socket is full, and messages are decoded without jupyter_client's
-date parsing. Messages stay signed and checked.
+This is the hot path of every cell, once per rank, so it does no more than it must: the
+sockets are plain zmq sockets whose file descriptors the event loop watches, and a
+callback drains a socket when it becomes readable (no task, future or poller per message,
+as tornado's ZMQStream reads); sends go out at once unless the socket is full, and
+messages are decoded without jupyter_client's date parsing. Messages stay signed and
+checked.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import zmq.asyncio
 
 from jupyter_dist.common.payloads import KernelConnection
 from jupyter_dist.common.pickling import Frame
-from jupyter_dist.common.wire_codec import WireCodec, WireError
+from jupyter_dist.common.wire_codec import Encoded, WireCodec, WireError
 from jupyter_dist.common.wire_names import (
     ACK_EVERY,
     ACK_MSG_TYPE,
@@ -46,6 +47,8 @@ RECHECK_S = 1.0
 PAST_CELLS = 64
 #: a reader hands the loop over after this many messages in a row
 BURST = 64
+#: a full socket's waiting messages are sent again after this long
+SEND_RETRY_S = 0.002
 #: the sockets of a rank kernel the notebook side uses: (name, type, port key)
 CHANNELS = (
     ("shell", zmq.DEALER, "shell_port"),
@@ -65,7 +68,12 @@ class PacedHandler:
     def __call__(self, channel: str, msg: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def has_room(self) -> bool:
+        """Whether the next message may be read now (checked after each one)."""
+        return True
+
     async def room(self) -> None:
+        """Return once `has_room`."""
         return None
 
 
@@ -82,8 +90,12 @@ class RankClient:
         self.rank = rank
         self.connection = connection
         self.codec = WireCodec(key, connection.get("signature_scheme") or "hmac-sha256")
-        self.sockets: dict[str, zmq.asyncio.Socket] = {}
-        self._plain: dict[str, zmq.Socket[bytes]] = {}  # the same sockets, never waiting
+        #: plain sockets, never waiting: the loop wakes `_on_ready` when one is readable
+        self.sockets: dict[str, zmq.Socket[bytes]] = {}
+        self._readers: list[int] = []
+        self._paused: set[str] = set()  # channels left unread until their handler has room
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._recheck: asyncio.TimerHandle | None = None
         self._outbox: dict[str, collections.deque[list[Any]]] = {}
         self._context = context
         self.handlers: dict[str, Handler] = {}
@@ -110,13 +122,12 @@ class RankClient:
 
     def _open(self) -> None:
         for name, kind, port_key in CHANNELS:
-            socket = self._context.socket(kind)
+            socket: zmq.Socket[bytes] = zmq.Socket(self._context, kind)
             socket.linger = 0
             if kind == zmq.SUB:
                 socket.setsockopt(zmq.SUBSCRIBE, b"")
             socket.connect(self._url(port_key))
             self.sockets[name] = socket
-            self._plain[name] = zmq.Socket.shadow(socket.underlying)
             self._outbox[name] = collections.deque()
 
     # -- connection -------------------------------------------------------------------
@@ -132,8 +143,7 @@ class RankClient:
         than the repeats (a loaded machine) must not fall ever further behind a queue
         of requests whose answers nobody waits for any more.
         """
-        for name, _kind, _port in CHANNELS:
-            self._tasks.append(asyncio.ensure_future(self._pump(name)))
+        self._watch()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         seen, replied = asyncio.Event(), asyncio.Event()
@@ -161,70 +171,86 @@ class RankClient:
             for msg_id in sent:
                 self.handlers.pop(msg_id, None)
 
-    async def _pump(self, name: str) -> None:
-        """Read one channel's messages until its socket closes.
+    def _watch(self) -> None:
+        """Read every channel from the loop's own wake-ups: a callback per readable
+        socket that drains it, no task or future per message."""
+        if self._readers:
+            return
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        for name, socket in self.sockets.items():
+            loop.add_reader(socket.FD, self._on_ready, name)
+            self._readers.append(socket.FD)
+        self._recheck = loop.call_later(RECHECK_S, self._check_all)
 
-        Nothing else ends it: a reader that stopped on some error while its socket stays
+    def _on_ready(self, name: str, from_check: bool = False) -> None:
+        """Take what ``name``'s socket holds, at most `BURST` messages in a row (the rest
+        on the loop's next turn: a flooding rank must not keep the loop from the others).
+
+        Nothing ends reading: a reader that stopped on some error while its socket stays
         open would leave every later reply of that channel unread, and the cells waiting
         for them hanging.
         """
+        if self.closed or name in self._paused:
+            return
         socket = self.sockets[name]
-        in_a_row = 0
-        while True:
+        for _ in range(BURST):
             try:
-                frames = await self._receive(name, socket)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                if self.closed or socket.closed:
-                    return
-                log.warning("rank %s: reading its %s channel failed: %r", self.rank, name, err)
-                await asyncio.sleep(RECHECK_S)
-                continue
-            try:
-                msg = self.codec.decode(frames)
-            except WireError as err:  # unsigned, or not a Jupyter message: dropped
-                log.warning("rank %s: dropped a bad %s message: %s", self.rank, name, err)
-                continue
-            try:
-                handler = self._route(name, msg)
-            except Exception:
-                log.exception("rank %s: handling a %s message failed", self.rank, name)
-                continue
-            if isinstance(handler, PacedHandler):
-                await handler.room()
-            in_a_row += 1
-            if in_a_row >= BURST:  # a flooding rank must not keep the loop from the others
-                in_a_row = 0
-                await asyncio.sleep(0)
-
-    async def _receive(self, name: str, socket: zmq.asyncio.Socket) -> list[bytes]:
-        """The socket's next message, even if its wake-up was lost.
-
-        A message already there is taken at once, without a future. Otherwise the reader
-        waits on the asyncio socket. A zmq socket signals new messages through an
-        edge-triggered file descriptor, and anything that reads the socket's state (a send
-        on it, among others) can use up that edge; the message then sits in the socket
-        while its receive waits for ever. That happened to shell replies arriving as the
-        next request went out, about once in a few hundred session starts on a loaded
-        machine. So a wait that has not ended within `RECHECK_S` looks at the socket itself.
-        """
-        plain = self._plain[name]
-        loop = asyncio.get_running_loop()
-        timed_out = False
-        while True:
-            try:
-                frames = plain.recv_multipart(zmq.NOBLOCK)
+                frames = _receive(socket)
             except zmq.Again:
-                pass
-            else:
-                if timed_out:
-                    self.lost_wakeups += 1
-                    log.debug("rank %s: %s message found without its wake-up", self.rank, name)
-                return frames
-            began = loop.time()
-            await socket.poll(int(RECHECK_S * 1000))
-            timed_out = loop.time() - began >= RECHECK_S
+                return
+            except zmq.ZMQError as err:
+                if not self.closed:
+                    log.warning("rank %s: reading its %s channel failed: %r", self.rank, name, err)
+                return
+            if from_check:
+                from_check = False
+                self.lost_wakeups += 1
+                log.debug("rank %s: %s message found without its wake-up", self.rank, name)
+            handler = self._handle(name, frames)
+            if isinstance(handler, PacedHandler) and not handler.has_room():
+                self._pause(name, handler)
+                return
+        asyncio.get_running_loop().call_soon(self._on_ready, name)
+
+    def _handle(self, name: str, frames: list[bytes]) -> Handler | None:
+        try:
+            msg = self.codec.decode(frames)
+        except WireError as err:  # unsigned, or not a Jupyter message: dropped
+            log.warning("rank %s: dropped a bad %s message: %s", self.rank, name, err)
+            return None
+        try:
+            return self._route(name, msg)
+        except Exception:
+            log.exception("rank %s: handling a %s message failed", self.rank, name)
+            return None
+
+    def _pause(self, name: str, handler: PacedHandler) -> None:
+        """Leave ``name``'s messages in the kernel's socket until ``handler`` has room."""
+        self._paused.add(name)
+
+        async def resume() -> None:
+            try:
+                await handler.room()
+            finally:
+                self._paused.discard(name)
+                if not self.closed:
+                    self._on_ready(name)
+
+        self._tasks.append(asyncio.ensure_future(resume()))
+
+    def _check_all(self) -> None:
+        """Every `RECHECK_S`, look at each socket itself for a message it was not woken
+        for. A zmq socket signals new messages through an edge-triggered file descriptor,
+        and anything that reads the socket's state (a send on it, among others) can use up
+        that edge; the message then sits in the socket while nobody is woken for it. That
+        happened to shell replies arriving as the next request went out, about once in a
+        few hundred session starts on a loaded machine."""
+        if self.closed:
+            return
+        for name in self.sockets:
+            self._on_ready(name, from_check=True)
+        self._recheck = asyncio.get_running_loop().call_later(RECHECK_S, self._check_all)
 
     def _route(self, channel: str, msg: dict[str, Any]) -> Handler | None:
         """Hand ``msg`` to whoever waits for it; return the handler it went to."""
@@ -274,27 +300,33 @@ class RankClient:
         """Send at once, unless the socket is full or earlier messages still wait: then
         after them, in order, from a task."""
         outbox = self._outbox[channel]
-        if not outbox:
-            try:
-                self._plain[channel].send_multipart(frames, zmq.NOBLOCK, copy=False)
-                return
-            except zmq.Again:
-                pass
         outbox.append(frames)
         if len(outbox) == 1:
-            self._tasks.append(asyncio.ensure_future(self._drain(channel)))
+            self._flush(channel)
 
-    async def _drain(self, channel: str) -> None:
+    def _flush(self, channel: str) -> None:
+        """Send what waits in ``channel``'s outbox; retry shortly if the socket is full."""
         outbox = self._outbox[channel]
-        while outbox:
-            await self.sockets[channel].send_multipart(outbox[0], copy=False)
+        socket = self.sockets[channel]
+        while outbox and not self.closed:
+            try:
+                _send(socket, outbox[0])
+            except zmq.Again:
+                asyncio.get_running_loop().call_later(SEND_RETRY_S, self._flush, channel)
+                return
+            except zmq.ZMQError as err:
+                log.warning("rank %s: sending on %s failed: %r", self.rank, channel, err)
+                outbox.clear()
+                return
             outbox.popleft()
 
-    def execute(
-        self, code: str, handler: Handler, silent: bool = False, execution_count: int | None = None
-    ) -> str:
-        """Send a cell. ``execution_count``: the notebook's count for it, which the rank's
-        tracebacks then name (``Cell In[N]``), as the notebook does."""
+    def prepare_execute(
+        self, code: str, silent: bool = False, execution_count: int | None = None
+    ) -> Encoded:
+        """A cell's execute_request, signed: the same bytes go to every rank whose client
+        shares this one's key (`shares_key`), so a cell is encoded once, not once a rank.
+        ``execution_count``: the notebook's count for it, which the rank's tracebacks
+        then name (``Cell In[N]``), as the notebook does."""
         content = {
             "code": code,
             "silent": silent,
@@ -306,7 +338,24 @@ class RankClient:
         metadata: dict[str, Any] = {CREDIT_KEY: True}  # this process paces its output
         if execution_count:
             metadata[NOTEBOOK_COUNT_KEY] = execution_count
-        msg_id = self.send("execute_request", content, handler=handler, metadata=metadata)
+        return self.codec.encode("execute_request", content, metadata=metadata)
+
+    def shares_key(self, other: RankClient) -> bool:
+        return self.codec.same_signer(other.codec)
+
+    def execute(
+        self,
+        code: str,
+        handler: Handler,
+        silent: bool = False,
+        execution_count: int | None = None,
+        prepared: Encoded | None = None,
+    ) -> str:
+        """Send a cell (``prepared`` by `prepare_execute` of a client sharing the key, or
+        encoded here)."""
+        msg_id, frames = prepared or self.prepare_execute(code, silent, execution_count)
+        self.handlers[msg_id] = handler
+        self._send("shell", frames)
         self._taken[msg_id] = 0
         return msg_id
 
@@ -377,6 +426,13 @@ class RankClient:
 
     async def close(self) -> None:
         self.closed = True
+        if self._loop is not None:
+            for fd in self._readers:
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(fd)
+        self._readers.clear()
+        if self._recheck is not None:
+            self._recheck.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -386,6 +442,33 @@ class RankClient:
         for socket in self.sockets.values():
             with contextlib.suppress(Exception):
                 socket.close(linger=0)
+
+
+# pyzmq's send_multipart and recv_multipart combine their flags as enums, one frame at a
+# time; at several messages per rank and cell that was a third of what a message cost
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_RCVMORE = int(zmq.RCVMORE)
+#: frames at least this large are sent without a copy (smaller ones are cheaper copied)
+_NO_COPY_BYTES = 1 << 16
+
+
+def _receive(socket: zmq.Socket[bytes]) -> list[bytes]:
+    """A whole message if one is there (its frames arrive together), else `zmq.Again`."""
+    recv, more = socket.recv, socket.getsockopt
+    frames = [recv(_NOBLOCK)]
+    while more(_RCVMORE):
+        frames.append(recv(_NOBLOCK))
+    return frames
+
+
+def _send(socket: zmq.Socket[bytes], frames: Sequence[Frame]) -> None:
+    """Send a whole message or, if the socket is full, nothing (`zmq.Again`): zmq queues a
+    multipart message whole or refuses its first frame."""
+    send, last = socket.send, len(frames) - 1
+    for i, frame in enumerate(frames):
+        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+        send(frame, _MORE if i < last else _NOBLOCK, copy=size < _NO_COPY_BYTES)
 
 
 def _kernel_info_handler(seen: asyncio.Event, replied: asyncio.Event, asked: str) -> Handler:

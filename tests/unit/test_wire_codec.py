@@ -57,3 +57,30 @@ def test_a_connection_without_a_key_signs_nothing() -> None:
     _id, frames = codec.encode("status", {"execution_state": "busy"})
     assert frames[1] == b""
     assert codec.decode(frames)["content"] == {"execution_state": "busy"}
+
+
+def test_parts_are_read_as_utf8_json_and_bad_ones_refused() -> None:
+    """Parts are decoded as UTF-8 JSON (the protocol's), non-ASCII text intact; an empty
+    dict part is read without parsing; a part that is not UTF-8 or not JSON is refused."""
+    codec = WireCodec(KEY)
+    _id, frames = codec.encode("stream", {"name": "stdout", "text": "Grüße ✓\n"})
+    msg = WireCodec(KEY).decode(frames)
+    assert msg["content"]["text"] == "Grüße ✓\n" and msg["metadata"] == {}
+    for bad in (b"\xff\xfe{}", b"{not json"):
+        parts = [frames[2], frames[3], frames[4], bad]
+        with pytest.raises(WireError, match="not JSON"):
+            codec.decode([DELIMITER, codec.sign(parts), *parts])
+
+
+def test_one_signed_request_is_read_by_every_kernel_of_the_key() -> None:
+    """A cell is encoded once and the same bytes go to every rank: each kernel (its own
+    session, its own replay check) accepts them; a codec of another key is not the same
+    signer and is given its own copy."""
+    sender = WireCodec(KEY)
+    _id, frames = sender.encode("execute_request", {"code": "x = 1"})
+    for _ in range(3):
+        kernel = Session(key=KEY.encode())
+        assert kernel.deserialize(kernel.feed_identities(frames)[1])["content"]["code"] == "x = 1"
+    assert sender.same_signer(WireCodec(KEY))
+    assert not sender.same_signer(WireCodec("another key"))
+    assert not sender.same_signer(WireCodec(KEY, "hmac-sha512"))
