@@ -26,6 +26,7 @@ import contextlib
 import enum
 import logging
 import queue
+import resource
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,9 +39,10 @@ from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.events import CellEvent, CellFinished, CellResult, Notice, StreamOut
 from jupyter_dist.common.payloads import KernelConnection
 from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.common.wire_codec import Encoded
 from jupyter_dist.control.cell_queue import CellQueue, Sender, Turn, TurnKind
 from jupyter_dist.control.cell_tracker import CellTracker
-from jupyter_dist.control.rank_client import RankClient
+from jupyter_dist.control.rank_client import CHANNELS, RankClient
 from jupyter_dist.control.rank_env import RankPlace
 from jupyter_dist.errors import (
     CellInterrupted,
@@ -79,6 +81,11 @@ STACKS_TIMEOUT_S = 10.0
 MAX_NEWS = 16
 #: characters kept a rank of what background threads printed between this process's cells
 LATE_OUTPUT_CHARS = 64 * 1024
+#: sockets a session's context may open beyond the three of each rank
+SPARE_SOCKETS = 64
+#: open files a socket may take (its wake-up descriptor, its connection), and the spare
+FILES_PER_SOCKET = 2
+SPARE_FILES = 1024
 
 
 class SessionState(str, enum.Enum):
@@ -120,6 +127,25 @@ class RankState(str, enum.Enum):
     IDLE = "idle"
     BUSY = "busy"
     DEAD = "dead"
+
+
+def _room_for_sockets(context: zmq.Context[Any], sockets: int) -> None:
+    """Let ``context`` open ``sockets`` sockets and this process the files they take.
+
+    zmq allows 1,023 sockets a context by default, and many systems 1,024 open files a
+    process; a session of a few hundred ranks needs more of both (each rank's sockets,
+    their wake-up descriptors and connections). The soft file limit is raised towards the
+    hard one, as servers do; where the hard limit is lower, the first rank over it fails
+    to connect with "Too many open files".
+    """
+    if sockets + SPARE_SOCKETS > context.get(zmq.MAX_SOCKETS):
+        context.set(zmq.MAX_SOCKETS, sockets + SPARE_SOCKETS)
+    wanted = FILES_PER_SOCKET * sockets + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
 
 
 @dataclass
@@ -165,6 +191,7 @@ class RankGroup:
         #: rank -> what threads of this process's ended cells printed since (bounded)
         self.late_output: dict[int, str] = {}
         self._context = zmq.asyncio.Context()
+        _room_for_sockets(self._context, len(CHANNELS) * spec.world_size)
         # a kernel binds its ports a few ms after it is forked: reconnect quickly
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
         # a flooding rank is held back by its own send queue, not buffered here
@@ -328,6 +355,8 @@ class RankGroup:
         )
         self._current = run
         sent: dict[int, str] = {}
+        signer: RankClient | None = None
+        prepared: Encoded | None = None
         try:
             for r in ranks:
                 rec = self.ranks[r]
@@ -336,9 +365,10 @@ class RankGroup:
                     continue
                 rec.state = RankState.BUSY
                 rec.busy_since = time.time()
-                sent[r] = rec.client.execute(
-                    code, run.handler(r), silent=silent, execution_count=execution_count
-                )
+                if signer is None or not rec.client.shares_key(signer):
+                    signer = rec.client
+                    prepared = signer.prepare_execute(code, silent, execution_count)
+                sent[r] = rec.client.execute(code, run.handler(r), prepared=prepared)
             self._changed()
             try:
                 await asyncio.wait_for(self._watch(run, sink), timeout)
