@@ -37,7 +37,8 @@ CREDIT = CreditGate()
 class RankKernel(IPythonKernel):
     """`IPythonKernel` that runs a cell under the notebook's execution count when the
     request carries it (`NOTEBOOK_COUNT_KEY` in its metadata), so that a rank's traceback
-    says ``Cell In[N]`` for the N the notebook shows beside the cell."""
+    says ``Cell In[N]`` for the N the notebook shows beside the cell, and does not echo
+    the notebook side's cells on IOPub."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -51,6 +52,15 @@ class RankKernel(IPythonKernel):
 
             shell._showtraceback = showtraceback
         self.control_handlers[ACK_MSG_TYPE] = self.credit_ack
+
+    def _publish_execute_input(self, code: str, parent: Any, execution_count: int) -> None:
+        """Echo a cell's code on IOPub, except for the notebook side's own cells: it has
+        the code already and reads no echo, and at hundreds of ranks the echo would be a
+        quarter of the messages a cell costs the notebook. Other clients (a console on
+        the rank) get their echo as usual."""
+        if ((parent or {}).get("metadata") or {}).get(CREDIT_KEY):
+            return
+        super()._publish_execute_input(code, parent, execution_count)
 
     def credit_ack(self, stream: Any, ident: Any, msg: dict[str, Any]) -> None:
         """A sender took the first ``count`` IOPub messages of its cell."""

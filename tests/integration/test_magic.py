@@ -343,3 +343,43 @@ def test_rank_tracebacks_name_the_notebooks_cell_count(shell: Any, run: Run) -> 
     assert isinstance(result.error_in_exec, RanksFailed)
     shown = strip_ansi("\n".join(result.error_in_exec.failures[0].traceback))
     assert "Cell In[7], line 3" in shown, shown
+
+
+def test_ranks_echo_the_code_of_other_clients_but_not_the_notebooks_cells(run: Run) -> None:
+    """A rank does not echo the notebook side's cells on IOPub (it has their code, and
+    at many ranks the echo would be a quarter of a cell's messages); a console on the
+    rank still gets the echo of its own requests, as with any kernel."""
+    from jupyter_client.blocking import BlockingKernelClient
+
+    from jupyter_dist.notebook.owners import embedded_owner
+
+    session = embedded_owner().manager.get("default")
+    rec = session.ranks[0]
+    assert rec.connection is not None
+    console = BlockingKernelClient()
+    console.load_connection_info({**rec.connection, "key": session.key})
+    console.start_channels()
+    try:
+        console.wait_for_ready(timeout=60)
+        while console.iopub_channel.msg_ready():
+            console.get_iopub_msg(timeout=1)
+        out = run("%%distributed --ranks 0\necho_marker = 1")
+        assert out.ok, out.stdout
+        seen: list[str] = []
+        msg_id = console.execute("echo_marker + 1")
+        while True:
+            msg = console.get_iopub_msg(timeout=30)
+            seen.append(msg["msg_type"])
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_input":
+                assert msg["content"]["code"] == "echo_marker + 1"
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["content"].get("execution_state") == "idle"
+            ):
+                break
+        echoes = [t for t in seen if t == "execute_input"]
+        # the notebook's cell ran first on this rank: busy, idle and no echo; then the
+        # console's request, echoed once
+        assert echoes == ["execute_input"], seen
+    finally:
+        console.stop_channels()
