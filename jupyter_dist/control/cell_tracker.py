@@ -84,6 +84,7 @@ class CellTracker:
         #: when the first rank failed (raised or died): the others then wind down
         self.first_failure_at: float | None = None
         self.stuck: tuple[int, ...] = ()
+        self._unfinished = len(self.progress)  # counted, not searched: O(1) a rank
         if not self.progress:
             self.done.set()
 
@@ -202,12 +203,13 @@ class CellTracker:
 
     def _finish(self, prog: RankProgress, status: RankOutcome, failure: RankFailure | None) -> None:
         prog.finished = True
+        self._unfinished -= 1
         prog.failure = failure
         prog.elapsed = time.monotonic() - prog.started
         if failure is not None and failure.kind in WIND_DOWN_KINDS:
             self.first_failure_at = self.first_failure_at or time.monotonic()
         self._emit(RankFinished(prog.rank, status, prog.elapsed, failure))
-        if all(p.finished for p in self.progress.values()):
+        if self._unfinished == 0:
             self.done.set()
 
     def rank_died(self, rank: int, returncode: int, pid: int | None, log_tail: str) -> None:
