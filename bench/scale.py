@@ -15,6 +15,9 @@ bench/run.py):
 * **notebook CPU per cell**: CPU time (user + system, every thread) of the notebook kernel
   process over those cells, divided by their number: the part that does not shrink when
   the ranks have CPUs of their own.
+* **plain cell**: CPU per cell and median round trip of a plain ``x = 1`` cell in that
+  kernel (no ranks): what IPython and ipykernel spend on any cell, the floor under both
+  figures above. CPU per cell less this CPU is the peer's own part.
 * **1 MB push**: a 1 MB numpy array sent to every rank (`%dist push a`,
   ``rc[:].push(..., block=True)``), median of 5.
 
@@ -79,6 +82,19 @@ def warm_cells(nk: NotebookKernel, cell: str, count: int) -> dict[str, float]:
     }
 
 
+def plain_cell_cpu(nk: NotebookKernel, count: int) -> dict[str, float]:
+    """The notebook kernel's CPU for a plain ``x = 1`` cell (no ranks): what IPython and
+    ipykernel spend on any cell, the floor under ``cpu_per_cell_ms``."""
+    for _ in range(3):
+        timed(nk, "x = 1")
+    cpu0 = nk.cpu_seconds()
+    times = [timed(nk, "x = 1") for _ in range(count)]
+    return {
+        "plain_cell_cpu_ms": 1000 * (nk.cpu_seconds() - cpu0) / count,
+        "plain_median_ms": 1000 * statistics.median(times),
+    }
+
+
 def push_median(nk: NotebookKernel, push: str) -> float:
     nk.run(PUSH_CODE, timeout=CELL_TIMEOUT_S)
     return 1000 * statistics.median(timed(nk, push) for _ in range(PUSH_REPEATS))
@@ -90,6 +106,7 @@ def jupyter_dist(n: int, cells: int, env: dict[str, str]) -> dict[str, float]:
         nk.run("%load_ext jupyter_dist", timeout=CELL_TIMEOUT_S)
         out["cold_no_init_s"] = timed(nk, f"%%distributed --procs {n} --no-init\nx = 1")
         out.update(warm_cells(nk, "%%distributed\nx = 1", cells))
+        out.update(plain_cell_cpu(nk, cells))
         out["push_1mb_ms"] = push_median(nk, "%dist push a")
     with notebook_kernel(REPO_ROOT, "%dist shutdown --all", extra_env=env) as nk:
         nk.run("%load_ext jupyter_dist", timeout=CELL_TIMEOUT_S)
@@ -109,6 +126,7 @@ def ipyparallel(n: int, cells: int, env: dict[str, str]) -> dict[str, float]:
         nk.run("%%px\nx = 1", timeout=CELL_TIMEOUT_S)
         out["cold_no_init_s"] = time.perf_counter() - t0
         out.update(warm_cells(nk, "%%px\nx = 1", cells))
+        out.update(plain_cell_cpu(nk, cells))
         out["push_1mb_ms"] = push_median(nk, "_bench_rc[:].push({'a': a}, block=True)")
     return out
 
@@ -123,6 +141,8 @@ COLUMNS = (
     "warm_median_ms",
     "warm_p90_ms",
     "cpu_per_cell_ms",
+    "plain_cell_cpu_ms",
+    "plain_median_ms",
     "push_1mb_ms",
 )
 
