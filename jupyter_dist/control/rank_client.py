@@ -20,7 +20,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 
@@ -34,7 +34,11 @@ from jupyter_dist.common.wire_names import (
     NOTEBOOK_COUNT_KEY,
     OBJECTS_TARGET,
 )
+from jupyter_dist.control import zmq_frames
 from jupyter_dist.errors import PushError, SessionError
+
+if TYPE_CHECKING:
+    from jupyter_dist.control.iopub_fan_in import IopubFanIn
 
 log = logging.getLogger(__name__)
 #: first wait before kernel_info is repeated (IOPub may not be subscribed yet); doubles
@@ -86,7 +90,10 @@ class RankClient:
         connection: KernelConnection,
         key: str,
         context: zmq.asyncio.Context,
+        iopub: IopubFanIn | None = None,
     ) -> None:
+        """``iopub``: the session's shared IOPub subscriber (by default the client
+        subscribes to its kernel's IOPub on a socket of its own)."""
         self.rank = rank
         self.connection = connection
         self.codec = WireCodec(key, connection.get("signature_scheme") or "hmac-sha256")
@@ -98,6 +105,7 @@ class RankClient:
         self._recheck: asyncio.TimerHandle | None = None
         self._outbox: dict[str, collections.deque[list[Any]]] = {}
         self._context = context
+        self._fan_in = iopub
         self.handlers: dict[str, Handler] = {}
         #: IOPub messages taken of each cell this process sent (acknowledged to the rank)
         self._taken: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -122,6 +130,9 @@ class RankClient:
 
     def _open(self) -> None:
         for name, kind, port_key in CHANNELS:
+            if kind == zmq.SUB and self._fan_in is not None:
+                self._fan_in.add(self, self._url(port_key))
+                continue
             socket: zmq.Socket[bytes] = zmq.Socket(self._context, kind)
             socket.linger = 0
             if kind == zmq.SUB:
@@ -153,6 +164,8 @@ class RankClient:
         try:
             while True:
                 sent.append(self.send("kernel_info_request", {}, handler=handler, channel=channel))
+                if self._fan_in is not None:  # its IOPub answer tells the kernel's id
+                    self._fan_in.expect(sent[-1], self)
                 try:
                     await asyncio.wait_for(seen.wait(), wait)
                     await asyncio.wait_for(replied.wait(), max(0.1, deadline - loop.time()))
@@ -170,10 +183,14 @@ class RankClient:
         finally:
             for msg_id in sent:
                 self.handlers.pop(msg_id, None)
+                if self._fan_in is not None:
+                    self._fan_in.expect(msg_id, None)
 
     def _watch(self) -> None:
         """Read every channel from the loop's own wake-ups: a callback per readable
         socket that drains it, no task or future per message."""
+        if self._fan_in is not None:
+            self._fan_in.watch()
         if self._readers:
             return
         loop = asyncio.get_running_loop()
@@ -196,7 +213,7 @@ class RankClient:
         socket = self.sockets[name]
         for _ in range(BURST):
             try:
-                frames = _receive(socket)
+                frames = zmq_frames.receive(socket)
             except zmq.Again:
                 return
             except zmq.ZMQError as err:
@@ -251,6 +268,10 @@ class RankClient:
         for name in self.sockets:
             self._on_ready(name, from_check=True)
         self._recheck = asyncio.get_running_loop().call_later(RECHECK_S, self._check_all)
+
+    def route_iopub(self, msg: dict[str, Any]) -> Handler | None:
+        """An IOPub message of this client's kernel, read by the session's `IopubFanIn`."""
+        return self._route("iopub", msg)
 
     def _route(self, channel: str, msg: dict[str, Any]) -> Handler | None:
         """Hand ``msg`` to whoever waits for it; return the handler it went to."""
@@ -310,7 +331,7 @@ class RankClient:
         socket = self.sockets[channel]
         while outbox and not self.closed:
             try:
-                _send(socket, outbox[0])
+                zmq_frames.send(socket, outbox[0])
             except zmq.Again:
                 asyncio.get_running_loop().call_later(SEND_RETRY_S, self._flush, channel)
                 return
@@ -426,6 +447,8 @@ class RankClient:
 
     async def close(self) -> None:
         self.closed = True
+        if self._fan_in is not None:
+            self._fan_in.remove(self)
         if self._loop is not None:
             for fd in self._readers:
                 with contextlib.suppress(Exception):
@@ -442,33 +465,6 @@ class RankClient:
         for socket in self.sockets.values():
             with contextlib.suppress(Exception):
                 socket.close(linger=0)
-
-
-# pyzmq's send_multipart and recv_multipart combine their flags as enums, one frame at a
-# time; at several messages per rank and cell that was a third of what a message cost
-_NOBLOCK = int(zmq.NOBLOCK)
-_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
-_RCVMORE = int(zmq.RCVMORE)
-#: frames at least this large are sent without a copy (smaller ones are cheaper copied)
-_NO_COPY_BYTES = 1 << 16
-
-
-def _receive(socket: zmq.Socket[bytes]) -> list[bytes]:
-    """A whole message if one is there (its frames arrive together), else `zmq.Again`."""
-    recv, more = socket.recv, socket.getsockopt
-    frames = [recv(_NOBLOCK)]
-    while more(_RCVMORE):
-        frames.append(recv(_NOBLOCK))
-    return frames
-
-
-def _send(socket: zmq.Socket[bytes], frames: Sequence[Frame]) -> None:
-    """Send a whole message or, if the socket is full, nothing (`zmq.Again`): zmq queues a
-    multipart message whole or refuses its first frame."""
-    send, last = socket.send, len(frames) - 1
-    for i, frame in enumerate(frames):
-        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
-        send(frame, _MORE if i < last else _NOBLOCK, copy=size < _NO_COPY_BYTES)
 
 
 def _kernel_info_handler(seen: asyncio.Event, replied: asyncio.Event, asked: str) -> Handler:

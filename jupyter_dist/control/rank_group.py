@@ -42,6 +42,7 @@ from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.common.wire_codec import Encoded
 from jupyter_dist.control.cell_queue import CellQueue, Sender, Turn, TurnKind
 from jupyter_dist.control.cell_tracker import CellTracker
+from jupyter_dist.control.iopub_fan_in import IopubFanIn
 from jupyter_dist.control.rank_client import CHANNELS, RankClient
 from jupyter_dist.control.rank_env import RankPlace
 from jupyter_dist.errors import (
@@ -196,6 +197,7 @@ class RankGroup:
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
         # a flooding rank is held back by its own send queue, not buffered here
         self._context.setsockopt(zmq.RCVHWM, 32)
+        self._iopub: IopubFanIn | None = None  # made with the first client
         self._current: CellTracker | None = None
         self.stale = False  # its ranks were replaced behind this object's back
         self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)
@@ -613,6 +615,20 @@ class RankGroup:
             if rec.client:
                 await rec.client.close()
                 rec.client = None
+        if self._iopub is not None:
+            self._iopub.close()
+            self._iopub = None
+
+    def new_client(self, rec: RankRecord) -> RankClient:
+        """A kernel client for ``rec``'s rank, its IOPub read with every other rank's
+        through the group's one subscriber (`IopubFanIn`)."""
+        assert rec.connection is not None
+        if self._iopub is None:
+            scheme = rec.connection.get("signature_scheme") or "hmac-sha256"
+            self._iopub = IopubFanIn(self._context, self.key, scheme)
+        client = RankClient(rec.rank, rec.connection, self.key, self._context, self._iopub)
+        client.on_late = self.take_late_output
+        return client
 
 
 class TurnWithdrawn(DistError):

@@ -34,7 +34,6 @@ from jupyter_dist.common.proc_titles import NODE_RANK_VAR
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.agent_client import AgentClient, AgentInfo
 from jupyter_dist.control.launchers import Launcher, launcher_for
-from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
 from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState, SessionState
 from jupyter_dist.control.rendezvous import Rendezvous, check_reachable, plan_rendezvous
@@ -209,8 +208,7 @@ class Session(RankGroup):
         # a launcher (possibly a plug-in's) hands back the sockets as plain JSON
         tunnelled = await rec.node.launcher.tunnel(rec.rank, spawned.connection)
         rec.connection = cast(KernelConnection, tunnelled)
-        rec.client = RankClient(rec.rank, rec.connection, self.key, self._context)
-        rec.client.on_late = self.take_late_output
+        rec.client = self.new_client(rec)
         rec.client.on_activity = self._on_rank_activity
 
         def dead() -> str | None:

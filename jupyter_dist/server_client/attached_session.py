@@ -21,7 +21,6 @@ from jupyter_dist.common.events import CellEvent, Notice
 from jupyter_dist.common.payloads import SessionConnection, SessionStatus, TurnRequest
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.cell_queue import TurnKind, waiting_text
-from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_env import RankPlace
 from jupyter_dist.control.rank_group import (
     MAX_NEWS,
@@ -69,8 +68,7 @@ class AttachedSession(RankGroup):
 
         async def one(rec: RankRecord) -> None:
             assert rec.connection is not None
-            rec.client = RankClient(rec.rank, rec.connection, self.key, self._context)
-            rec.client.on_late = self.take_late_output
+            rec.client = self.new_client(rec)
             # asked on the control channel: another notebook's cell may be running
             await rec.client.connect(timeout, lambda: None, channel="control")
             rec.state = RankState.IDLE

@@ -383,3 +383,18 @@ def test_ranks_echo_the_code_of_other_clients_but_not_the_notebooks_cells(run: R
         assert echoes == ["execute_input"], seen
     finally:
         console.stop_channels()
+
+
+def test_every_ranks_iopub_comes_through_the_sessions_one_subscriber(run: Run) -> None:
+    """The ranks' IOPub (statuses and output, most of a cell's messages) is read through
+    one SUB socket of the session, and each message still reaches its own rank."""
+    from jupyter_dist.notebook.owners import embedded_owner
+
+    session = embedded_owner().manager.get("default")
+    clients = [rec.client for rec in session.ranks.values()]
+    assert all(c is not None and "iopub" not in c.sockets for c in clients)
+    assert session._iopub is not None and set(session._iopub._urls) == set(clients)
+    out = run("%%distributed\nprint('I am', dist.get_rank(), 'of', dist.get_world_size())")
+    assert out.ok, out.stdout
+    assert "[rank 0] I am 0 of 2" in out.stdout and "[rank 1] I am 1 of 2" in out.stdout
+    assert session._iopub.unknown == 0

@@ -1,0 +1,169 @@
+"""One IOPub socket for every rank of a session: fan-in of the messages a cell costs most.
+
+Two of the three messages a rank sends for an empty cell (busy and idle) and all of its
+output travel on IOPub. A SUB socket may connect to any number of publishers, so the
+session subscribes to all its ranks' IOPub sockets through one: zmq queues each rank's
+messages on its own pipe and hands them over fairly, and a burst from many ranks is read
+in one drain, with one wake-up of the event loop, instead of one socket read (and the
+system calls behind it) per rank.
+
+A message says which kernel sent it: the ``session`` of its header, the kernel's own id,
+the same on all its channels. The first message of a kernel not yet known is matched by
+its parent request (a ``kernel_info_request`` its client sent while connecting,
+`expect`), and the kernel's id is remembered from then on. Messages stay signed and
+checked; each rank's client routes its own (`RankClient.route_iopub`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import zmq
+
+from jupyter_dist.common.wire_codec import WireCodec, WireError
+from jupyter_dist.control.rank_client import PacedHandler, RankClient
+from jupyter_dist.control.zmq_frames import receive
+
+log = logging.getLogger(__name__)
+#: the drain hands the loop over after this many messages in a row
+BURST = 256
+#: a wait this long checks the socket for a message it was not woken for
+RECHECK_S = 1.0
+
+
+class IopubFanIn:
+    """The IOPub subscriber of one session's rank clients."""
+
+    def __init__(self, context: zmq.Context[Any], key: str, signature_scheme: str) -> None:
+        self.socket: zmq.Socket[bytes] = zmq.Socket(context, zmq.SUB)
+        self.socket.linger = 0
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.codec = WireCodec(key, signature_scheme)
+        self._urls: dict[RankClient, str] = {}
+        self._by_session: dict[str, RankClient] = {}
+        self._expected: dict[str, RankClient] = {}  # `expect`
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._recheck: asyncio.TimerHandle | None = None
+        self._paused = False
+        self._tasks: set[asyncio.Future[None]] = set()
+        self.closed = False
+        self.lost_wakeups = 0
+        self.unknown = 0  # messages of kernels no client here knows (dropped)
+
+    def add(self, client: RankClient, url: str) -> None:
+        """Subscribe to ``client``'s kernel at ``url``."""
+        self._urls[client] = url
+        self.socket.connect(url)
+        self.watch()
+
+    def remove(self, client: RankClient) -> None:
+        url = self._urls.pop(client, None)
+        for session in [s for s, c in self._by_session.items() if c is client]:
+            del self._by_session[session]
+        for msg_id in [m for m, c in self._expected.items() if c is client]:
+            del self._expected[msg_id]
+        if url is not None and not self.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.disconnect(url)
+
+    def watch(self) -> None:
+        """Read from the running loop's wake-ups (once; a no-op without a loop)."""
+        if self._loop is not None:
+            return
+        with contextlib.suppress(RuntimeError):  # no loop yet: the first `add` in one
+            self._loop = asyncio.get_running_loop()
+        if self._loop is None:
+            return
+        self._loop.add_reader(self.socket.FD, self._on_ready)
+        self._recheck = self._loop.call_later(RECHECK_S, self._check)
+
+    def _on_ready(self, from_check: bool = False) -> None:
+        if self.closed or self._paused:
+            return
+        for _ in range(BURST):
+            try:
+                frames = receive(self.socket)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as err:
+                if not self.closed:
+                    log.warning("reading the ranks' IOPub failed: %r", err)
+                return
+            if from_check:
+                from_check = False
+                self.lost_wakeups += 1
+            handler = self._dispatch(frames)
+            if isinstance(handler, PacedHandler) and not handler.has_room():
+                self._pause(handler)
+                return
+        asyncio.get_running_loop().call_soon(self._on_ready)
+
+    def _dispatch(self, frames: list[bytes]) -> Any:
+        try:
+            msg = self.codec.decode(frames)
+        except WireError as err:  # unsigned, or not a Jupyter message: dropped
+            log.warning("dropped a bad IOPub message: %s", err)
+            return None
+        session = msg["header"].get("session")
+        client = self._by_session.get(session) if isinstance(session, str) else None
+        if client is None:
+            client = self._sender_of(msg)
+            if client is None:
+                self.unknown += 1
+                return None
+            if isinstance(session, str):
+                self._by_session[session] = client
+        try:
+            return client.route_iopub(msg)
+        except Exception:
+            log.exception("rank %s: handling an iopub message failed", client.rank)
+            return None
+
+    def expect(self, msg_id: str, client: RankClient | None) -> None:
+        """``client`` sent request ``msg_id`` to its kernel alone (None: forget it): the
+        IOPub messages answering it tell which kernel id is that client's."""
+        if client is None:
+            self._expected.pop(msg_id, None)
+        else:
+            self._expected[msg_id] = client
+
+    def _sender_of(self, msg: dict[str, Any]) -> RankClient | None:
+        """The client whose request ``msg`` answers (a kernel's first messages)."""
+        parent = msg["parent_header"].get("msg_id")
+        return self._expected.get(parent) if isinstance(parent, str) else None
+
+    def _pause(self, handler: Any) -> None:
+        self._paused = True
+
+        async def resume() -> None:
+            try:
+                await handler.room()
+            finally:
+                self._paused = False
+                if not self.closed:
+                    self._on_ready()
+
+        task = asyncio.ensure_future(resume())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _check(self) -> None:
+        if self.closed or self._loop is None:
+            return
+        self._on_ready(from_check=True)
+        self._recheck = self._loop.call_later(RECHECK_S, self._check)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self.socket.FD)
+        if self._recheck is not None:
+            self._recheck.cancel()
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            self.socket.close(linger=0)
