@@ -12,7 +12,8 @@ Commands (launcher -> agent)::
     {"op": "kill", "ranks": [0, 1] | null, "grace": 2.0}
     {"op": "route", "id": "r1", "addr": "10.0.0.1"}
     {"op": "probe", "id": "r2", "addr": "10.0.0.1", "port": 29500, "timeout_s": 5}
-    {"op": "stacks", "id": "r3", "ranks": [0, 1] | null}   (reply: offsets of the logs)
+    {"op": "stacks", "id": "r3", "ranks": [0, 1] | null, "fallback": false}
+        (reply: offsets of the logs)
     {"op": "read_log", "id": "r4", "rank": 0, "offset": 1234}   (reply: text, end)
     {"op": "sample", "id": "r5"}   (reply: sample: the node's and its ranks' CPU, memory, GPUs)
     {"op": "shutdown"}
@@ -36,8 +37,9 @@ from typing import Any, cast, get_args
 
 from jupyter_dist.common.payloads import AgentCommand, AgentEvent, AgentEventKind, AgentOp
 
-PROTOCOL_VERSION = 4
-#: makes a rank's faulthandler write every thread's Python stack to its log
+PROTOCOL_VERSION = 5
+#: makes a rank's faulthandler write every thread's Python stack to its log (the fallback
+#: for a rank whose own thread cannot answer: `rank.stack_dumps`)
 STACKS_SIGNAL = signal.SIGUSR1
 
 

@@ -320,7 +320,11 @@ class ProbeCommand(TypedDict):
     timeout_s: float
 
 
-class StacksCommand(TypedDict):
+class _StacksOptions(TypedDict, total=False):
+    fallback: bool  # faulthandler's signal, for ranks whose own thread did not answer
+
+
+class StacksCommand(_StacksOptions):
     op: Literal["stacks"]
     id: str
     ranks: list[int] | None
@@ -461,7 +465,11 @@ class ReplyEvent(ReplyFields):
     id: str
 
 
-class AgentErrorEvent(TypedDict):
+class _ErrorOptions(TypedDict, total=False):
+    id: str  # the request that failed, when a request did
+
+
+class AgentErrorEvent(_ErrorOptions):
     event: Literal["error"]
     message: str
     rank: int | None

@@ -140,3 +140,8 @@ def place_of_traceback(traceback: Sequence[str]) -> str:
     if inner is None:
         return f"at cell line {cell_line}" + (f": {code}" if code else "")
     return f"in {inner.short()}, cell line {cell_line}"
+
+
+def is_dump(text: str) -> bool:
+    """Whether ``text`` holds a stack dump (at least one thread's header)."""
+    return any(_THREAD.match(line) for line in text.splitlines())

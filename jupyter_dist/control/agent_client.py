@@ -23,6 +23,7 @@ from jupyter_dist.common.payloads import (
     ReplyEvent,
     RequestOp,
 )
+from jupyter_dist.common.stacks import is_dump
 from jupyter_dist.control.launchers.base import AgentStreams, Launcher
 from jupyter_dist.errors import AgentError
 
@@ -179,6 +180,11 @@ class AgentClient:
         else:  # error
             failed: int | None = event.get("rank")
             message = f"node {self.host!r}: agent error: {event.get('message')}"
+            request = self._requests.pop(str(event.get("id")), None)
+            if request is not None:  # the answer to a request: its caller decides
+                if not request.done():
+                    request.set_exception(AgentError(message))
+                return
             log.warning("%s", message)
             if failed is None and len(self._spawns) == 1:
                 failed = next(iter(self._spawns))
@@ -227,12 +233,39 @@ class AgentClient:
             "probe", timeout=timeout + 10, addr=addr, port=port, timeout_s=timeout
         )
 
-    async def stacks(self, ranks: list[int], settle: float = 0.3) -> dict[int, str]:
+    async def stacks(
+        self, ranks: list[int], settle: float = 0.1, patience: float = 2.0
+    ) -> dict[int, str]:
         """Every thread's Python stack of each of ``ranks`` on this node (faulthandler's
-        text), read back from the ranks' logs once the dumps had ``settle`` seconds."""
-        reply = await self.request("stacks", ranks=ranks)
-        offsets = {int(r): int(o) for r, o in reply.get("offsets", {}).items()}
-        await asyncio.sleep(settle)
+        format), read back from the ranks' logs.
+
+        Each rank's own thread writes its dump (`rank.stack_dumps`); the logs are read
+        every ``settle`` seconds until each has one. A rank silent for ``patience``
+        seconds (its GIL held by stuck C code) is asked again through faulthandler's
+        signal handler, which writes even then."""
+        offsets = await self._ask_stacks(ranks, fallback=False)
+        found: dict[int, str] = {}
+        deadline = asyncio.get_running_loop().time() + patience
+        while True:
+            await asyncio.sleep(settle)
+            waiting = {r: o for r, o in offsets.items() if r not in found}
+            found.update({r: t for r, t in (await self._read_logs(waiting)).items() if is_dump(t)})
+            if len(found) == len(offsets) or asyncio.get_running_loop().time() >= deadline:
+                break
+        silent = [r for r in offsets if r not in found]
+        if silent:
+            log.info("node %s: ranks %s did not answer; asking faulthandler", self.host, silent)
+            again = await self._ask_stacks(silent, fallback=True)
+            await asyncio.sleep(max(settle, 0.3))
+            found.update(await self._read_logs(again))
+        return {r: found.get(r, "") for r in offsets}
+
+    async def _ask_stacks(self, ranks: list[int], fallback: bool) -> dict[int, int]:
+        reply = await self.request("stacks", ranks=ranks, fallback=fallback)
+        return {int(r): int(o) for r, o in reply.get("offsets", {}).items()}
+
+    async def _read_logs(self, offsets: dict[int, int]) -> dict[int, str]:
+        """Each rank's log from its offset on (a note for a log that cannot be read)."""
         texts = await asyncio.gather(
             *(self.request("read_log", rank=r, offset=o) for r, o in offsets.items()),
             return_exceptions=True,

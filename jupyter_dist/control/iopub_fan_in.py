@@ -17,6 +17,7 @@ checked; each rank's client routes its own (`RankClient.route_iopub`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from typing import Any
@@ -52,6 +53,9 @@ class IopubFanIn:
         self.closed = False
         self.lost_wakeups = 0
         self.unknown = 0  # messages of kernels no client here knows (dropped)
+        #: what the last of those were: (msg_type, the type of the request answered)
+        self.last_unknown: collections.deque[tuple[str, str]] = collections.deque(maxlen=8)
+        self.welcomes = 0  # a kernel greets each new subscriber before it is known
 
     def add(self, client: RankClient, url: str) -> None:
         """Subscribe to ``client``'s kernel at ``url``."""
@@ -112,7 +116,16 @@ class IopubFanIn:
         if client is None:
             client = self._sender_of(msg)
             if client is None:
-                self.unknown += 1
+                if msg["header"].get("msg_type") == "iopub_welcome":
+                    self.welcomes += 1  # answers no request; no client needs it
+                else:
+                    self.unknown += 1
+                    self.last_unknown.append(
+                        (
+                            str(msg["header"].get("msg_type")),
+                            str(msg["parent_header"].get("msg_type")),
+                        )
+                    )
                 return None
             if isinstance(session, str):
                 self._by_session[session] = client

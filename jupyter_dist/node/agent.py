@@ -42,7 +42,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from jupyter_dist.common.agent_protocol import (
     PROTOCOL_VERSION,
@@ -52,6 +52,7 @@ from jupyter_dist.common.agent_protocol import (
     encode,
 )
 from jupyter_dist.common.payloads import (
+    AgentErrorEvent,
     AgentEvent,
     KernelConnection,
     ReplyFields,
@@ -103,6 +104,15 @@ class RankChild:
     pid: int
     log: str
     connection_file: str
+    #: the agent's end of the pipe a byte on which asks the rank for its stacks
+    #: (`rank.stack_dumps`); -1 once closed
+    stacks_fd: int = -1
+
+    def close(self) -> None:
+        if self.stacks_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.stacks_fd)
+            self.stacks_fd = -1
 
 
 class Agent:
@@ -223,6 +233,7 @@ class Agent:
                 self._handle(line)
 
     def _handle(self, line: bytes) -> None:
+        data: dict[str, Any] = {}
         try:
             data = decode(line)
             cmd = as_command(data)
@@ -243,7 +254,9 @@ class Agent:
                 self.emit({"event": "reply", "id": cmd["id"], **reply})
             elif cmd["op"] == "stacks":
                 ranks = cmd.get("ranks")
-                offsets = self.dump_stacks(None if ranks is None else set(ranks))
+                offsets = self.dump_stacks(
+                    None if ranks is None else set(ranks), bool(cmd.get("fallback", False))
+                )
                 self.emit({"event": "reply", "id": cmd["id"], "offsets": offsets})
             elif cmd["op"] == "sample":
                 if self.sampler is None:
@@ -260,7 +273,14 @@ class Agent:
             else:  # shutdown
                 self.stopping = True
         except Exception as err:
-            self.emit({"event": "error", "message": f"{type(err).__name__}: {err}", "rank": None})
+            error: AgentErrorEvent = {
+                "event": "error",
+                "message": f"{type(err).__name__}: {err}",
+                "rank": None,
+            }
+            if isinstance(data.get("id"), str):  # the request waiting for a reply fails
+                error["id"] = data["id"]
+            self.emit(error)
 
     # -- ranks ----------------------------------------------------------------------
     def _pid_of(self, rank: int) -> int | None:
@@ -298,6 +318,7 @@ class Agent:
             rank_title(rank, int(world) if world.isdigit() else None, self.session),
             rank_short_name(rank),
         )
+        ask_r, ask_w = os.pipe()  # neither end reaches programs the rank runs
         try:
             pid = os.fork()
         finally:
@@ -306,14 +327,17 @@ class Agent:
         if pid == 0:  # the rank; never returns
             code = 1
             try:
-                code = self._become_rank(conn_path, log_path, env, cwd)
+                os.close(ask_w)
+                code = self._become_rank(conn_path, log_path, env, cwd, ask_r)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:
                 traceback.print_exc()
             finally:
                 os._exit(code)
-        self.children[pid] = RankChild(rank, pid, log_path, conn_path)
+        os.close(ask_r)
+        os.set_blocking(ask_w, False)  # a rank that stopped reading never blocks the agent
+        self.children[pid] = RankChild(rank, pid, log_path, conn_path, ask_w)
         connection = cast(KernelConnection, {k: v for k, v in cfg.items() if k != "key"})
         self.emit(
             {
@@ -325,7 +349,9 @@ class Agent:
             }
         )
 
-    def _become_rank(self, conn_path: str, log_path: str, env: dict[str, str], cwd: str) -> int:
+    def _become_rank(
+        self, conn_path: str, log_path: str, env: dict[str, str], cwd: str, stacks_fd: int
+    ) -> int:
         os.setsid()  # own process group: interrupts reach the rank and its workers only
         set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != self.pid:
@@ -336,6 +362,8 @@ class Agent:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in (self._wake_r, self._wake_w, self.out_fd, self._lock_fd):
             os.close(fd)
+        for sibling in self.children.values():
+            sibling.close()
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         null_fd = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null_fd, 0)
@@ -353,7 +381,7 @@ class Agent:
             sys.path.insert(0, cwd)
         from jupyter_dist.rank.kernel_app import run_rank_kernel
 
-        run_rank_kernel(conn_path, self.pid, log_fd)
+        run_rank_kernel(conn_path, self.pid, log_fd, stacks_fd)
         return 0
 
     def _log_of(self, rank: int) -> str:
@@ -362,18 +390,27 @@ class Agent:
                 return child.log
         raise RuntimeError(f"rank {rank} does not run on this node")
 
-    def dump_stacks(self, ranks: set[int] | None) -> dict[str, int]:
-        """Ask each rank's faulthandler for every thread's Python stack; it writes them to
-        the rank's log at once, even while the main thread is stuck in C code. Returns where
-        each log ended before the dump (read it back with ``read_log``)."""
+    def dump_stacks(self, ranks: set[int] | None, fallback: bool = False) -> dict[str, int]:
+        """Ask each rank for every thread's Python stack; it writes them to its log at
+        once, even while its main thread is stuck in a collective. Returns where each log
+        ended before the dump (read it back with ``read_log``).
+
+        A rank's own thread answers (`rank.stack_dumps`); ``fallback`` asks faulthandler's
+        signal handler instead, for a rank that thread could not answer for."""
         offsets: dict[str, int] = {}
         for pid, child in self.children.items():
             if ranks is not None and child.rank not in ranks:
                 continue
             try:
                 offsets[str(child.rank)] = os.path.getsize(child.log)
-                os.kill(pid, STACKS_SIGNAL)  # the process only, not its workers
+                if fallback or child.stacks_fd < 0:
+                    os.kill(pid, STACKS_SIGNAL)  # the process only, not its workers
+                else:
+                    os.write(child.stacks_fd, b"s")
+            except BlockingIOError:  # the rank has unread requests: it answers those
+                continue
             except (OSError, ProcessLookupError):
+                offsets.pop(str(child.rank), None)
                 continue
         return offsets
 
@@ -418,6 +455,7 @@ class Agent:
             self.kill_deadlines.pop(pid, None)
             if child is None:
                 continue
+            child.close()
             # the rank's own children (data loader workers...) go with it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)

@@ -18,6 +18,7 @@ from traitlets import Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
 from jupyter_dist.common.wire_names import ACK_MSG_TYPE, CREDIT_KEY, NOTEBOOK_COUNT_KEY
+from jupyter_dist.rank import stack_dumps
 from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
 from jupyter_dist.rank.out_stream import attribute_threads
 from jupyter_dist.text import strip_ansi
@@ -141,12 +142,21 @@ def log_traceback(stb: list[str]) -> None:
         pass
 
 
-def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
+def _write_log(text: str) -> None:
+    if _crash_log is not None:
+        _crash_log.write(text)
+        _crash_log.flush()
+
+
+def run_rank_kernel(
+    connection_file: str, agent_pid: int, log_fd: int, stacks_fd: int | None = None
+) -> None:
     """Initialise and run the kernel until it is shut down.
 
     ``log_fd`` is the rank's log file. ipykernel swaps fds 1 and 2 for pipes it forwards
     to the notebook, and those die with the process; so a fatal error (segfault, abort)
-    is dumped by faulthandler straight into the log, where the agent reads it back.
+    is dumped by faulthandler straight into the log, where the agent reads it back. A byte
+    on ``stacks_fd`` asks for every thread's stack in the log (`rank.stack_dumps`).
     """
     global _crash_log
     import faulthandler
@@ -154,7 +164,10 @@ def run_rank_kernel(connection_file: str, agent_pid: int, log_fd: int) -> None:
     _crash_log = os.fdopen(log_fd, "w", buffering=1)
     faulthandler.enable(file=_crash_log, all_threads=False)
     # `%dist stacks`: a dump of every thread on demand, even with the main thread stuck
-    # in a C++ collective (faulthandler writes from its C signal handler)
+    # in a C++ collective: written by a thread of the rank when the agent asks on the
+    # pipe; faulthandler's signal is the agent's fallback for a rank whose GIL is held
+    if stacks_fd is not None:
+        stack_dumps.start(stacks_fd, _write_log)
     faulthandler.register(STACKS_SIGNAL, file=_crash_log, all_threads=True, chain=False)
 
     # what a fresh interpreter's code sees (``%run script.py args`` sets its own for the

@@ -78,6 +78,9 @@ class AgentScript:
     #: what a rank's log holds; a stacks request appends ``stack_dump`` to it
     log_text: str = "rank log line\n"
     stack_dump: str = 'Thread 0x1 (most recent call first):\n  File "<cell>", line 3 in <module>\n'
+    #: ranks whose own thread does not answer a stacks request (their GIL is held): only
+    #: the fallback (faulthandler's signal) writes their dump
+    gil_held: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -244,16 +247,18 @@ class FakeAgent:
         elif cmd["op"] == "stacks":
             wanted = cmd["ranks"]
             offsets = {}
+            fallback = bool(cmd.get("fallback", False))
             for r, child in self.ranks.items():
                 if wanted is None or r in wanted:
                     offsets[str(r)] = len(child.log)
-                    child.log += self.script.stack_dump
+                    if fallback or r not in self.script.gil_held:
+                        child.log += self.script.stack_dump
             self._reply(cmd["id"], {"offsets": offsets})
         elif cmd["op"] == "read_log":
             rank = self.ranks.get(int(cmd["rank"]))
             if rank is None:
                 message = f"RuntimeError: rank {cmd['rank']} does not run on this node"
-                self.emit({"event": "error", "message": message, "rank": None})
+                self.emit({"event": "error", "message": message, "rank": None, "id": cmd["id"]})
             else:
                 self._reply(cmd["id"], {"text": rank.log[int(cmd["offset"]) :]})
         else:  # shutdown

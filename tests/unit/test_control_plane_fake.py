@@ -452,6 +452,49 @@ def test_stacks_are_asked_of_each_ranks_agent(kernels: KernelStub) -> None:
     assert [c["ranks"] for c in asked[0]] == [[1]] and [c["ranks"] for c in asked[1]] == [[2]]
 
 
+def test_a_rank_that_cannot_answer_for_itself_is_asked_through_faulthandler(
+    kernels: KernelStub,
+) -> None:
+    cluster = FakeCluster(remote=True)
+    cluster.script(1).gil_held = {2}
+
+    async def main() -> tuple[dict[int, str], float]:
+        session = await started(cluster, two_nodes())
+        began = time.monotonic()
+        dumps = await session.stacks([1, 2])
+        took = time.monotonic() - began
+        await session.shutdown()
+        return dumps, took
+
+    dumps, took = run(main())
+    assert all(d.startswith("Thread 0x1") for d in dumps.values()), dumps
+    asked = {a.node: [c for c in a.commands if c["op"] == "stacks"] for a in cluster.agents}
+    # rank 1 answered at once; rank 2 was asked again, through the signal, after waiting
+    assert [(c["ranks"], c.get("fallback")) for c in asked[0]] == [([1], False)]
+    assert [(c["ranks"], c.get("fallback")) for c in asked[1]] == [([2], False), ([2], True)]
+    assert took >= 2.0
+
+
+def test_a_failed_agent_request_fails_at_once(kernels: KernelStub) -> None:
+    """An agent's error in answer to a request reaches that request's caller (a rank that
+    exited between a dump and its read), instead of leaving it waiting for a reply."""
+    cluster = FakeCluster(remote=True)
+
+    async def main() -> tuple[str, float]:
+        session = await started(cluster, two_nodes())
+        agent = session.ranks[1].node
+        assert agent is not None
+        began = time.monotonic()
+        with pytest.raises(AgentError) as err:
+            await agent.request("read_log", rank=7, offset=0)
+        took = time.monotonic() - began
+        await session.shutdown()
+        return str(err.value), took
+
+    message, took = run(main())
+    assert "rank 7 does not run on this node" in message and took < 5
+
+
 # -- restart ----------------------------------------------------------------------------------
 def test_a_restart_replaces_the_ranks_and_keeps_the_agents(kernels: KernelStub) -> None:
     cluster = FakeCluster(remote=True)

@@ -30,6 +30,11 @@ class Kernel:
         )
         self.socket.send_multipart([b"kernel.stream", *frames])
 
+    def welcome(self) -> None:
+        """What a kernel sends each new subscriber: answers no request."""
+        _id, frames = self.codec.encode("iopub_welcome", {"subscription": ""}, parent={})
+        self.socket.send_multipart([b"", *frames])
+
 
 class Client:
     """What the fan-in needs of a rank client: where its kernel's messages go."""
@@ -72,6 +77,11 @@ async def _exchange(folder: str) -> tuple[list[Client], IopubFanIn]:
             await asyncio.sleep(0.02)
             if all(len(c.got) >= 2 and c.got[-1].startswith("from") for c in clients):
                 break
+        for _ in range(200):  # a greeting of a kernel not known yet: not a stranger's
+            stranger.welcome()
+            await asyncio.sleep(0.02)
+            if fan_in.welcomes:
+                break
         return [*clients, silent], fan_in
     finally:
         fan_in.close()
@@ -90,3 +100,4 @@ def test_each_kernels_messages_reach_its_own_client(tmp_path: Any) -> None:
 def test_a_kernel_that_answers_nothing_asked_is_dropped_and_counted(tmp_path: Any) -> None:
     _clients, fan_in = asyncio.run(_exchange(str(tmp_path)))
     assert fan_in.unknown >= 1
+    assert fan_in.welcomes >= 1

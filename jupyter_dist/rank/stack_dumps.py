@@ -1,0 +1,68 @@
+"""Every thread's Python stack on request, written by a thread of the rank itself.
+
+faulthandler can dump all threads from its C signal handler, and it does so even while
+the main thread is stuck in C code; but it walks the thread states without the GIL, and
+a thread starting or ending meanwhile crashes the process (CPython documents that the
+all-threads dump is unsafe while other threads run). Asking where ranks are must never
+kill one, so a rank answers from a thread of its own: it waits on a pipe its node's agent
+writes a byte to, takes the GIL like any thread, and writes ``sys._current_frames()`` in
+faulthandler's format, which the rest of jupyter_dist reads (`common.stacks`).
+
+A collective (gloo, NCCL) waits with the GIL released, so the thread answers while the
+main thread is stuck in one. Only a rank whose GIL is held by stuck C code stays silent;
+for that one the agent falls back to faulthandler's signal, which is then safe: no other
+Python thread can run to start or end while the GIL is held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+THREAD_NAME = "jupyter-dist-stacks"
+#: innermost frames kept per thread, as faulthandler does
+MAX_FRAMES = 100
+
+
+def format_threads(frames: dict[int, FrameType], skip: int | None = None) -> str:
+    """Each thread's stack, most recent call first, as faulthandler writes it."""
+    blocks = []
+    for ident, frame in frames.items():
+        if ident == skip:
+            continue
+        lines = [f"Thread 0x{ident:016x} (most recent call first):"]
+        current: FrameType | None = frame
+        while current is not None and len(lines) <= MAX_FRAMES:
+            code = current.f_code
+            lines.append(f'  File "{code.co_filename}", line {current.f_lineno} in {code.co_name}')
+            current = current.f_back
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n\n"
+
+
+def answer_requests(fd: int, write: Callable[[str], None]) -> None:
+    """Write a dump for each byte read from ``fd``, until the agent's end is closed."""
+    me = threading.get_ident()
+    while True:
+        try:
+            wanted = os.read(fd, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not wanted:  # the agent is gone
+            return
+        with contextlib.suppress(Exception):
+            write(format_threads(sys._current_frames(), skip=me))
+
+
+def start(fd: int, write: Callable[[str], None]) -> threading.Thread:
+    """Answer dump requests arriving on ``fd`` from a daemon thread."""
+    thread = threading.Thread(target=answer_requests, args=(fd, write), name=THREAD_NAME)
+    thread.daemon = True
+    thread.start()
+    return thread
