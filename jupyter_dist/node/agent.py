@@ -321,6 +321,10 @@ class Agent:
         ask_r, ask_w = os.pipe()  # neither end reaches programs the rank runs
         try:
             pid = os.fork()
+        except OSError:
+            os.close(ask_r)
+            os.close(ask_w)
+            raise
         finally:
             if os.getpid() == self.pid:
                 set_title(*self.title)
