@@ -144,4 +144,4 @@ def place_of_traceback(traceback: Sequence[str]) -> str:
 
 def is_dump(text: str) -> bool:
     """Whether ``text`` holds a stack dump (at least one thread's header)."""
-    return any(_THREAD.match(line) for line in text.splitlines())
+    return bool(parse_dump(text))

@@ -28,6 +28,8 @@ from jupyter_dist.control.launchers.base import AgentStreams, Launcher
 from jupyter_dist.errors import AgentError
 
 log = logging.getLogger(__name__)
+#: what `AgentClient.stacks` says of a rank whose log could not be read (it exited)
+NO_DUMP = "(no dump: "
 
 #: called with (rank, returncode, log_tail) when a rank process exits
 ExitCallback = Callable[[int, int, str], None]
@@ -243,14 +245,17 @@ class AgentClient:
         every ``settle`` seconds until each has one. A rank silent for ``patience``
         seconds (its GIL held by stuck C code) is asked again through faulthandler's
         signal handler, which writes even then."""
+        loop = asyncio.get_running_loop()
         offsets = await self._ask_stacks(ranks, fallback=False)
         found: dict[int, str] = {}
-        deadline = asyncio.get_running_loop().time() + patience
+        deadline = loop.time() + patience
         while True:
             await asyncio.sleep(settle)
             waiting = {r: o for r, o in offsets.items() if r not in found}
-            found.update({r: t for r, t in (await self._read_logs(waiting)).items() if is_dump(t)})
-            if len(found) == len(offsets) or asyncio.get_running_loop().time() >= deadline:
+            for rank, text in (await self._read_logs(waiting)).items():
+                if is_dump(text) or text.startswith(NO_DUMP):  # answered, or gone
+                    found[rank] = text
+            if len(found) == len(offsets) or loop.time() >= deadline:
                 break
         silent = [r for r in offsets if r not in found]
         if silent:
@@ -271,7 +276,7 @@ class AgentClient:
             return_exceptions=True,
         )
         return {
-            r: t.get("text", "") if isinstance(t, dict) else f"(no dump: {t})"
+            r: t.get("text", "") if isinstance(t, dict) else f"{NO_DUMP}{t})"
             for r, t in zip(offsets, texts, strict=True)
         }
 

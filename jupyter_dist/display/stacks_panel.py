@@ -2,7 +2,7 @@
 
 The click is handled on the notebook kernel's click subshell (`display.busy_clicks`), beside the
 cell that still runs, so the button answers while ranks hang, which is when it is wanted.
-``read`` does the work (ask each node's agent for its ranks' faulthandler dumps, group
+``read`` does the work (ask each node's agent for its ranks' stack dumps, group
 them) and may take seconds; the button is disabled meanwhile.
 """
 

@@ -17,9 +17,11 @@ Python thread can run to start or end while the GIL is held.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from types import FrameType
 
@@ -35,11 +37,9 @@ def format_threads(frames: dict[int, FrameType], skip: int | None = None) -> str
         if ident == skip:
             continue
         lines = [f"Thread 0x{ident:016x} (most recent call first):"]
-        current: FrameType | None = frame
-        while current is not None and len(lines) <= MAX_FRAMES:
-            code = current.f_code
-            lines.append(f'  File "{code.co_filename}", line {current.f_lineno} in {code.co_name}')
-            current = current.f_back
+        for each, line in itertools.islice(traceback.walk_stack(frame), MAX_FRAMES):
+            code = each.f_code
+            lines.append(f'  File "{code.co_filename}", line {line} in {code.co_name}')
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n\n"
 

@@ -336,10 +336,10 @@ class ConnectionHandler(DistHandler):
 
 
 class StacksHandler(DistHandler):
-    """``POST /sessions/NAME/stacks?ranks=0,2-3``: every rank's Python stacks, as dumped by
-    faulthandler (works while a rank is stuck in a collective).
+    """``POST /sessions/NAME/stacks?ranks=0,2-3``: every rank's Python stacks, in faulthandler's
+    format (works while a rank is stuck in a collective).
 
-    A POST that needs the ``execute`` permission: it signals every rank it names, and the
+    A POST that needs the ``execute`` permission: it asks every rank it names, and the
     dumps show the code the ranks run."""
 
     @web.authenticated
