@@ -16,6 +16,10 @@ The notebook side is the project's own: an `AttachedSession` (the same `RankGrou
 responders' sockets, runs ``--cells`` cells on every rank, and a thread draws each cell's
 events with the text renderer, as a notebook's thread does. Measured per cell:
 
+Each simulated node also gets the project's own IOPub relay (`jupyter_dist.node.iopub_relay`,
+one process a node, told which responders to read as an agent tells it), and the same
+cluster is measured without relays (``--relays on,off``, the default: both).
+
 * **control-plane CPU**: CPU time (user + system, every thread) of this process,
   divided by the number of cells. It leaves out what IPython and ipykernel spend on any
   cell (about 3 ms here, see `bench/scale.py`'s plain cell), which does not grow with N.
@@ -145,10 +149,18 @@ def _answer(
 
 
 # -- the notebook side --------------------------------------------------------------------
-class Responders:
-    """The responder processes of one simulated cluster."""
+def relay(key: str, path: str) -> None:
+    """A node's IOPub relay, the project's own (`jupyter_dist.node.iopub_relay`), told on
+    stdin which ranks to read, as its agent tells it."""
+    from jupyter_dist.node.iopub_relay import run_relay
 
-    def __init__(self, nodes: int, per_node: int, key: str, folder: str) -> None:
+    run_relay(key.encode(), path, sys.stdin.fileno())
+
+
+class Responders:
+    """The responder processes of one simulated cluster, and a relay a node."""
+
+    def __init__(self, nodes: int, per_node: int, key: str, folder: str, relays: bool) -> None:
         self.procs = [
             subprocess.Popen(
                 [sys.executable, __file__, "--serve", str(node), str(per_node), folder],
@@ -166,13 +178,28 @@ class Responders:
             if not line:
                 raise RuntimeError(f"a responder exited with {proc.wait()}")
             self.connections.append(json.loads(line))
+        self.relays: list[subprocess.Popen[str]] = []
+        for node, conns in enumerate(self.connections if relays else []):
+            path = os.path.join(folder, f"relay{node}")
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--relay", path],
+                stdin=subprocess.PIPE,
+                env={**os.environ, "JUPYTER_DIST_BENCH_KEY": key},
+                text=True,
+            )
+            assert proc.stdin is not None
+            for conn in conns:
+                proc.stdin.write(f"+ipc://{conn['ip']}-{conn['iopub_port']}\n")
+                conn["relay_iopub"] = path
+            proc.stdin.flush()
+            self.relays.append(proc)
 
     def close(self) -> None:
-        for proc in self.procs:
+        for proc in [*self.procs, *self.relays]:
             with contextlib.suppress(OSError):
                 assert proc.stdin is not None
                 proc.stdin.close()
-        for proc in self.procs:
+        for proc in [*self.procs, *self.relays]:
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
@@ -259,11 +286,11 @@ async def _cells(session: Any, cells: int) -> dict[str, float]:
     }
 
 
-def measure(nodes: int, per_node: int, cells: int) -> dict[str, float]:
+def measure(nodes: int, per_node: int, cells: int, relays: bool) -> dict[str, Any]:
     key = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="jd-sim-") as folder:
         began = time.perf_counter()
-        responders = Responders(nodes, per_node, key, folder)
+        responders = Responders(nodes, per_node, key, folder, relays)
         try:
             session = _session(nodes, per_node, key, responders)
             started = time.perf_counter() - began
@@ -271,7 +298,7 @@ def measure(nodes: int, per_node: int, cells: int) -> dict[str, float]:
         finally:
             responders.close()
     return {"nodes": nodes, "ranks_per_node": per_node, "ranks": nodes * per_node,
-            "responders_up_s": started, **values}  # fmt: skip
+            "relays": relays, "responders_up_s": started, **values}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,7 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", default="2,16,64", help="simulated node counts (default 2,16,64)")
     p.add_argument("--ranks-per-node", type=int, default=16)
     p.add_argument("--cells", type=int, default=20)
+    p.add_argument(
+        "--relays",
+        default="on,off",
+        help="with a node's IOPub relay (on), each rank read on its own (off), or both "
+        "(on,off: the default)",
+    )
+    p.add_argument("--relay", metavar="PATH", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.relay:
+        relay(os.environ["JUPYTER_DIST_BENCH_KEY"], args.relay)
+        return 0
     if args.serve:
         node, ranks, folder = args.serve
         serve(int(node), int(ranks), os.environ["JUPYTER_DIST_BENCH_KEY"], folder)
@@ -297,11 +334,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--nodes {args.nodes!r}: expected counts whose ranks are 1 to {MAX_RANKS}")
     if not 1 <= args.cells <= 10_000:
         p.error(f"--cells {args.cells}: expected 1 to 10000")
+    modes = [m.strip() for m in args.relays.split(",") if m.strip()]
+    if not modes or any(m not in ("on", "off") for m in modes):
+        p.error(f"--relays {args.relays!r}: expected on, off or on,off")
     rows = []
     for nodes in node_counts:
-        print(f"[simulated] {nodes} nodes x {per_node} ranks ...", file=sys.stderr, flush=True)
-        rows.append(measure(nodes, per_node, args.cells))
-    head = ["ranks", "nodes", "cpu_per_cell_ms", "cpu_per_rank_us", "wall_median_ms",
+        for mode in modes:
+            print(f"[simulated] {nodes} nodes x {per_node} ranks, relays {mode} ...",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            rows.append(measure(nodes, per_node, args.cells, mode == "on"))
+    head = ["ranks", "nodes", "relays", "cpu_per_cell_ms", "cpu_per_rank_us", "wall_median_ms",
             "wall_p90_ms", "responders_up_s"]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))

@@ -16,12 +16,15 @@ seconds is read from one.
 * ``JUPYTER_DIST_MAX_RANKS_PER_NODE`` (control plane): the most ranks a session may start
   on one node (default: twice this machine's CPU count, at least 8; under a Jupyter server,
   the server's setting, ``DistServerApp.max_ranks_per_node``, comes first).
+* ``JUPYTER_DIST_NODE_RELAY`` (control plane): ``on`` (the default) reads a node's ranks
+  through its relay (`node.iopub_relay`); ``off`` reads each rank on its own sockets, to
+  compare or to rule the relay out.
 * ``JUPYTER_DIST_SESSION``, ``JUPYTER_DIST_DEVICE``, ``JUPYTER_DIST_BACKEND``,
   ``JUPYTER_DIST_FRAMEWORK`` (rank, set by the control plane): the session's name, ``cuda``
   or ``cpu``, the process group's backend, what the bootstrap prepares (``torch``, ``jax``
   or ``none``).
 
-The first seven are the user's to set; the last four are set on every rank, as torchrun's
+The first eight are the user's to set; the last four are set on every rank, as torchrun's
 own variables are. A test checks that no module names a ``JUPYTER_DIST_`` variable
 anywhere but here.
 """
@@ -42,6 +45,7 @@ STRAGGLER_VAR = "JUPYTER_DIST_STRAGGLER_S"
 ABORT_AFTER_VAR = "JUPYTER_DIST_ABORT_AFTER_S"
 MASTER_PORTS_VAR = "JUPYTER_DIST_MASTER_PORTS"
 MAX_RANKS_VAR = "JUPYTER_DIST_MAX_RANKS_PER_NODE"
+NODE_RELAY_VAR = "JUPYTER_DIST_NODE_RELAY"
 SESSION_VAR = "JUPYTER_DIST_SESSION"
 DEVICE_VAR = "JUPYTER_DIST_DEVICE"
 BACKEND_VAR = "JUPYTER_DIST_BACKEND"
@@ -55,6 +59,7 @@ ALL_VARS = (
     ABORT_AFTER_VAR,
     MASTER_PORTS_VAR,
     MAX_RANKS_VAR,
+    NODE_RELAY_VAR,
     SESSION_VAR,
     DEVICE_VAR,
     BACKEND_VAR,
@@ -91,3 +96,13 @@ def max_ranks_per_node(environ: Mapping[str, str] | None = None) -> int:
     if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
         raise SpecError(f"{MAX_RANKS_VAR}={raw[:40]!r}: expected a whole number of at least 1")
     return int(raw)
+
+
+def node_relay(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ranks are read through their node's relay: ``JUPYTER_DIST_NODE_RELAY``."""
+    raw = (os.environ if environ is None else environ).get(NODE_RELAY_VAR, "").strip()
+    if raw.lower() in ("", "on"):
+        return True
+    if raw.lower() == "off":
+        return False
+    raise SpecError(f"{NODE_RELAY_VAR}={raw[:40]!r}: expected on or off")

@@ -22,6 +22,7 @@ Events (agent -> launcher)::
 
     {"event": "ready", "host": ..., "pid": ..., "python": ..., "gpus": [...], "versions": {...}}
     {"event": "spawned", "rank": 0, "pid": 123, "connection": {...ports...}, "log": "..."}
+        (connection: the kernel's sockets, and ``relay_iopub``, the node's IOPub relay)
     {"event": "exited", "rank": 0, "pid": 123, "returncode": -9, "log_tail": "...", "log": "..."}
     {"event": "reply", "id": "r1", ...}    (route: ip, ifname; probe: ok, error)
     {"event": "error", "message": "...", "rank": 0 | null}

@@ -73,7 +73,13 @@ class SpecJSON(TypedDict):
     framework: Framework
 
 
-class KernelConnection(TypedDict):
+class _RelayOption(TypedDict, total=False):
+    #: the node's IOPub relay (`node.iopub_relay`): a Unix socket path on the notebook's
+    #: side of any tunnel; absent for a rank read on its own IOPub socket
+    relay_iopub: str
+
+
+class KernelConnection(_RelayOption):
     """A rank kernel's sockets, as jupyter_client writes a connection file, less the key
     (the session's, sent apart)."""
 

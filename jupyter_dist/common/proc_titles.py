@@ -1,13 +1,14 @@
 """What agents and ranks are called in ``ps``, ``top`` and ``nvidia-smi``, and how a
 command line is recognised as one of ours.
 
-Every agent starts as ``python -m jupyter_dist.node`` and every rank is forked from its
-agent, so without help they all look alike. Each sets a title instead:
-``jupyter_dist agent node 1 session train`` and ``jupyter_dist rank 3/8 session train``
-(``/proc/PID/cmdline``, what ``ps`` and ``nvidia-smi`` show), and a short name,
-``jd-agent-1`` and ``jd-rank-3`` (``/proc/PID/comm``, at most 15 bytes, what ``top``
-shows). `setproctitle` does the work; where it cannot be imported the process keeps its
-command line.
+Every agent starts as ``python -m jupyter_dist.node`` and every rank (and the node's
+IOPub relay) is forked from its agent, so without help they all look alike. Each sets a
+title instead: ``jupyter_dist agent node 1 session train``, ``jupyter_dist rank 3/8
+session train`` and ``jupyter_dist relay node 1 session train`` (``/proc/PID/cmdline``,
+what ``ps`` and ``nvidia-smi`` show), and a short name, ``jd-agent-1``, ``jd-rank-3`` and
+``jd-relay-1`` (``/proc/PID/comm``, at most 15 bytes, what ``top`` shows).
+`setproctitle` does the work; where it cannot be imported the process keeps its command
+line.
 
 The title replaces the command line in place and is cut to its length, which every
 launcher's command line exceeds; ``/proc/PID/environ`` is left as it was (``SPT_NOENV``).
@@ -49,6 +50,15 @@ def rank_title(rank: int, world_size: int | None, session: str) -> str:
 
 def rank_short_name(rank: int) -> str:
     return f"jd-rank-{rank}"
+
+
+def relay_title(session: str, node: int | None) -> str:
+    where = f"node {node} " if node is not None else ""
+    return f"{TITLE_PREFIX} relay {where}session {session}"
+
+
+def relay_short_name(node: int | None) -> str:
+    return f"jd-relay-{node}" if node is not None else "jd-relay"
 
 
 def _module() -> Any:
@@ -97,10 +107,11 @@ def command_line(argv: Sequence[str]) -> tuple[str, ...]:
 
 
 def is_ours(argv: Sequence[str]) -> bool:
-    """Whether a command line is one of our agents or ranks: titled, or still running
+    """Whether a command line is one of our agents, ranks or relays: titled, or still running
     ``-m jupyter_dist.node`` (no `setproctitle`, or a rank of such an agent)."""
     args = command_line(argv)
-    if " ".join(args).startswith((f"{TITLE_PREFIX} agent ", f"{TITLE_PREFIX} rank ")):
+    kinds = ("agent", "rank", "relay")
+    if " ".join(args).startswith(tuple(f"{TITLE_PREFIX} {kind} " for kind in kinds)):
         return True
     return any(a == "-m" and b == AGENT_MODULE_NAME for a, b in itertools.pairwise(args))
 
@@ -115,5 +126,7 @@ __all__ = [
     "is_ours",
     "rank_short_name",
     "rank_title",
+    "relay_short_name",
+    "relay_title",
     "set_title",
 ]

@@ -54,6 +54,22 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
+def message(
+    header: dict[str, Any], parent: Any, metadata: Any, content: Any, buffers: list[Any]
+) -> dict[str, Any]:
+    """A message as jupyter_client's `Session.deserialize` shapes it, from its decoded
+    parts (``header`` has a ``msg_type``; parts that are not objects become empty)."""
+    return {
+        "header": header,
+        "msg_id": header.get("msg_id"),
+        "msg_type": header["msg_type"],
+        "parent_header": parent if isinstance(parent, dict) else {},
+        "metadata": metadata if isinstance(metadata, dict) else {},
+        "content": content if isinstance(content, dict) else {},
+        "buffers": buffers,
+    }
+
+
 class WireCodec:
     """Signs and checks messages of one connection (one key)."""
 
@@ -126,24 +142,25 @@ class WireCodec:
         if self._auth is not None:
             if not signature:
                 raise WireError("unsigned message")
-            if not hmac.compare_digest(signature, self.sign(parts)):
+            if not self.check(signature, parts):
                 raise WireError("invalid signature")
-            self._remember(signature)
         try:
             header, parent, metadata, content = (_loads(p) for p in parts)
         except ValueError as err:
             raise WireError(f"a message part is not JSON: {err}") from None
         if not isinstance(header, dict) or "msg_type" not in header:
             raise WireError("a header without msg_type")
-        return {
-            "header": header,
-            "msg_id": header.get("msg_id"),
-            "msg_type": header["msg_type"],
-            "parent_header": parent if isinstance(parent, dict) else {},
-            "metadata": metadata if isinstance(metadata, dict) else {},
-            "content": content if isinstance(content, dict) else {},
-            "buffers": list(frames[start + 5 :]),
-        }
+        return message(header, parent, metadata, content, list(frames[start + 5 :]))
+
+    def check(self, signature: bytes, parts: Sequence[Frame]) -> bool:
+        """Whether ``signature`` signs ``parts``; a signature seen before raises
+        `WireError` (a replayed message). True without a key."""
+        if self._auth is None:
+            return True
+        if not hmac.compare_digest(signature, self.sign(parts)):
+            return False
+        self._remember(signature)
+        return True
 
     def _remember(self, signature: bytes) -> None:
         if signature in self._seen:

@@ -48,6 +48,7 @@ class RankProgress:
     local_rank: int
     started: float
     reply: dict[str, Any] | None = None
+    replied_at: float | None = None  # monotonic
     began: bool = False  # its kernel said it was busy with the cell
     idle: bool = False
     finished: bool = False
@@ -110,6 +111,7 @@ class CellTracker:
         if channel == "shell":
             if kind == "execute_reply":
                 prog.reply = content
+                prog.replied_at = time.monotonic()
                 self._maybe_finish(prog)
             return
         if channel != "iopub":
@@ -148,6 +150,21 @@ class CellTracker:
             )
         elif kind == "clear_output":
             self._emit(ClearOut(rank, bool(content.get("wait"))))
+
+    def idle_lost(self, after_s: float) -> list[int]:
+        """Finish the ranks whose reply came ``after_s`` ago or more and whose idle status
+        never did (lost on the way: a node's relay that died and was replaced); returns
+        them. A kernel sends its idle status right after its reply."""
+        now = time.monotonic()
+        lost = [
+            p
+            for p in self.progress.values()
+            if not p.finished and not p.idle and p.replied_at and now - p.replied_at >= after_s
+        ]
+        for prog in lost:
+            prog.idle = True
+            self._maybe_finish(prog)
+        return [p.rank for p in lost]
 
     def _maybe_finish(self, prog: RankProgress) -> None:
         if prog.reply is None or not prog.idle:

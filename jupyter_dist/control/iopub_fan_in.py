@@ -7,6 +7,10 @@ messages on its own pipe and hands them over fairly, and a burst from many ranks
 in one drain, with one wake-up of the event loop, instead of one socket read (and the
 system calls behind it) per rank.
 
+Where the ranks' node runs an IOPub relay (`node.iopub_relay`), the session subscribes to
+the relay instead of to each rank: one endpoint a node, and a burst from the node's ranks
+arrives as one batch (`common.iopub_batch`), checked and parsed once.
+
 A message says which kernel sent it: the ``session`` of its header, the kernel's own id,
 the same on all its channels. The first message of a kernel not yet known is matched by
 its parent request (a ``kernel_info_request`` its client sent while connecting,
@@ -24,6 +28,7 @@ from typing import Any
 
 import zmq
 
+from jupyter_dist.common.iopub_batch import is_batch, read_batch
 from jupyter_dist.common.wire_codec import WireCodec, WireError
 from jupyter_dist.control.rank_client import PacedHandler, RankClient
 from jupyter_dist.control.zmq_frames import receive
@@ -44,6 +49,7 @@ class IopubFanIn:
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.codec = WireCodec(key, signature_scheme)
         self._urls: dict[RankClient, str] = {}
+        self._subscribers: collections.Counter[str] = collections.Counter()  # clients a URL
         self._by_session: dict[str, RankClient] = {}
         self._expected: dict[str, RankClient] = {}  # `expect`
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -56,12 +62,22 @@ class IopubFanIn:
         #: what the last of those were: (msg_type, the type of the request answered)
         self.last_unknown: collections.deque[tuple[str, str]] = collections.deque(maxlen=8)
         self.welcomes = 0  # a kernel greets each new subscriber before it is known
+        self.batches = 0  # batches from node relays, and the messages they carried
+        self.batched = 0
 
     def add(self, client: RankClient, url: str) -> None:
-        """Subscribe to ``client``'s kernel at ``url``."""
+        """Subscribe to ``client``'s kernel at ``url`` (its own socket, or its node's relay,
+        which other clients share)."""
         self._urls[client] = url
-        self.socket.connect(url)
+        self._subscribers[url] += 1
+        if self._subscribers[url] == 1:
+            self.socket.connect(url)
         self.watch()
+
+    @property
+    def endpoints(self) -> set[str]:
+        """The sockets subscribed to: one a rank, or one a node with relays."""
+        return set(self._subscribers)
 
     def remove(self, client: RankClient) -> None:
         url = self._urls.pop(client, None)
@@ -69,9 +85,14 @@ class IopubFanIn:
             del self._by_session[session]
         for msg_id in [m for m, c in self._expected.items() if c is client]:
             del self._expected[msg_id]
-        if url is not None and not self.closed:
-            with contextlib.suppress(zmq.ZMQError):
-                self.socket.disconnect(url)
+        if url is None:
+            return
+        self._subscribers[url] -= 1
+        if self._subscribers[url] <= 0:
+            del self._subscribers[url]
+            if not self.closed:
+                with contextlib.suppress(zmq.ZMQError):
+                    self.socket.disconnect(url)
 
     def watch(self) -> None:
         """Read from the running loop's wake-ups (once; a no-op without a loop)."""
@@ -106,11 +127,24 @@ class IopubFanIn:
         asyncio.get_running_loop().call_soon(self._on_ready)
 
     def _dispatch(self, frames: list[bytes]) -> Any:
+        """Route a message or a relay's batch; return a handler that may want a pause."""
+        batch = is_batch(frames)
         try:
-            msg = self.codec.decode(frames)
+            messages = read_batch(self.codec, frames) if batch else [self.codec.decode(frames)]
         except WireError as err:  # unsigned, or not a Jupyter message: dropped
             log.warning("dropped a bad IOPub message: %s", err)
             return None
+        if batch:
+            self.batches += 1
+            self.batched += len(messages)
+        full = None  # the first handler with no room left: reading pauses after the batch
+        for msg in messages:
+            handler = self._route(msg)
+            if full is None and isinstance(handler, PacedHandler) and not handler.has_room():
+                full = handler
+        return full if batch else handler
+
+    def _route(self, msg: dict[str, Any]) -> Any:
         session = msg["header"].get("session")
         client = self._by_session.get(session) if isinstance(session, str) else None
         if client is None:

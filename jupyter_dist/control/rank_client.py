@@ -131,7 +131,8 @@ class RankClient:
     def _open(self) -> None:
         for name, kind, port_key in CHANNELS:
             if kind == zmq.SUB and self._fan_in is not None:
-                self._fan_in.add(self, self._url(port_key))
+                relay = self.connection.get("relay_iopub")
+                self._fan_in.add(self, f"ipc://{relay}" if relay else self._url(port_key))
                 continue
             socket: zmq.Socket[bytes] = zmq.Socket(self._context, kind)
             socket.linger = 0

@@ -30,7 +30,7 @@ import resource
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq.asyncio
 
@@ -55,7 +55,7 @@ from jupyter_dist.errors import (
     SessionError,
     SpecError,
 )
-from jupyter_dist.settings import ABORT_AFTER_VAR, STRAGGLER_VAR, seconds_from_env
+from jupyter_dist.settings import ABORT_AFTER_VAR, STRAGGLER_VAR, node_relay, seconds_from_env
 from jupyter_dist.text import ranks_label
 
 if TYPE_CHECKING:
@@ -69,6 +69,9 @@ INTERRUPT_GRACE_S = 5.0
 OBJECTS_TIMEOUT_S = 300.0
 #: how often a running cell is looked at (stragglers, ranks left waiting on a failed one)
 WATCH_TICK_S = 0.25
+#: a rank whose reply came this long ago without its idle status is taken as done (the
+#: status was lost: IOPub is a PUB/SUB path, and a node's relay may have been replaced)
+IDLE_LOST_S = 5.0
 #: default seconds a rank may run on after the others finished before it is named
 STRAGGLER_S = 30.0
 #: default seconds the other ranks get to finish after one raised or died, before they
@@ -428,6 +431,15 @@ class RankGroup:
                 return
             except asyncio.TimeoutError:
                 pass
+            lost = run.idle_lost(IDLE_LOST_S)
+            if lost and sink is not None:
+                sink.put(
+                    Notice(
+                        f"{ranks_label(lost)}: the reply came but the idle status did not "
+                        f"within {IDLE_LOST_S:g} s; taken as done (output sent after the "
+                        "reply may be missing)"
+                    )
+                )
             busy = run.busy_ranks
             failed_at = run.first_failure_at
             if busy and failed_at and time.monotonic() - failed_at >= self.abort_after_s:
@@ -626,7 +638,11 @@ class RankGroup:
         if self._iopub is None:
             scheme = rec.connection.get("signature_scheme") or "hmac-sha256"
             self._iopub = IopubFanIn(self._context, self.key, scheme)
-        client = RankClient(rec.rank, rec.connection, self.key, self._context, self._iopub)
+        connection = rec.connection
+        if not node_relay() and "relay_iopub" in connection:
+            connection = cast(KernelConnection, dict(connection))
+            del connection["relay_iopub"]
+        client = RankClient(rec.rank, connection, self.key, self._context, self._iopub)
         client.on_late = self.take_late_output
         return client
 

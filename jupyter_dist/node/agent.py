@@ -10,6 +10,11 @@ interpreter needs, and a restart of the session costs only the fork. For fork to
 safe the agent stays single-threaded and never initialises CUDA (GPUs are counted
 through NVML).
 
+With the first rank it also forks the node's IOPub relay (`node.iopub_relay`), which
+reads every rank's IOPub on the node and passes it on in batches: the notebook side
+subscribes to one socket a node (``relay_iopub`` in each ``spawned`` event's connection).
+It tells the relay on a pipe which ranks to read, and forks a new one if it dies.
+
 It guarantees no orphans: each rank gets ``PR_SET_PDEATHSIG`` and ``JPY_PARENT_PID`` so
 it dies with the agent, and the agent kills every rank when its stdin closes (the
 notebook kernel or the SSH connection went away), on ``shutdown``, or on SIGTERM.
@@ -19,7 +24,7 @@ connection files with the session's key, their sockets and logs) goes when it st
 agent that was SIGKILLed cannot remove it, so each agent first removes the folders of
 this user's agents that are gone (their pid is dead and nobody holds their lock).
 
-Agents and ranks show what they are in ``ps`` and ``top`` (`common.proc_titles`).
+Agents, ranks and relays show what they are in ``ps`` and ``top`` (`common.proc_titles`).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -49,6 +55,7 @@ from jupyter_dist.common.agent_protocol import (
     STACKS_SIGNAL,
     as_command,
     decode,
+    describe_returncode,
     encode,
 )
 from jupyter_dist.common.payloads import (
@@ -64,8 +71,11 @@ from jupyter_dist.common.proc_titles import (
     agent_title,
     rank_short_name,
     rank_title,
+    relay_short_name,
+    relay_title,
     set_title,
 )
+from jupyter_dist.node.iopub_relay import SOCKET_NAME
 
 if TYPE_CHECKING:
     from jupyter_dist.node.samples import Sampler
@@ -99,6 +109,28 @@ def set_parent_death_signal(sig: int) -> None:
 
 
 @dataclass
+class RelayChild:
+    """The node's IOPub relay (`node.iopub_relay`), a forked child of the agent."""
+
+    pid: int
+    #: the agent's end of the pipe that tells it which ranks to read
+    commands_fd: int
+    key: bytes
+
+    def tell(self, line: str) -> None:
+        try:
+            os.write(self.commands_fd, line.encode() + b"\n")
+        except OSError as err:  # a dead relay: the agent forks a new one when it reaps it
+            print(f"agent: the IOPub relay did not take {line!r}: {err}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.commands_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.commands_fd)
+            self.commands_fd = -1
+
+
+@dataclass
 class RankChild:
     rank: int
     pid: int
@@ -107,6 +139,8 @@ class RankChild:
     #: the agent's end of the pipe a byte on which asks the rank for its stacks
     #: (`rank.stack_dumps`); -1 once closed
     stacks_fd: int = -1
+    #: the rank's IOPub socket, which the node's relay reads
+    iopub_url: str = ""
 
     def close(self) -> None:
         if self.stacks_fd >= 0:
@@ -122,6 +156,7 @@ class Agent:
         self.out_fd = out_fd
         self.pid = os.getpid()
         self.session = session
+        self.node = node
         self.title = (agent_title(session, node), agent_short_name(node))
         self.base_env = dict(os.environ)
         prune_dead_agent_dirs(tempfile.gettempdir())
@@ -129,6 +164,8 @@ class Agent:
         self.dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{self.pid}-{session[:16]}-")
         self._lock_fd = hold_lock(self.dir)
         self.children: dict[int, RankChild] = {}  # by pid
+        self.relay: RelayChild | None = None  # forked with the first rank (its key)
+        self.relay_path = os.path.join(self.dir, SOCKET_NAME)
         self.sampler: Sampler | None = None  # made on the first ``sample`` command
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
         self.stopping = False
@@ -310,39 +347,22 @@ class Agent:
         env = {**self.base_env, **cmd.get("env", {}), "JPY_PARENT_PID": str(self.pid)}
         cwd = str(cmd.get("cwd") or os.getcwd())
         world = env.get("WORLD_SIZE", "")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # the rank is born with its title (the agent wears it for the fork): it never shows
-        # as the agent, so what the server records of it stays true
-        set_title(
-            rank_title(rank, int(world) if world.isdigit() else None, self.session),
-            rank_short_name(rank),
+        if self.relay is None:
+            self.start_relay(str(cmd["key"]).encode())
+        pid, ask_w = self._fork(
+            (
+                rank_title(rank, int(world) if world.isdigit() else None, self.session),
+                rank_short_name(rank),
+            ),
+            lambda ask_r: self._become_rank(conn_path, log_path, env, cwd, ask_r),
         )
-        ask_r, ask_w = os.pipe()  # neither end reaches programs the rank runs
-        try:
-            pid = os.fork()
-        except OSError:
-            os.close(ask_r)
-            os.close(ask_w)
-            raise
-        finally:
-            if os.getpid() == self.pid:
-                set_title(*self.title)
-        if pid == 0:  # the rank; never returns
-            code = 1
-            try:
-                os.close(ask_w)
-                code = self._become_rank(conn_path, log_path, env, cwd, ask_r)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        os.close(ask_r)
         os.set_blocking(ask_w, False)  # a rank that stopped reading never blocks the agent
-        self.children[pid] = RankChild(rank, pid, log_path, conn_path, ask_w)
+        iopub_url = f"ipc://{cfg['ip']}-{cfg['iopub_port']}"
+        self.children[pid] = RankChild(rank, pid, log_path, conn_path, ask_w, iopub_url)
         connection = cast(KernelConnection, {k: v for k, v in cfg.items() if k != "key"})
+        if self.relay is not None:
+            self.relay.tell(f"+{iopub_url}")
+            connection["relay_iopub"] = self.relay_path
         self.emit(
             {
                 "event": "spawned",
@@ -357,23 +377,9 @@ class Agent:
         self, conn_path: str, log_path: str, env: dict[str, str], cwd: str, stacks_fd: int
     ) -> int:
         os.setsid()  # own process group: interrupts reach the rank and its workers only
-        set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != self.pid:
+        log_fd = self._leave_agent(log_path, os.O_TRUNC, signal.default_int_handler)
+        if log_fd < 0:
             return 1
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for fd in (self._wake_r, self._wake_w, self.out_fd, self._lock_fd):
-            os.close(fd)
-        for sibling in self.children.values():
-            sibling.close()
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        null_fd = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null_fd, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(null_fd)
         os.environ.clear()
         os.environ.update(env)
         try:
@@ -387,6 +393,100 @@ class Agent:
 
         run_rank_kernel(conn_path, self.pid, log_fd, stacks_fd)
         return 0
+
+    def _fork(self, title: tuple[str, str], become: Callable[[int], int]) -> tuple[int, int]:
+        """Fork a child that runs ``become(read end of a new pipe)`` and exits with what it
+        returns; returns its pid and the pipe's write end. The child is born with
+        ``title`` (the agent wears it for the fork): it never shows as the agent, so what
+        the server records of it stays true."""
+        read_fd, write_fd = os.pipe()  # neither end reaches programs the child runs
+        sys.stdout.flush()
+        sys.stderr.flush()
+        set_title(*title)
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
+        finally:
+            if os.getpid() == self.pid:
+                set_title(*self.title)
+        if pid == 0:  # the child; never returns
+            code = 1
+            try:
+                os.close(write_fd)
+                code = become(read_fd)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(read_fd)
+        return pid, write_fd
+
+    def _leave_agent(self, log_path: str, mode: int, on_interrupt: Any) -> int:
+        """In a forked child: die with the agent, take the default signal handlers (and
+        ``on_interrupt`` for SIGINT), close what only the agent may hold, read nothing and
+        write to ``log_path`` (opened with ``mode``: truncate or append). Returns the log's
+        descriptor, or -1 when the agent is already gone."""
+        set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != self.pid:
+            return -1
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, on_interrupt)
+        self._close_agent_fds()
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | mode, 0o600)
+        null_fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null_fd, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(null_fd)
+        return log_fd
+
+    def _close_agent_fds(self) -> None:
+        """In a forked child: close what only the agent may hold."""
+        for fd in (self._wake_r, self._wake_w, self.out_fd, self._lock_fd):
+            os.close(fd)
+        for sibling in self.children.values():
+            sibling.close()
+        if self.relay is not None:
+            self.relay.close()
+
+    # -- the IOPub relay --------------------------------------------------------------
+    def start_relay(self, key: bytes) -> None:
+        """Fork the node's IOPub relay and have it read every rank already running."""
+        pid, write_fd = self._fork(
+            (relay_title(self.session, self.node), relay_short_name(self.node)),
+            lambda read_fd: self._become_relay(key, read_fd),
+        )
+        self.relay = RelayChild(pid, write_fd, key)
+        for child in self.children.values():
+            self.relay.tell(f"+{child.iopub_url}")
+
+    def _become_relay(self, key: bytes, commands: int) -> int:
+        # interrupts are for ranks; one relay's log across its restarts
+        log_fd = self._leave_agent(os.path.join(self.dir, "relay.log"), os.O_APPEND, signal.SIG_IGN)
+        if log_fd < 0:
+            return 1
+        os.close(log_fd)
+        from jupyter_dist.node.iopub_relay import run_relay
+
+        return run_relay(key, self.relay_path, commands)
+
+    def _relay_exited(self, status: int) -> None:
+        """The relay died: fork another (subscribers reconnect to the same socket)."""
+        assert self.relay is not None
+        key = self.relay.key
+        self.relay.close()
+        self.relay = None
+        code = os.waitstatus_to_exitcode(status)
+        print(f"agent: the IOPub relay exited ({describe_returncode(code)})", file=sys.stderr)
+        if not self.stopping:
+            self.start_relay(key)
 
     def _log_of(self, rank: int) -> str:
         for child in self.children.values():
@@ -455,11 +555,16 @@ class Agent:
                 return
             if pid == 0:
                 return
+            if self.relay is not None and pid == self.relay.pid:
+                self._relay_exited(status)
+                continue
             child = self.children.pop(pid, None)
             self.kill_deadlines.pop(pid, None)
             if child is None:
                 continue
             child.close()
+            if self.relay is not None:
+                self.relay.tell(f"-{child.iopub_url}")
             # the rank's own children (data loader workers...) go with it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
@@ -477,13 +582,19 @@ class Agent:
             )
 
     def _cleanup(self) -> None:
+        self.stopping = True
         for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        if self.relay is not None:
+            self.relay.close()  # its end of the pipe: the relay exits
         deadline = time.monotonic() + 5
-        while self.children and time.monotonic() < deadline:
+        while (self.children or self.relay) and time.monotonic() < deadline:
             self._reap()
             time.sleep(0.01)
+        if self.relay is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.relay.pid, signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)

@@ -431,7 +431,8 @@ def test_ranks_echo_the_code_of_other_clients_but_not_the_notebooks_cells(run: R
 
 def test_every_ranks_iopub_comes_through_the_sessions_one_subscriber(run: Run) -> None:
     """The ranks' IOPub (statuses and output, most of a cell's messages) is read through
-    one SUB socket of the session, and each message still reaches its own rank."""
+    one SUB socket of the session, from one relay a node, and each message still reaches
+    its own rank."""
     from jupyter_dist.notebook.owners import embedded_owner
 
     session = embedded_owner().manager.get("default")
@@ -439,8 +440,11 @@ def test_every_ranks_iopub_comes_through_the_sessions_one_subscriber(run: Run) -
     assert all(c is not None and "iopub" not in c.sockets for c in clients)
     fan_in = session._iopub
     assert fan_in is not None and set(fan_in._urls) == set(clients)
-    dropped = fan_in.unknown  # before: the last words of kernels an earlier test replaced
+    # through the node's relay: one endpoint for both ranks
+    assert len(fan_in.endpoints) == 1 and next(iter(fan_in.endpoints)).endswith("relay-iopub")
+    dropped, batched = fan_in.unknown, fan_in.batched  # before: earlier kernels' last words
     out = run("%%distributed\nprint('I am', dist.get_rank(), 'of', dist.get_world_size())")
     assert out.ok, out.stdout
     assert "[rank 0] I am 0 of 2" in out.stdout and "[rank 1] I am 1 of 2" in out.stdout
     assert fan_in.unknown == dropped, fan_in.last_unknown
+    assert fan_in.batched >= batched + 2 * 3  # busy, output and idle of each rank

@@ -67,6 +67,23 @@ def test_state_lives_across_cells_on_every_node(run: Run, two_nodes: str) -> Non
     assert "[ranks 2-3] node1" in out.stdout
 
 
+def test_each_node_is_read_through_its_relay_over_one_forwarded_socket(
+    run: Run, two_nodes: str
+) -> None:
+    from jupyter_dist.notebook.owners import embedded_owner
+
+    fan_in = embedded_owner().manager.get(two_nodes)._iopub
+    assert fan_in is not None
+    endpoints = fan_in.endpoints
+    assert len(endpoints) == 2, endpoints  # one a node, not one a rank
+    assert all(re.search(r"/jd-ssh-[^/]+/relay-0$", url) for url in endpoints), endpoints
+    batched = fan_in.batched
+    out = run(f"%%distributed --session {two_nodes}\nprint('from', socket.gethostname())")
+    assert out.ok, out.stdout
+    assert "[ranks 0-1] from node0" in out.stdout and "[ranks 2-3] from node1" in out.stdout
+    assert fan_in.batched >= batched + 4 * 3  # busy, output and idle of each rank
+
+
 def test_push_and_pull_through_the_tunnels(shell: Any, two_nodes: str) -> None:
     shell.user_ns["offset"] = 100
     shell.run_line_magic("dist", f"push offset --session {two_nodes}")

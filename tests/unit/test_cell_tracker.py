@@ -67,3 +67,17 @@ def test_giving_up_adds_each_ranks_own_detail() -> None:
     evalues = {f.rank: f.evalue for f in run.result().failures}
     assert evalues == {0: "still running; it was idle", 1: "still running"}
     assert run.done.is_set()
+
+
+def test_a_rank_whose_idle_status_was_lost_is_taken_as_done_once_its_reply_is_old() -> None:
+    run = run_of(0, 1, 2)
+    run.on_message(0, "iopub", status("busy"))
+    run.on_message(0, "shell", reply())  # its idle status never comes
+    run.on_message(1, "iopub", status("busy"))  # still running: no reply yet
+    run.on_message(2, "shell", reply("error"))
+    assert run.idle_lost(60.0) == []  # too recent
+    assert run.idle_lost(0.0) == [0, 2]
+    assert run.busy_ranks == [1]
+    [failure] = run.result().failures
+    assert failure.rank == 2  # its reply still decides how it ended
+    assert run.idle_lost(0.0) == []

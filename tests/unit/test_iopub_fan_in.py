@@ -18,15 +18,15 @@ KEY = "fan-in-key"
 class Kernel:
     """A publisher standing in for a rank kernel's IOPub (its own session id)."""
 
-    def __init__(self, context: zmq.Context[Any], url: str) -> None:
+    def __init__(self, context: zmq.Context[Any], url: str, key: str = KEY) -> None:
         self.socket = context.socket(zmq.PUB)
         self.socket.bind(url)
-        self.codec = WireCodec(KEY)
+        self.codec = WireCodec(key)
         self.url = url
 
-    def publish(self, parent: str, text: str) -> None:
+    def publish(self, parent: str, text: str, buffers: tuple[bytes, ...] = ()) -> None:
         _id, frames = self.codec.encode(
-            "stream", {"name": "stdout", "text": text}, parent={"msg_id": parent}
+            "stream", {"name": "stdout", "text": text}, parent={"msg_id": parent}, buffers=buffers
         )
         self.socket.send_multipart([b"kernel.stream", *frames])
 
@@ -42,9 +42,23 @@ class Client:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.got: list[str] = []
+        self.buffers: list[bytes] = []
 
     def route_iopub(self, msg: dict[str, Any]) -> None:
         self.got.append(msg["content"]["text"])
+        self.buffers.extend(bytes(b) for b in msg["buffers"])
+
+
+async def greet(kernels: list[Kernel], clients: list[Client], tries: int = 200) -> None:
+    """Subscriptions reach publishers in the background: each kernel publishes an answer
+    to its client's first request until the client has heard it."""
+    for _ in range(tries):
+        for kernel, client in zip(kernels, clients, strict=True):
+            if not client.got:
+                kernel.publish(f"info-{client.rank}", "hello")
+        await asyncio.sleep(0.02)
+        if all(c.got for c in clients):
+            return
 
 
 async def _exchange(folder: str) -> tuple[list[Client], IopubFanIn]:
@@ -59,14 +73,7 @@ async def _exchange(folder: str) -> tuple[list[Client], IopubFanIn]:
     stranger, silent = Kernel(context, f"ipc://{folder}/stranger"), Client(9)
     fan_in.add(silent, stranger.url)  # type: ignore[arg-type]
     try:
-        # the subscriptions reach the publishers in the background: publish until heard
-        for _ in range(200):
-            for kernel, client in zip(kernels, clients, strict=True):
-                if not client.got:
-                    kernel.publish(f"info-{client.rank}", "hello")
-            await asyncio.sleep(0.02)
-            if all(c.got for c in clients):
-                break
+        await greet(kernels, clients)
         # from now on each kernel is known by its id: a shared parent (one request sent
         # to every rank) still reaches the right client
         cell = uuid.uuid4().hex

@@ -124,6 +124,7 @@ class SSHLauncher(Launcher):
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[asyncssh.SSHListener] = []
         self._tunnel_dir: str | None = None
+        self._relays: dict[str, str] = {}  # the node's relay socket -> its local end
 
     @property
     def host(self) -> str:
@@ -268,10 +269,24 @@ class SSHLauncher(Launcher):
             path = f"{local}-{port}"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # left by this rank's previous life (restart)
-            listener = await self.conn.forward_local_path(path, f"{remote}-{port}")
-            self._listeners.append(listener)
-            os.chmod(path, 0o600)  # owner only, in an owner-only folder
-        return {**connection, "ip": local}
+            await self._forward(path, f"{remote}-{port}")
+        tunnelled = {**connection, "ip": local}
+        relay = connection.get("relay_iopub")
+        if relay:  # the node's IOPub relay: one forwarded socket for all its ranks
+            if relay not in self._relays:
+                path = os.path.join(self._tunnel_dir, f"relay-{len(self._relays)}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                await self._forward(path, str(relay))
+                self._relays[str(relay)] = path
+            tunnelled["relay_iopub"] = self._relays[str(relay)]
+        return tunnelled
+
+    async def _forward(self, path: str, remote: str) -> None:
+        assert self.conn is not None
+        listener = await self.conn.forward_local_path(path, remote)
+        self._listeners.append(listener)
+        os.chmod(path, 0o600)  # owner only, in an owner-only folder
 
     async def signal(self, signum: int) -> None:
         if self.process is not None:
@@ -299,6 +314,7 @@ class SSHLauncher(Launcher):
         if self._tunnel_dir:
             shutil.rmtree(self._tunnel_dir, ignore_errors=True)
             self._tunnel_dir = None
+        self._relays.clear()
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "host": str(self.spec), "python": self.python}
