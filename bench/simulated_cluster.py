@@ -16,9 +16,10 @@ The notebook side is the project's own: an `AttachedSession` (the same `RankGrou
 responders' sockets, runs ``--cells`` cells on every rank, and a thread draws each cell's
 events with the text renderer, as a notebook's thread does. Measured per cell:
 
-Each simulated node also gets the project's own IOPub relay (`jupyter_dist.node.iopub_relay`,
-one process a node, told which responders to read as an agent tells it), and the same
-cluster is measured without relays (``--relays on,off``, the default: both).
+Each simulated node also gets the project's own relay (`jupyter_dist.node.relay`, one
+process a node, told which responders to serve as an agent tells it: IOPub in batches, a
+cell sent once a node and the replies back in batches), and the same cluster is measured
+without relays (``--relays on,off``, the default: both).
 
 * **control-plane CPU**: CPU time (user + system, every thread) of this process,
   divided by the number of cells. It leaves out what IPython and ipykernel spend on any
@@ -149,12 +150,12 @@ def _answer(
 
 
 # -- the notebook side --------------------------------------------------------------------
-def relay(key: str, path: str) -> None:
-    """A node's IOPub relay, the project's own (`jupyter_dist.node.iopub_relay`), told on
-    stdin which ranks to read, as its agent tells it."""
-    from jupyter_dist.node.iopub_relay import run_relay
+def relay(key: str, folder: str) -> None:
+    """A node's relay, the project's own (`jupyter_dist.node.relay`), told on stdin which
+    ranks to serve, as its agent tells it."""
+    from jupyter_dist.node.relay import run_relay
 
-    run_relay(key.encode(), path, sys.stdin.fileno())
+    run_relay(key.encode(), folder, sys.stdin.fileno())
 
 
 class Responders:
@@ -179,18 +180,24 @@ class Responders:
                 raise RuntimeError(f"a responder exited with {proc.wait()}")
             self.connections.append(json.loads(line))
         self.relays: list[subprocess.Popen[str]] = []
+        from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
+
         for node, conns in enumerate(self.connections if relays else []):
-            path = os.path.join(folder, f"relay{node}")
+            place = os.path.join(folder, f"relay{node}")
+            os.mkdir(place)
             proc = subprocess.Popen(
-                [sys.executable, __file__, "--relay", path],
+                [sys.executable, __file__, "--relay", place],
                 stdin=subprocess.PIPE,
                 env={**os.environ, "JUPYTER_DIST_BENCH_KEY": key},
                 text=True,
             )
             assert proc.stdin is not None
-            for conn in conns:
-                proc.stdin.write(f"+ipc://{conn['ip']}-{conn['iopub_port']}\n")
-                conn["relay_iopub"] = path
+            for local, conn in enumerate(conns):
+                url = f"ipc://{conn['ip']}"
+                iopub, shell = f"{url}-{conn['iopub_port']}", f"{url}-{conn['shell_port']}"
+                proc.stdin.write(f"+{node * per_node + local} {iopub} {shell}\n")
+                conn["relay_iopub"] = os.path.join(place, IOPUB_SOCKET)
+                conn["relay_shell"] = os.path.join(place, SHELL_SOCKET)
             proc.stdin.flush()
             self.relays.append(proc)
 
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with a node's IOPub relay (on), each rank read on its own (off), or both "
         "(on,off: the default)",
     )
-    p.add_argument("--relay", metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--relay", metavar="FOLDER", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.relay:
         relay(os.environ["JUPYTER_DIST_BENCH_KEY"], args.relay)

@@ -16,8 +16,8 @@ seconds is read from one.
 * ``JUPYTER_DIST_MAX_RANKS_PER_NODE`` (control plane): the most ranks a session may start
   on one node (default: twice this machine's CPU count, at least 8; under a Jupyter server,
   the server's setting, ``DistServerApp.max_ranks_per_node``, comes first).
-* ``JUPYTER_DIST_NODE_RELAY`` (control plane): ``on`` (the default) reads a node's ranks
-  through its relay (`node.iopub_relay`); ``off`` reads each rank on its own sockets, to
+* ``JUPYTER_DIST_NODE_RELAY`` (control plane): ``on`` (the default) talks to a node's
+  ranks through its relay (`node.relay`); ``off`` to each rank on its own sockets, to
   compare or to rule the relay out.
 * ``JUPYTER_DIST_SESSION``, ``JUPYTER_DIST_DEVICE``, ``JUPYTER_DIST_BACKEND``,
   ``JUPYTER_DIST_FRAMEWORK`` (rank, set by the control plane): the session's name, ``cuda``

@@ -74,9 +74,10 @@ class SpecJSON(TypedDict):
 
 
 class _RelayOption(TypedDict, total=False):
-    #: the node's IOPub relay (`node.iopub_relay`): a Unix socket path on the notebook's
-    #: side of any tunnel; absent for a rank read on its own IOPub socket
+    #: the node's relay (`node.relay`): its IOPub and shell sockets, Unix socket paths on
+    #: the notebook's side of any tunnel; absent for a rank reached on its own sockets
     relay_iopub: str
+    relay_shell: str
 
 
 class KernelConnection(_RelayOption):

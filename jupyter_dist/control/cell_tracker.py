@@ -48,7 +48,6 @@ class RankProgress:
     local_rank: int
     started: float
     reply: dict[str, Any] | None = None
-    replied_at: float | None = None  # monotonic
     began: bool = False  # its kernel said it was busy with the cell
     idle: bool = False
     finished: bool = False
@@ -111,7 +110,6 @@ class CellTracker:
         if channel == "shell":
             if kind == "execute_reply":
                 prog.reply = content
-                prog.replied_at = time.monotonic()
                 self._maybe_finish(prog)
             return
         if channel != "iopub":
@@ -150,21 +148,6 @@ class CellTracker:
             )
         elif kind == "clear_output":
             self._emit(ClearOut(rank, bool(content.get("wait"))))
-
-    def idle_lost(self, after_s: float) -> list[int]:
-        """Finish the ranks whose reply came ``after_s`` ago or more and whose idle status
-        never did (lost on the way: a node's relay that died and was replaced); returns
-        them. A kernel sends its idle status right after its reply."""
-        now = time.monotonic()
-        lost = [
-            p
-            for p in self.progress.values()
-            if not p.finished and not p.idle and p.replied_at and now - p.replied_at >= after_s
-        ]
-        for prog in lost:
-            prog.idle = True
-            self._maybe_finish(prog)
-        return [p.rank for p in lost]
 
     def _maybe_finish(self, prog: RankProgress) -> None:
         if prog.reply is None or not prog.idle:
@@ -245,6 +228,24 @@ class CellTracker:
             exit_code=returncode,
         )
         self._finish(prog, "died", failure)
+
+    def answers_lost(self, ranks: list[int], why: str) -> list[int]:
+        """The way back from ``ranks`` broke (their node's relay stopped, and what it
+        held is gone): a rank whose reply came ends as it says; one whose reply did not
+        is given up on, as ``AnswerLost`` (it may still be running the cell). Returns the
+        ranks given up on."""
+        lost = []
+        for rank in ranks:
+            prog = self.progress.get(rank)
+            if prog is None or prog.finished:
+                continue
+            if prog.reply is not None:
+                prog.idle = True  # its idle status, if not here yet, went with the relay
+                self._maybe_finish(prog)
+            else:
+                self._finish(prog, "stuck", self._failure(prog, "stuck", "AnswerLost", why))
+                lost.append(rank)
+        return lost
 
     def root_failure(self) -> RankFailure | None:
         """The earliest failure of a rank that raised or died (what the others await)."""

@@ -7,9 +7,9 @@ messages on its own pipe and hands them over fairly, and a burst from many ranks
 in one drain, with one wake-up of the event loop, instead of one socket read (and the
 system calls behind it) per rank.
 
-Where the ranks' node runs an IOPub relay (`node.iopub_relay`), the session subscribes to
-the relay instead of to each rank: one endpoint a node, and a burst from the node's ranks
-arrives as one batch (`common.iopub_batch`), checked and parsed once.
+Where the ranks' node runs a relay (`node.relay`), the session subscribes to the relay
+instead of to each rank: one endpoint a node, and a burst from the node's ranks arrives as
+one batch (`common.relay_batch`), checked and parsed once.
 
 A message says which kernel sent it: the ``session`` of its header, the kernel's own id,
 the same on all its channels. The first message of a kernel not yet known is matched by
@@ -28,10 +28,10 @@ from typing import Any
 
 import zmq
 
-from jupyter_dist.common.iopub_batch import is_batch, read_batch
+from jupyter_dist.common.relay_batch import is_batch, read_batch
 from jupyter_dist.common.wire_codec import WireCodec, WireError
 from jupyter_dist.control.rank_client import PacedHandler, RankClient
-from jupyter_dist.control.zmq_frames import receive
+from jupyter_dist.control.zmq_frames import receive, running_loop
 
 log = logging.getLogger(__name__)
 #: the drain hands the loop over after this many messages in a row
@@ -55,6 +55,8 @@ class IopubFanIn:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._recheck: asyncio.TimerHandle | None = None
         self._paused = False
+        #: messages of a batch read but not handed over yet (reading paused amid it)
+        self._pending: collections.deque[dict[str, Any]] = collections.deque()
         self._tasks: set[asyncio.Future[None]] = set()
         self.closed = False
         self.lost_wakeups = 0
@@ -98,15 +100,13 @@ class IopubFanIn:
         """Read from the running loop's wake-ups (once; a no-op without a loop)."""
         if self._loop is not None:
             return
-        with contextlib.suppress(RuntimeError):  # no loop yet: the first `add` in one
-            self._loop = asyncio.get_running_loop()
-        if self._loop is None:
-            return
-        self._loop.add_reader(self.socket.FD, self._on_ready)
-        self._recheck = self._loop.call_later(RECHECK_S, self._check)
+        self._loop = running_loop()  # none yet: the first `add` in one starts reading
+        if self._loop is not None:
+            self._loop.add_reader(self.socket.FD, self._on_ready)
+            self._recheck = self._loop.call_later(RECHECK_S, self._check)
 
     def _on_ready(self, from_check: bool = False) -> None:
-        if self.closed or self._paused:
+        if self.closed or self._paused or not self._route_pending():
             return
         for _ in range(BURST):
             try:
@@ -120,29 +120,34 @@ class IopubFanIn:
             if from_check:
                 from_check = False
                 self.lost_wakeups += 1
-            handler = self._dispatch(frames)
-            if isinstance(handler, PacedHandler) and not handler.has_room():
-                self._pause(handler)
+            self._pending.extend(self._decode(frames))
+            if not self._route_pending():
                 return
         asyncio.get_running_loop().call_soon(self._on_ready)
 
-    def _dispatch(self, frames: list[bytes]) -> Any:
-        """Route a message or a relay's batch; return a handler that may want a pause."""
+    def _decode(self, frames: list[bytes]) -> list[dict[str, Any]]:
+        """The messages of a message or of a relay's batch (none of a bad one)."""
         batch = is_batch(frames)
         try:
             messages = read_batch(self.codec, frames) if batch else [self.codec.decode(frames)]
         except WireError as err:  # unsigned, or not a Jupyter message: dropped
             log.warning("dropped a bad IOPub message: %s", err)
-            return None
+            return []
         if batch:
             self.batches += 1
             self.batched += len(messages)
-        full = None  # the first handler with no room left: reading pauses after the batch
-        for msg in messages:
-            handler = self._route(msg)
-            if full is None and isinstance(handler, PacedHandler) and not handler.has_room():
-                full = handler
-        return full if batch else handler
+        return messages
+
+    def _route_pending(self) -> bool:
+        """Route the messages read and not yet handed over, until a handler that wants a
+        pause has no room (the rest of a batch then waits with it); False if it paused."""
+        pending = self._pending
+        while pending:
+            handler = self._route(pending.popleft())
+            if isinstance(handler, PacedHandler) and not handler.has_room():
+                self._pause(handler)
+                return False
+        return True
 
     def _route(self, msg: dict[str, Any]) -> Any:
         session = msg["header"].get("session")

@@ -39,6 +39,7 @@ from jupyter_dist.errors import PushError, SessionError
 
 if TYPE_CHECKING:
     from jupyter_dist.control.iopub_fan_in import IopubFanIn
+    from jupyter_dist.control.node_shell import NodeShell
 
 log = logging.getLogger(__name__)
 #: first wait before kernel_info is repeated (IOPub may not be subscribed yet); doubles
@@ -91,9 +92,12 @@ class RankClient:
         key: str,
         context: zmq.asyncio.Context,
         iopub: IopubFanIn | None = None,
+        shell: NodeShell | None = None,
     ) -> None:
         """``iopub``: the session's shared IOPub subscriber (by default the client
-        subscribes to its kernel's IOPub on a socket of its own)."""
+        subscribes to its kernel's IOPub on a socket of its own); ``shell``: the socket to
+        its node's relay that its shell requests and replies go through (by default a
+        socket of its own to its kernel)."""
         self.rank = rank
         self.connection = connection
         self.codec = WireCodec(key, connection.get("signature_scheme") or "hmac-sha256")
@@ -106,6 +110,7 @@ class RankClient:
         self._outbox: dict[str, collections.deque[list[Any]]] = {}
         self._context = context
         self._fan_in = iopub
+        self._node_shell = shell
         self.handlers: dict[str, Handler] = {}
         #: IOPub messages taken of each cell this process sent (acknowledged to the rank)
         self._taken: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -133,6 +138,9 @@ class RankClient:
             if kind == zmq.SUB and self._fan_in is not None:
                 relay = self.connection.get("relay_iopub")
                 self._fan_in.add(self, f"ipc://{relay}" if relay else self._url(port_key))
+                continue
+            if name == "shell" and self._node_shell is not None:
+                self._node_shell.add(self)
                 continue
             socket: zmq.Socket[bytes] = zmq.Socket(self._context, kind)
             socket.linger = 0
@@ -192,6 +200,8 @@ class RankClient:
         socket that drains it, no task or future per message."""
         if self._fan_in is not None:
             self._fan_in.watch()
+        if self._node_shell is not None:
+            self._node_shell.watch()
         if self._readers:
             return
         loop = asyncio.get_running_loop()
@@ -274,6 +284,10 @@ class RankClient:
         """An IOPub message of this client's kernel, read by the session's `IopubFanIn`."""
         return self._route("iopub", msg)
 
+    def route_shell(self, msg: dict[str, Any]) -> Handler | None:
+        """A shell reply of this client's kernel, read by its node's `NodeShell`."""
+        return self._route("shell", msg)
+
     def _route(self, channel: str, msg: dict[str, Any]) -> Handler | None:
         """Hand ``msg`` to whoever waits for it; return the handler it went to."""
         if msg["msg_type"] in ("comm_msg", "comm_close") and channel == "iopub":
@@ -321,6 +335,9 @@ class RankClient:
     def _send(self, channel: str, frames: list[Any]) -> None:
         """Send at once, unless the socket is full or earlier messages still wait: then
         after them, in order, from a task."""
+        if channel == "shell" and self._node_shell is not None:
+            self._node_shell.send((self.rank,), frames[:])
+            return
         outbox = self._outbox[channel]
         outbox.append(frames)
         if len(outbox) == 1:
@@ -372,13 +389,18 @@ class RankClient:
         silent: bool = False,
         execution_count: int | None = None,
         prepared: Encoded | None = None,
+        fan_out: FanOut | None = None,
     ) -> str:
         """Send a cell (``prepared`` by `prepare_execute` of a client sharing the key, or
-        encoded here)."""
+        encoded here); with ``fan_out``, a client whose shell goes through its node's relay
+        leaves the sending to it (once a node)."""
         msg_id, frames = prepared or self.prepare_execute(code, silent, execution_count)
         self.handlers[msg_id] = handler
-        self._send("shell", frames)
         self._taken[msg_id] = 0
+        if fan_out is not None and self._node_shell is not None:
+            fan_out.add(self._node_shell, self.rank, msg_id, frames)
+        else:
+            self._send("shell", frames)
         return msg_id
 
     def _took(self, parent: str) -> None:
@@ -450,6 +472,8 @@ class RankClient:
         self.closed = True
         if self._fan_in is not None:
             self._fan_in.remove(self)
+        if self._node_shell is not None:
+            self._node_shell.remove(self)
         if self._loop is not None:
             for fd in self._readers:
                 with contextlib.suppress(Exception):
@@ -466,6 +490,22 @@ class RankClient:
         for socket in self.sockets.values():
             with contextlib.suppress(Exception):
                 socket.close(linger=0)
+
+
+class FanOut:
+    """One request for many ranks, sent once to each node's relay (`NodeShell`) that
+    serves some of them."""
+
+    def __init__(self) -> None:
+        self._sends: dict[tuple[NodeShell, str], tuple[list[Any], list[int]]] = {}
+
+    def add(self, shell: NodeShell, rank: int, msg_id: str, frames: list[Any]) -> None:
+        self._sends.setdefault((shell, msg_id), (frames, []))[1].append(rank)
+
+    def send(self) -> None:
+        for (shell, _), (frames, ranks) in self._sends.items():
+            shell.send(ranks, frames)
+        self._sends.clear()
 
 
 def _kernel_info_handler(seen: asyncio.Event, replied: asyncio.Event, asked: str) -> Handler:

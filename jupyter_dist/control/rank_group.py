@@ -43,7 +43,8 @@ from jupyter_dist.common.wire_codec import Encoded
 from jupyter_dist.control.cell_queue import CellQueue, Sender, Turn, TurnKind
 from jupyter_dist.control.cell_tracker import CellTracker
 from jupyter_dist.control.iopub_fan_in import IopubFanIn
-from jupyter_dist.control.rank_client import CHANNELS, RankClient
+from jupyter_dist.control.node_shell import NodeShell
+from jupyter_dist.control.rank_client import CHANNELS, FanOut, RankClient
 from jupyter_dist.control.rank_env import RankPlace
 from jupyter_dist.errors import (
     CellInterrupted,
@@ -69,9 +70,6 @@ INTERRUPT_GRACE_S = 5.0
 OBJECTS_TIMEOUT_S = 300.0
 #: how often a running cell is looked at (stragglers, ranks left waiting on a failed one)
 WATCH_TICK_S = 0.25
-#: a rank whose reply came this long ago without its idle status is taken as done (the
-#: status was lost: IOPub is a PUB/SUB path, and a node's relay may have been replaced)
-IDLE_LOST_S = 5.0
 #: default seconds a rank may run on after the others finished before it is named
 STRAGGLER_S = 30.0
 #: default seconds the other ranks get to finish after one raised or died, before they
@@ -201,6 +199,7 @@ class RankGroup:
         # a flooding rank is held back by its own send queue, not buffered here
         self._context.setsockopt(zmq.RCVHWM, 32)
         self._iopub: IopubFanIn | None = None  # made with the first client
+        self._shells: dict[str, NodeShell] = {}  # by the relay's shell socket
         self._current: CellTracker | None = None
         self.stale = False  # its ranks were replaced behind this object's back
         self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)
@@ -247,6 +246,23 @@ class RankGroup:
             log.info("session %s: %s", self.name, self.broken_reason)
         if self._current is not None:
             self._current.rank_died(rank, returncode, rec.pid, log_tail)
+
+    def _relay_lost(self, ranks: list[int]) -> None:
+        """The connection to the relay of ``ranks``' node broke (the relay stopped; its
+        agent starts another, and the next requests go through that one): the answers
+        it held are lost, so nothing waits for them."""
+        why = (
+            "its node's relay, which carries its answers to this notebook, stopped while "
+            "the cell ran (a new one is started); the rank keeps its state and may still "
+            "be running the cell"
+        )
+        log.warning("session %s: the relay of %s stopped", self.name, ranks_label(ranks))
+        for rank in ranks:
+            rec = self.ranks.get(rank)
+            if rec is not None and rec.client is not None:
+                rec.client.fail_waiters(SessionError(f"rank {rank}: {why}"))
+        if self._current is not None:
+            self._current.answers_lost(ranks, why)
 
     def _check_usable(self) -> None:
         if self.state == SessionState.BROKEN:
@@ -362,6 +378,7 @@ class RankGroup:
         sent: dict[int, str] = {}
         signer: RankClient | None = None
         prepared: Encoded | None = None
+        fan_out = FanOut()
         try:
             for r in ranks:
                 rec = self.ranks[r]
@@ -373,7 +390,10 @@ class RankGroup:
                 if signer is None or not rec.client.shares_key(signer):
                     signer = rec.client
                     prepared = signer.prepare_execute(code, silent, execution_count)
-                sent[r] = rec.client.execute(code, run.handler(r), prepared=prepared)
+                sent[r] = rec.client.execute(
+                    code, run.handler(r), prepared=prepared, fan_out=fan_out
+                )
+            fan_out.send()
             self._changed()
             try:
                 await asyncio.wait_for(self._watch(run, sink), timeout)
@@ -431,15 +451,6 @@ class RankGroup:
                 return
             except asyncio.TimeoutError:
                 pass
-            lost = run.idle_lost(IDLE_LOST_S)
-            if lost and sink is not None:
-                sink.put(
-                    Notice(
-                        f"{ranks_label(lost)}: the reply came but the idle status did not "
-                        f"within {IDLE_LOST_S:g} s; taken as done (output sent after the "
-                        "reply may be missing)"
-                    )
-                )
             busy = run.busy_ranks
             failed_at = run.first_failure_at
             if busy and failed_at and time.monotonic() - failed_at >= self.abort_after_s:
@@ -630,19 +641,32 @@ class RankGroup:
         if self._iopub is not None:
             self._iopub.close()
             self._iopub = None
+        for shell in self._shells.values():
+            shell.close()
+        self._shells.clear()
 
     def new_client(self, rec: RankRecord) -> RankClient:
         """A kernel client for ``rec``'s rank, its IOPub read with every other rank's
         through the group's one subscriber (`IopubFanIn`)."""
         assert rec.connection is not None
+        scheme = rec.connection.get("signature_scheme") or "hmac-sha256"
         if self._iopub is None:
-            scheme = rec.connection.get("signature_scheme") or "hmac-sha256"
             self._iopub = IopubFanIn(self._context, self.key, scheme)
         connection = rec.connection
-        if not node_relay() and "relay_iopub" in connection:
+        if not node_relay():
             connection = cast(KernelConnection, dict(connection))
-            del connection["relay_iopub"]
-        client = RankClient(rec.rank, connection, self.key, self._context, self._iopub)
+            connection.pop("relay_iopub", None)
+            connection.pop("relay_shell", None)
+        shell = None
+        path = connection.get("relay_shell")
+        if path:
+            shell = self._shells.get(path)
+            if shell is None or shell.closed:
+                shell = self._shells[path] = NodeShell(
+                    self._context, self.key, scheme, f"ipc://{path}"
+                )
+                shell.on_lost = self._relay_lost
+        client = RankClient(rec.rank, connection, self.key, self._context, self._iopub, shell)
         client.on_late = self.take_late_output
         return client
 

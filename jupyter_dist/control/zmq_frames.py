@@ -7,6 +7,7 @@ the notebook side.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import zmq
@@ -18,6 +19,14 @@ _MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _RCVMORE = int(zmq.RCVMORE)
 #: frames at least this large are sent without a copy (smaller ones are cheaper copied)
 _NO_COPY_BYTES = 1 << 16
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any (a reader starts with the first)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def receive(socket: zmq.Socket[bytes]) -> list[bytes]:

@@ -10,10 +10,10 @@ interpreter needs, and a restart of the session costs only the fork. For fork to
 safe the agent stays single-threaded and never initialises CUDA (GPUs are counted
 through NVML).
 
-With the first rank it also forks the node's IOPub relay (`node.iopub_relay`), which
-reads every rank's IOPub on the node and passes it on in batches: the notebook side
-subscribes to one socket a node (``relay_iopub`` in each ``spawned`` event's connection).
-It tells the relay on a pipe which ranks to read, and forks a new one if it dies.
+With the first rank it also forks the node's relay (`node.relay`), which carries every
+rank's IOPub and shell to and from the notebook side in batches, on two sockets a node
+(``relay_iopub`` and ``relay_shell`` in each ``spawned`` event's connection). It tells the
+relay on a pipe which ranks to serve, and forks a new one if it dies.
 
 It guarantees no orphans: each rank gets ``PR_SET_PDEATHSIG`` and ``JPY_PARENT_PID`` so
 it dies with the agent, and the agent kills every rank when its stdin closes (the
@@ -75,7 +75,7 @@ from jupyter_dist.common.proc_titles import (
     relay_title,
     set_title,
 )
-from jupyter_dist.node.iopub_relay import SOCKET_NAME
+from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
 
 if TYPE_CHECKING:
     from jupyter_dist.node.samples import Sampler
@@ -110,7 +110,7 @@ def set_parent_death_signal(sig: int) -> None:
 
 @dataclass
 class RelayChild:
-    """The node's IOPub relay (`node.iopub_relay`), a forked child of the agent."""
+    """The node's relay (`node.relay`), a forked child of the agent."""
 
     pid: int
     #: the agent's end of the pipe that tells it which ranks to read
@@ -121,7 +121,7 @@ class RelayChild:
         try:
             os.write(self.commands_fd, line.encode() + b"\n")
         except OSError as err:  # a dead relay: the agent forks a new one when it reaps it
-            print(f"agent: the IOPub relay did not take {line!r}: {err}", file=sys.stderr)
+            print(f"agent: the relay did not take {line!r}: {err}", file=sys.stderr)
 
     def close(self) -> None:
         if self.commands_fd >= 0:
@@ -139,8 +139,8 @@ class RankChild:
     #: the agent's end of the pipe a byte on which asks the rank for its stacks
     #: (`rank.stack_dumps`); -1 once closed
     stacks_fd: int = -1
-    #: the rank's IOPub socket, which the node's relay reads
-    iopub_url: str = ""
+    #: what the node's relay is told to serve the rank (`node.relay`)
+    relay_line: str = ""
 
     def close(self) -> None:
         if self.stacks_fd >= 0:
@@ -165,7 +165,6 @@ class Agent:
         self._lock_fd = hold_lock(self.dir)
         self.children: dict[int, RankChild] = {}  # by pid
         self.relay: RelayChild | None = None  # forked with the first rank (its key)
-        self.relay_path = os.path.join(self.dir, SOCKET_NAME)
         self.sampler: Sampler | None = None  # made on the first ``sample`` command
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
         self.stopping = False
@@ -357,12 +356,14 @@ class Agent:
             lambda ask_r: self._become_rank(conn_path, log_path, env, cwd, ask_r),
         )
         os.set_blocking(ask_w, False)  # a rank that stopped reading never blocks the agent
-        iopub_url = f"ipc://{cfg['ip']}-{cfg['iopub_port']}"
-        self.children[pid] = RankChild(rank, pid, log_path, conn_path, ask_w, iopub_url)
+        sockets = f"ipc://{cfg['ip']}-{cfg['iopub_port']} ipc://{cfg['ip']}-{cfg['shell_port']}"
+        child = RankChild(rank, pid, log_path, conn_path, ask_w, f"+{rank} {sockets}")
+        self.children[pid] = child
         connection = cast(KernelConnection, {k: v for k, v in cfg.items() if k != "key"})
         if self.relay is not None:
-            self.relay.tell(f"+{iopub_url}")
-            connection["relay_iopub"] = self.relay_path
+            self.relay.tell(child.relay_line)
+            connection["relay_iopub"] = os.path.join(self.dir, IOPUB_SOCKET)
+            connection["relay_shell"] = os.path.join(self.dir, SHELL_SOCKET)
         self.emit(
             {
                 "event": "spawned",
@@ -458,14 +459,14 @@ class Agent:
 
     # -- the IOPub relay --------------------------------------------------------------
     def start_relay(self, key: bytes) -> None:
-        """Fork the node's IOPub relay and have it read every rank already running."""
+        """Fork the node's relay and have it serve every rank already running."""
         pid, write_fd = self._fork(
             (relay_title(self.session, self.node), relay_short_name(self.node)),
             lambda read_fd: self._become_relay(key, read_fd),
         )
         self.relay = RelayChild(pid, write_fd, key)
         for child in self.children.values():
-            self.relay.tell(f"+{child.iopub_url}")
+            self.relay.tell(child.relay_line)
 
     def _become_relay(self, key: bytes, commands: int) -> int:
         # interrupts are for ranks; one relay's log across its restarts
@@ -473,18 +474,18 @@ class Agent:
         if log_fd < 0:
             return 1
         os.close(log_fd)
-        from jupyter_dist.node.iopub_relay import run_relay
+        from jupyter_dist.node.relay import run_relay
 
-        return run_relay(key, self.relay_path, commands)
+        return run_relay(key, self.dir, commands)
 
     def _relay_exited(self, status: int) -> None:
-        """The relay died: fork another (subscribers reconnect to the same socket)."""
+        """The relay died: fork another (the notebook side reconnects to its sockets)."""
         assert self.relay is not None
         key = self.relay.key
         self.relay.close()
         self.relay = None
         code = os.waitstatus_to_exitcode(status)
-        print(f"agent: the IOPub relay exited ({describe_returncode(code)})", file=sys.stderr)
+        print(f"agent: the relay exited ({describe_returncode(code)})", file=sys.stderr)
         if not self.stopping:
             self.start_relay(key)
 
@@ -564,7 +565,7 @@ class Agent:
                 continue
             child.close()
             if self.relay is not None:
-                self.relay.tell(f"-{child.iopub_url}")
+                self.relay.tell(f"-{child.rank}")
             # the rank's own children (data loader workers...) go with it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)

@@ -129,7 +129,7 @@ def test_server_options_apply_and_stopping_the_server_stops_its_sessions(
         assert status == 201, created
         assert lo <= int(created["master"].rsplit(":", 1)[1]) <= lo + 3, created["master"]
         ours = [p.pid for p in own.descendants()]
-        assert len(ours) == 3  # the agent and two ranks
+        assert len(ours) == 4  # the agent, its relay and two ranks
     finally:
         stop_server(own)
     deadline = time.monotonic() + 10

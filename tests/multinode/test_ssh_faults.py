@@ -100,7 +100,8 @@ def test_stopping_the_server_leaves_nothing_on_any_node(cluster: Any, tmp_path: 
         assert status == 201, created
         assert [n["host"] for n in created["nodes"]] == list(cluster.hosts)
         before = {n: ours_on(cluster, n) for n in (0, 1)}
-        assert all(len(procs) == 3 for procs in before.values()), before  # agent + 2 ranks
+        # the agent, its relay and two ranks
+        assert all(len(procs) == 4 for procs in before.values()), before
     finally:
         stop_server(server)
     deadline = time.monotonic() + 15

@@ -67,21 +67,24 @@ def test_state_lives_across_cells_on_every_node(run: Run, two_nodes: str) -> Non
     assert "[ranks 2-3] node1" in out.stdout
 
 
-def test_each_node_is_read_through_its_relay_over_one_forwarded_socket(
+def test_each_node_is_reached_through_its_relay_over_two_forwarded_sockets(
     run: Run, two_nodes: str
 ) -> None:
     from jupyter_dist.notebook.owners import embedded_owner
 
-    fan_in = embedded_owner().manager.get(two_nodes)._iopub
+    session = embedded_owner().manager.get(two_nodes)
+    fan_in, shells = session._iopub, list(session._shells.values())
     assert fan_in is not None
     endpoints = fan_in.endpoints
-    assert len(endpoints) == 2, endpoints  # one a node, not one a rank
-    assert all(re.search(r"/jd-ssh-[^/]+/relay-0$", url) for url in endpoints), endpoints
-    batched = fan_in.batched
+    assert len(endpoints) == 2 and len(shells) == 2, endpoints  # one a node, not one a rank
+    for url in [*endpoints, *(s.url for s in shells)]:
+        assert re.search(r"/jd-ssh-[^/]+/relay-[01]$", url), url
+    batched, sent = fan_in.batched, [s.sent for s in shells]
     out = run(f"%%distributed --session {two_nodes}\nprint('from', socket.gethostname())")
     assert out.ok, out.stdout
     assert "[ranks 0-1] from node0" in out.stdout and "[ranks 2-3] from node1" in out.stdout
     assert fan_in.batched >= batched + 4 * 3  # busy, output and idle of each rank
+    assert [s.sent for s in shells] == [n + 1 for n in sent]  # the cell, once a node
 
 
 def test_push_and_pull_through_the_tunnels(shell: Any, two_nodes: str) -> None:

@@ -69,15 +69,18 @@ def test_giving_up_adds_each_ranks_own_detail() -> None:
     assert run.done.is_set()
 
 
-def test_a_rank_whose_idle_status_was_lost_is_taken_as_done_once_its_reply_is_old() -> None:
-    run = run_of(0, 1, 2)
+def test_ranks_whose_answers_were_lost_end_as_their_reply_says_or_are_given_up() -> None:
+    run = run_of(0, 1, 2, 3)
     run.on_message(0, "iopub", status("busy"))
-    run.on_message(0, "shell", reply())  # its idle status never comes
-    run.on_message(1, "iopub", status("busy"))  # still running: no reply yet
+    run.on_message(0, "shell", reply())  # its idle status was lost
+    run.on_message(1, "iopub", status("busy"))  # still running: its reply is lost
     run.on_message(2, "shell", reply("error"))
-    assert run.idle_lost(60.0) == []  # too recent
-    assert run.idle_lost(0.0) == [0, 2]
-    assert run.busy_ranks == [1]
-    [failure] = run.result().failures
-    assert failure.rank == 2  # its reply still decides how it ended
-    assert run.idle_lost(0.0) == []
+    run.on_message(3, "shell", reply())
+    run.on_message(3, "iopub", status("idle"))  # done before
+    assert run.answers_lost([0, 1, 2, 3], "the relay stopped") == [1]
+    assert run.busy_ranks == [] and run.done.is_set()
+    failures = {f.rank: f for f in run.result().failures}
+    assert set(failures) == {1, 2}
+    assert failures[1].kind == "stuck" and failures[1].ename == "AnswerLost"
+    assert failures[1].evalue == "the relay stopped"
+    assert failures[2].kind == "error"  # its reply still decides how it ended

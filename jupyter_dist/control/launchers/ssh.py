@@ -271,15 +271,16 @@ class SSHLauncher(Launcher):
                 os.unlink(path)  # left by this rank's previous life (restart)
             await self._forward(path, f"{remote}-{port}")
         tunnelled = {**connection, "ip": local}
-        relay = connection.get("relay_iopub")
-        if relay:  # the node's IOPub relay: one forwarded socket for all its ranks
-            if relay not in self._relays:
-                path = os.path.join(self._tunnel_dir, f"relay-{len(self._relays)}")
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                await self._forward(path, str(relay))
-                self._relays[str(relay)] = path
-            tunnelled["relay_iopub"] = self._relays[str(relay)]
+        for key in ("relay_iopub", "relay_shell"):
+            relay = connection.get(key)
+            if relay:  # the node's relay: one forwarded socket for all its ranks
+                if relay not in self._relays:
+                    path = os.path.join(self._tunnel_dir, f"relay-{len(self._relays)}")
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                    await self._forward(path, str(relay))
+                    self._relays[str(relay)] = path
+                tunnelled[key] = self._relays[str(relay)]
         return tunnelled
 
     async def _forward(self, path: str, remote: str) -> None:

@@ -1,6 +1,7 @@
-"""A node's relay between its real rank kernels and the notebook side: one IOPub endpoint a
-node, every rank's output whole and attributed, a relay that dies replaced without losing
-the session, and nothing left behind."""
+"""A node's relay between its real rank kernels and the notebook side: one IOPub and one
+shell endpoint a node, a cell sent once a node, every rank's output whole and attributed,
+a relay that dies (even amid a cell) replaced without losing the session or hanging a
+cell, and nothing left behind."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from jupyter_dist.common.events import StreamOut
+from jupyter_dist.common.events import CellResult, StreamOut
 from jupyter_dist.common.proc_titles import command_line, is_ours
 from jupyter_dist.common.spec import ShapeRequest, resolve_shape
 from jupyter_dist.control.event_queue import EventQueue
@@ -65,10 +66,14 @@ def test_a_nodes_ranks_are_read_through_its_relay(session: Session) -> None:
         try:
             fan_in = session._iopub
             assert fan_in is not None
-            batched = fan_in.batched
+            [shell] = session._shells.values()
+            assert shell.url.endswith("/relay-shell")
+            batched, sent, replies = fan_in.batched, shell.sent, shell.replies
             sink = EventQueue()
             result = await session.execute(CELL, sink=sink)
             assert not result.failures, result.failures
+            assert shell.sent == sent + 1  # one request for the node's three ranks
+            assert shell.replies == replies + 3
             agent_pid = session.status()["nodes"][0]["agent_pid"]
             assert agent_pid is not None
             relays = _relays(agent_pid)
@@ -116,6 +121,40 @@ def test_a_relay_that_dies_is_replaced_and_the_next_cell_is_whole(session: Sessi
     _check_every_line(got, 3)
 
 
+def test_a_relay_that_dies_amid_a_cell_ends_it_and_the_next_cell_is_whole(
+    session: Session,
+) -> None:
+    async def scenario() -> tuple[CellResult, dict[int, list[str]]]:
+        await session.start()
+        try:
+            agent_pid = session.status()["nodes"][0]["agent_pid"]
+            assert agent_pid is not None
+            [first] = _relays(agent_pid)
+            began = time.monotonic()
+            running = asyncio.ensure_future(
+                session.execute("import time; time.sleep(3)", sink=EventQueue())
+            )
+            await asyncio.sleep(1.0)
+            os.kill(first.pid, signal.SIGKILL)
+            cut = await asyncio.wait_for(running, 20)
+            assert time.monotonic() - began < 3, "the cell waited for answers that were lost"
+            while not [p for p in _relays(agent_pid) if p.pid != first.pid]:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            sink = EventQueue()
+            result = await session.execute(CELL, sink=sink)
+            assert not result.failures, result.failures
+            return cut, _lines(sink)
+        finally:
+            await session.shutdown()
+
+    cut, got = asyncio.run(scenario())
+    assert sorted(f.rank for f in cut.failures) == [0, 1, 2]
+    assert {(f.kind, f.ename) for f in cut.failures} == {("stuck", "AnswerLost")}
+    assert "relay" in cut.failures[0].evalue
+    _check_every_line(got, 3)
+
+
 def test_with_the_relay_off_each_rank_is_read_on_its_own(
     session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,6 +168,7 @@ def test_with_the_relay_off_each_rank_is_read_on_its_own(
             sink = EventQueue()
             result = await session.execute(CELL, sink=sink)
             assert not result.failures, result.failures
+            assert not session._shells
             return fan_in.endpoints, _lines(sink), fan_in.batches
         finally:
             await session.shutdown()

@@ -1,4 +1,5 @@
-"""A relay's batch: many messages, one signature and one JSON document, buffers in order."""
+"""A relay's batch: many messages, one signature and one JSON document, buffers in order;
+the ranks a request is for."""
 
 from __future__ import annotations
 
@@ -6,8 +7,15 @@ import json
 
 import pytest
 
-from jupyter_dist.common import iopub_batch
-from jupyter_dist.common.iopub_batch import BatchWriter, is_batch, read_batch, split_message
+from jupyter_dist.common import relay_batch
+from jupyter_dist.common.relay_batch import (
+    BatchWriter,
+    is_batch,
+    parse_targets,
+    read_batch,
+    split_message,
+    targets_frame,
+)
 from jupyter_dist.common.wire_codec import WireCodec, WireError
 
 KEY = "batch-key"
@@ -24,7 +32,7 @@ def _batch(texts: list[str], buffers: dict[int, list[bytes]] | None = None) -> l
     rank = WireCodec(KEY)
     writer = BatchWriter(WireCodec(KEY), "relay-1")
     for i, text in enumerate(texts):
-        signature, parts, bufs = split_message(_message(rank, text, (buffers or {}).get(i)))
+        _topic, signature, parts, bufs = split_message(_message(rank, text, (buffers or {}).get(i)))
         assert rank.check(signature, parts)
         writer.add(parts, bufs)
     return [bytes(f) for f in writer.take()]
@@ -70,7 +78,7 @@ def test_a_batch_received_twice_is_refused_the_second_time() -> None:
 
 def test_two_batches_of_the_same_messages_are_signed_apart() -> None:
     writer = BatchWriter(WireCodec(KEY), "relay-1")
-    parts = split_message(_message(WireCodec(KEY), "a"))[1]
+    parts = split_message(_message(WireCodec(KEY), "a"))[2]
     writer.add(parts, [])
     first = writer.take()
     writer.add(parts, [])
@@ -89,22 +97,22 @@ def test_a_batch_whose_buffers_do_not_add_up_is_refused() -> None:
 )
 def test_a_malformed_batch_says_what_is_wrong(document: bytes) -> None:
     codec = WireCodec(KEY)
-    frames = [iopub_batch.MAGIC, codec.sign([iopub_batch.MAGIC, document]), document]
-    with pytest.raises(WireError, match="IOPub batch"):
+    frames = [relay_batch.MAGIC, codec.sign([relay_batch.MAGIC, document]), document]
+    with pytest.raises(WireError, match="relay batch"):
         read_batch(WireCodec(KEY), frames)
 
 
 def test_a_writer_is_full_at_its_bounds() -> None:
     writer = BatchWriter(WireCodec(KEY), "relay-1")
-    parts = split_message(_message(WireCodec(KEY), "a"))[1]
-    for _ in range(iopub_batch.MAX_MESSAGES - 1):
+    parts = split_message(_message(WireCodec(KEY), "a"))[2]
+    for _ in range(relay_batch.MAX_MESSAGES - 1):
         writer.add(parts, [])
     assert not writer.full()
     writer.add(parts, [])
     assert writer.full()
-    assert len(json.loads(writer.take()[2])) == iopub_batch.MAX_MESSAGES + 1
+    assert len(json.loads(writer.take()[2])) == relay_batch.MAX_MESSAGES + 1
     assert len(writer) == 0
-    big = [parts[0], parts[1], parts[2], json.dumps({"t": "x" * iopub_batch.MAX_BYTES}).encode()]
+    big = [parts[0], parts[1], parts[2], json.dumps({"t": "x" * relay_batch.MAX_BYTES}).encode()]
     writer.add(big, [])
     assert writer.full()
 
@@ -114,3 +122,30 @@ def test_a_message_without_its_parts_is_refused() -> None:
         split_message([b"topic", b"header"])
     with pytest.raises(WireError, match="expected 5"):
         split_message([b"topic", b"<IDS|MSG>", b"sig", b"{}"])
+
+
+def test_shell_replies_say_which_rank_they_come_from() -> None:
+    kernel = WireCodec(KEY)
+    writer = BatchWriter(WireCodec(KEY), "relay-1")
+    for rank in (3, 7):
+        _, frames = kernel.encode("execute_reply", {"status": "ok"}, parent={"msg_id": "cell"})
+        idents, _signature, parts, bufs = split_message([b"notebook-id", *frames])
+        assert [bytes(i) for i in idents] == [b"notebook-id"]
+        writer.add(parts, bufs, rank=rank)
+    messages = read_batch(WireCodec(KEY), writer.take())
+    assert [m["rank"] for m in messages] == [3, 7]
+    assert all(m["msg_type"] == "execute_reply" for m in messages)
+
+
+@pytest.mark.parametrize("ranks", [[0], [0, 1, 5], list(range(relay_batch.MAX_TARGETS))])
+def test_the_ranks_a_request_is_for_read_back(ranks: list[int]) -> None:
+    assert parse_targets(targets_frame(ranks)) == ranks
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [b"", b"a,b", b"1,,2", b"-1", b"1;2", ",".join(["1"] * 5000).encode(), b"9" * 50000],
+)
+def test_a_request_naming_its_ranks_badly_is_refused(frame: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_targets(frame)
