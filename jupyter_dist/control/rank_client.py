@@ -426,28 +426,44 @@ class RankClient:
         self.send("shutdown_request", {"restart": False}, channel="control")
 
     # -- objects ------------------------------------------------------------------------
-    async def objects_request(
-        self, data: dict[str, Any], buffers: Sequence[Frame] = ()
-    ) -> tuple[dict[str, Any], list[Frame]]:
+    def objects_comm(self, comm_id: str | None = None) -> str:
+        """The id of the kernel's objects channel, opened now (``comm_open``) under
+        ``comm_id`` (one for every rank: their requests can then be the same message) if
+        none is open."""
         if self._comm_id is None:
-            self._comm_id = uuid.uuid4().hex
+            self._comm_id = comm_id or uuid.uuid4().hex
             self.send(
                 "comm_open",
                 {"comm_id": self._comm_id, "target_name": OBJECTS_TARGET, "data": {}},
             )
-        request_id = uuid.uuid4().hex
+        return self._comm_id
+
+    def objects_request(
+        self,
+        data: dict[str, Any],
+        request_id: str,
+        buffers: Sequence[Frame] = (),
+        prepared: Encoded | None = None,
+        fan_out: FanOut | None = None,
+    ) -> tuple[asyncio.Future[tuple[dict[str, Any], list[Frame]]], Encoded]:
+        """Send ``data`` (and ``buffers``) on the objects channel (`objects_comm`); returns
+        the future of the kernel's answer and the request, which ``prepared`` takes for
+        another client on the same channel id and key (the same bytes for every rank:
+        with ``fan_out``, sent once a node)."""
+        comm_id = self.objects_comm()
         fut: asyncio.Future[tuple[dict[str, Any], list[Frame]]]
         fut = asyncio.get_running_loop().create_future()
         self._comm_waiters[request_id] = fut
-        try:
-            self.send(
-                "comm_msg",
-                {"comm_id": self._comm_id, "data": {**data, "id": request_id}},
-                buffers=buffers,
-            )
-            return await fut
-        finally:
-            self._comm_waiters.pop(request_id, None)
+        fut.add_done_callback(lambda _: self._comm_waiters.pop(request_id, None))
+        if prepared is None:
+            content = {"comm_id": comm_id, "data": {**data, "id": request_id}}
+            prepared = self.codec.encode("comm_msg", content, buffers=list(buffers))
+        msg_id, frames = prepared
+        if fan_out is not None and self._node_shell is not None:
+            fan_out.add(self._node_shell, self.rank, msg_id, frames)
+        else:
+            self._send("shell", frames)
+        return fut, prepared
 
     def _comm_reply(self, msg: dict[str, Any]) -> None:
         if msg["msg_type"] == "comm_close":

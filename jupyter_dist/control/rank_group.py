@@ -28,7 +28,8 @@ import logging
 import queue
 import resource
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -200,6 +201,8 @@ class RankGroup:
         self._context.setsockopt(zmq.RCVHWM, 32)
         self._iopub: IopubFanIn | None = None  # made with the first client
         self._shells: dict[str, NodeShell] = {}  # by the relay's shell socket
+        #: the objects channel's id on every rank (`RankClient.objects_comm`)
+        self._objects_comm = uuid.uuid4().hex
         self._current: CellTracker | None = None
         self.stale = False  # its ranks were replaced behind this object's back
         self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)
@@ -556,14 +559,8 @@ class RankGroup:
         self._check_usable()
         chosen = self.check_ranks(ranks)
         async with self.turn("push", chosen, sink):
-            replies = await self._objects(
-                "push",
-                chosen,
-                lambda r: self._client(r).objects_request(
-                    {"op": "push", **payload.signed_fields()}, payload.frames
-                ),
-                timeout,
-            )
+            data = {"op": "push", **payload.signed_fields()}
+            replies = await self._objects("push", chosen, data, payload.frames, timeout)
         errors = [(r, rep) for r, rep in zip(chosen, replies, strict=True) if _failed(rep)]
         if errors:
             r, rep = errors[0]
@@ -581,13 +578,8 @@ class RankGroup:
         self._check_usable()
         chosen = self.check_ranks(ranks)
         async with self.turn("pull", chosen, sink):
-            replies = await self._objects(
-                f"pull {name!r}",
-                chosen,
-                lambda r: self._client(r).objects_request({"op": "pull", "name": name}),
-                timeout,
-                PullError,
-            )
+            data = {"op": "pull", "name": name}
+            replies = await self._objects(f"pull {name!r}", chosen, data, (), timeout, PullError)
         values = []
         for r, rep in zip(chosen, replies, strict=True):
             if _failed(rep):
@@ -604,13 +596,34 @@ class RankGroup:
         self,
         what: str,
         chosen: list[int],
-        request: Callable[[int], Coroutine[Any, Any, Any]],
+        data: dict[str, Any],
+        buffers: Sequence[pickling.Frame],
         timeout: float,
         error: type[PushError] = PushError,
     ) -> list[Any]:
-        """Each rank's answer to ``request(rank)`` (or its exception), in ``chosen``'s
-        order; ``error`` naming the ranks that did not answer within ``timeout``."""
-        tasks = [asyncio.ensure_future(request(r)) for r in chosen]
+        """Each rank's answer to the objects request ``data`` (or its exception), in
+        ``chosen``'s order; ``error`` naming the ranks that did not answer within
+        ``timeout``. The request is one message for every rank, sent once to each node's
+        relay (a push's payload crosses to a node once)."""
+        request_id = uuid.uuid4().hex
+        fan_out = FanOut()
+        tasks: list[asyncio.Future[Any]] = []
+        prepared: Encoded | None = None
+        last: tuple[RankClient, str] | None = None  # whose request ``prepared`` is
+        for r in chosen:
+            rec = self.ranks[r]
+            if rec.client is None:
+                failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                failed.set_exception(SessionError(f"rank {r} has no kernel connection"))
+                tasks.append(failed)
+                continue
+            comm = rec.client.objects_comm(self._objects_comm)
+            if last is None or last[1] != comm or not rec.client.shares_key(last[0]):
+                prepared = None
+            fut, prepared = rec.client.objects_request(data, request_id, buffers, prepared, fan_out)
+            last = (rec.client, comm)
+            tasks.append(fut)
+        fan_out.send()
         try:
             _done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else ((), ())
         finally:
