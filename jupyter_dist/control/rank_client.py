@@ -336,7 +336,7 @@ class RankClient:
         """Send at once, unless the socket is full or earlier messages still wait: then
         after them, in order, from a task."""
         if channel == "shell" and self._node_shell is not None:
-            self._node_shell.send((self.rank,), frames[:])
+            self._node_shell.send((self.rank,), frames)
             return
         outbox = self._outbox[channel]
         outbox.append(frames)
@@ -397,11 +397,16 @@ class RankClient:
         msg_id, frames = prepared or self.prepare_execute(code, silent, execution_count)
         self.handlers[msg_id] = handler
         self._taken[msg_id] = 0
+        self._send_shared(msg_id, frames, fan_out)
+        return msg_id
+
+    def _send_shared(self, msg_id: str, frames: list[Any], fan_out: FanOut | None) -> None:
+        """Send a request that other ranks may get too: with ``fan_out``, through it (once
+        to this rank's node's relay), else on this client's own way."""
         if fan_out is not None and self._node_shell is not None:
             fan_out.add(self._node_shell, self.rank, msg_id, frames)
         else:
             self._send("shell", frames)
-        return msg_id
 
     def _took(self, parent: str) -> None:
         """One IOPub message of our cell ``parent`` was taken: acknowledge every
@@ -458,11 +463,7 @@ class RankClient:
         if prepared is None:
             content = {"comm_id": comm_id, "data": {**data, "id": request_id}}
             prepared = self.codec.encode("comm_msg", content, buffers=list(buffers))
-        msg_id, frames = prepared
-        if fan_out is not None and self._node_shell is not None:
-            fan_out.add(self._node_shell, self.rank, msg_id, frames)
-        else:
-            self._send("shell", frames)
+        self._send_shared(*prepared, fan_out)
         return fut, prepared
 
     def _comm_reply(self, msg: dict[str, Any]) -> None:
