@@ -50,6 +50,25 @@ class TextSink(Protocol):
     def flush(self) -> None: ...
 
 
+class _Flushed:
+    """A text sink flushed only when something was written since its last flush: a flush
+    of ipykernel's stdout from this thread waits on its IOPub thread, a thread hand-off
+    each way that a cell printing nothing should not pay."""
+
+    def __init__(self, sink: TextSink) -> None:
+        self.sink = sink
+        self.dirty = False
+
+    def write(self, text: str, /) -> int:
+        self.dirty = True
+        return self.sink.write(text)
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            self.sink.flush()
+
+
 class TextRenderer:
     """Turns `CellEvent` values into prefixed text on ``out`` / ``err``.
 
@@ -71,7 +90,7 @@ class TextRenderer:
         write_logs: bool = True,
     ) -> None:
         self.ranks = sorted(ranks)
-        self.files = {"stdout": out, "stderr": err}
+        self.files = {"stdout": _Flushed(out), "stderr": _Flushed(err)}
         self.display = display
         self.fold = fold and len(self.ranks) > 1
         self.running = set(self.ranks)

@@ -14,7 +14,7 @@ from typing import IO, Any
 import zmq
 from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
-from traitlets import Type
+from traitlets import Float, Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
 from jupyter_dist.common.wire_names import ACK_MSG_TYPE, CREDIT_KEY, NOTEBOOK_COUNT_KEY
@@ -40,6 +40,12 @@ class RankKernel(IPythonKernel):
     request carries it (`NOTEBOOK_COUNT_KEY` in its metadata), so that a rank's traceback
     says ``Cell In[N]`` for the N the notebook shows beside the cell, and does not echo
     the notebook side's cells on IOPub."""
+
+    #: ipykernel sleeps this long between flushing a cell's output and sending its reply,
+    #: so that a frontend reading both sockets sees the output first; the notebook side
+    #: here waits for a rank's idle status as well as its reply, in either order, and the
+    #: sleep would only add half a millisecond to every cell of every rank
+    _execute_sleep = Float(0.0)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -186,4 +192,8 @@ def run_rank_kernel(
         )
     finally:
         os.umask(umask)
+    # traitlets keeps an app's logger at DEBUG and filters in its handler, so every
+    # ``log.debug`` of ipykernel's message loop builds a record that is then thrown away
+    # (a tenth of a rank's time on a short cell); the logger itself filters here
+    app.log.setLevel(app.log_level)
     app.start()

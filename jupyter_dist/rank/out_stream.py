@@ -59,6 +59,22 @@ class RankOutStream(OutStream):
         self._parent_header.set(value)
         self._parent_header_global = value
 
+    def flush(self) -> None:
+        """Send what was written, and wait until it is sent; at once if nothing was.
+
+        ipykernel flushes stdout and stderr after every cell, and each flush from the
+        kernel's thread is two hand-offs to the IO thread and back, which a cell that
+        printed nothing need not wait for. The cell's idle status goes through the IO
+        thread after any send already under way, so output still comes before it."""
+        if (
+            self.echo is None
+            and not self._flush_pending
+            and not self._subprocess_flush_pending
+            and not self._buffers
+        ):
+            return
+        super().flush()  # type: ignore[no-untyped-call]
+
     def write(self, string: str) -> int:
         for start in range(0, len(string), MESSAGE_CHARS):
             piece = string[start : start + MESSAGE_CHARS]  # the string itself when short
@@ -66,7 +82,7 @@ class RankOutStream(OutStream):
             self._unsent += len(piece)
             if self._unsent >= MESSAGE_CHARS:
                 self._unsent = 0
-                self.flush()  # type: ignore[no-untyped-call]  # waits until it is sent
+                self.flush()  # waits until it is sent
         return len(string)
 
 

@@ -448,3 +448,17 @@ def test_every_ranks_iopub_comes_through_the_sessions_one_subscriber(run: Run) -
     assert "[rank 0] I am 0 of 2" in out.stdout and "[rank 1] I am 1 of 2" in out.stdout
     assert fan_in.unknown == dropped, fan_in.last_unknown
     assert fan_in.batched >= batched + 2 * 3  # busy, output and idle of each rank
+
+
+def test_rank_kernels_skip_what_no_one_reads(run: Run) -> None:
+    """A rank's kernel builds no debug log records only to drop them, and does not sleep
+    between a cell's output and its reply (the notebook side waits for both anyway)."""
+    out = run(
+        "%%distributed\n"
+        "import logging\n"
+        "k = get_ipython().kernel\n"
+        "print('debug', k.log.isEnabledFor(logging.DEBUG), 'warn',"
+        " k.log.isEnabledFor(logging.WARNING), 'sleep', k._execute_sleep)"
+    )
+    assert out.ok, out.stdout
+    assert "[ranks 0-1] debug False warn True sleep 0.0" in out.stdout

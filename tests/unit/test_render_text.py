@@ -117,3 +117,37 @@ def test_a_row_folds_into_groups() -> None:
         r.handle(StreamOut(rank, "stdout", f"{host}\n"))
     done(r, [0, 1, 2, 3])
     assert out.getvalue().splitlines() == ["[ranks 0-1] node0", "[ranks 2-3] node1"]
+
+
+class CountingSink(io.StringIO):
+    """A text sink that counts its flushes (ipykernel's stdout waits on its IO thread in
+    each one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def test_a_silent_cell_flushes_nothing() -> None:
+    out, err = CountingSink(), CountingSink()
+    r = TextRenderer([0, 1], out, err)
+    r.tick()
+    done(r, [0, 1])
+    assert (out.flushes, err.flushes) == (0, 0)
+
+
+def test_written_output_is_flushed_once_where_it_went() -> None:
+    out, err = CountingSink(), CountingSink()
+    r = TextRenderer([0, 1], out, err)
+    r.handle(StreamOut(0, "stdout", "a\n"))
+    r.handle(StreamOut(1, "stdout", "a\n"))
+    done(r, [0, 1])
+    assert out.getvalue() == "[ranks 0-1] a\n"
+    assert out.flushes >= 1
+    assert err.flushes == 0
+    flushed = out.flushes
+    r.finish()  # nothing new: no further flush
+    assert out.flushes == flushed

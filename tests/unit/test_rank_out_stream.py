@@ -1,0 +1,91 @@
+"""A rank's stdout: a flush with nothing written returns at once; written text is sent
+before the flush returns (a real ipykernel IO thread and PUB socket)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+from ipykernel.iostream import IOPubThread
+from jupyter_client.session import Session
+
+from jupyter_dist.rank.out_stream import RankOutStream
+
+
+@pytest.fixture
+def stream() -> Iterator[tuple[RankOutStream, IOPubThread, zmq.Socket[bytes]]]:
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sub = ctx.socket(zmq.SUB)
+    sub.subscribe(b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    thread = IOPubThread(pub)
+    thread.start()
+    out = RankOutStream(Session(key=b""), thread, "stdout", watchfd=False)
+    _joined(out, sub)
+    try:
+        yield out, thread, sub
+    finally:
+        out.close()
+        thread.stop()
+        thread.close()
+        sub.close(linger=0)
+        ctx.term()
+
+
+def _joined(out: RankOutStream, sub: zmq.Socket[bytes]) -> None:
+    """Write until the subscriber gets something: a PUB drops what it sends before a
+    subscriber's connection is up."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        out.write(".")
+        out.flush()
+        if sub.poll(50):
+            while sub.poll(50):
+                sub.recv_multipart()
+            return
+    raise AssertionError("the subscriber never joined")
+
+
+def _counting(thread: IOPubThread) -> list[Any]:
+    scheduled: list[Any] = []
+    schedule = thread.schedule
+
+    def counted(f: Any) -> None:
+        scheduled.append(f)
+        schedule(f)
+
+    thread.schedule = counted  # type: ignore[method-assign]
+    return scheduled
+
+
+def test_flush_with_nothing_written_does_not_wait_on_the_io_thread(
+    stream: tuple[RankOutStream, IOPubThread, zmq.Socket[bytes]],
+) -> None:
+    out, thread, _ = stream
+    scheduled = _counting(thread)
+    for _ in range(3):
+        out.flush()
+    assert scheduled == []
+
+
+def test_written_text_is_sent_by_the_time_flush_returns(
+    stream: tuple[RankOutStream, IOPubThread, zmq.Socket[bytes]],
+) -> None:
+    out, thread, sub = stream
+    scheduled = _counting(thread)
+    out.write("hello\n")
+    out.flush()
+    assert scheduled  # the flush went through the IO thread
+    assert not out._buffers  # and handed the text to the socket before returning
+    assert sub.poll(10_000)
+    frames = sub.recv_multipart()
+    assert frames[0] == b"stream.stdout"
+    assert b'"hello\\n"' in frames[-1]
+    scheduled.clear()
+    out.flush()  # everything went: nothing to wait for
+    assert scheduled == []
