@@ -19,12 +19,15 @@ seconds is read from one.
 * ``JUPYTER_DIST_NODE_RELAY`` (control plane): ``on`` (the default) talks to a node's
   ranks through its relay (`node.relay`); ``off`` to each rank on its own sockets, to
   compare or to rule the relay out.
+* ``JUPYTER_DIST_SHARED_PUSH`` (control plane): ``on`` (the default) hands a large push to
+  the ranks of this machine through a file in ``/dev/shm`` (`common.shared_push`);
+  ``off`` sends it through the sockets.
 * ``JUPYTER_DIST_SESSION``, ``JUPYTER_DIST_DEVICE``, ``JUPYTER_DIST_BACKEND``,
   ``JUPYTER_DIST_FRAMEWORK`` (rank, set by the control plane): the session's name, ``cuda``
   or ``cpu``, the process group's backend, what the bootstrap prepares (``torch``, ``jax``
   or ``none``).
 
-The first eight are the user's to set; the last four are set on every rank, as torchrun's
+The first nine are the user's to set; the last four are set on every rank, as torchrun's
 own variables are. A test checks that no module names a ``JUPYTER_DIST_`` variable
 anywhere but here.
 """
@@ -46,6 +49,7 @@ ABORT_AFTER_VAR = "JUPYTER_DIST_ABORT_AFTER_S"
 MASTER_PORTS_VAR = "JUPYTER_DIST_MASTER_PORTS"
 MAX_RANKS_VAR = "JUPYTER_DIST_MAX_RANKS_PER_NODE"
 NODE_RELAY_VAR = "JUPYTER_DIST_NODE_RELAY"
+SHARED_PUSH_VAR = "JUPYTER_DIST_SHARED_PUSH"
 SESSION_VAR = "JUPYTER_DIST_SESSION"
 DEVICE_VAR = "JUPYTER_DIST_DEVICE"
 BACKEND_VAR = "JUPYTER_DIST_BACKEND"
@@ -60,6 +64,7 @@ ALL_VARS = (
     MASTER_PORTS_VAR,
     MAX_RANKS_VAR,
     NODE_RELAY_VAR,
+    SHARED_PUSH_VAR,
     SESSION_VAR,
     DEVICE_VAR,
     BACKEND_VAR,
@@ -100,9 +105,20 @@ def max_ranks_per_node(environ: Mapping[str, str] | None = None) -> int:
 
 def node_relay(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ranks are read through their node's relay: ``JUPYTER_DIST_NODE_RELAY``."""
-    raw = (os.environ if environ is None else environ).get(NODE_RELAY_VAR, "").strip()
+    return _switch(NODE_RELAY_VAR, environ)
+
+
+def shared_push(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a large push to this machine's ranks goes through shared memory:
+    ``JUPYTER_DIST_SHARED_PUSH``."""
+    return _switch(SHARED_PUSH_VAR, environ)
+
+
+def _switch(name: str, environ: Mapping[str, str] | None) -> bool:
+    """``on`` (the default, also when unset) or ``off``."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
     if raw.lower() in ("", "on"):
         return True
     if raw.lower() == "off":
         return False
-    raise SpecError(f"{NODE_RELAY_VAR}={raw[:40]!r}: expected on or off")
+    raise SpecError(f"{name}={raw[:40]!r}: expected on or off")

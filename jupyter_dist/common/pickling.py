@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import mmap
 import pickle
 import sys
 from collections.abc import Sequence
@@ -109,5 +110,7 @@ def load(frames: Sequence[Frame], digest: str, sizes: Sequence[int]) -> Any:
     if _digest(frames[0]) != digest:
         raise PushError("the payload's pickle stream does not match its signed digest")
     # received frames are read-only; arrays users get back must be writable like the
-    # originals, so out-of-band buffers are copied once into memory they own
-    return cloudpickle.loads(frames[0], buffers=[bytearray(f) for f in frames[1:]])
+    # originals, so out-of-band buffers are copied once into memory they own (unless
+    # they are that already: read from a shared-memory push file)
+    owned = [f if isinstance(f, (bytearray, mmap.mmap)) else bytearray(f) for f in frames[1:]]
+    return cloudpickle.loads(frames[0], buffers=owned)

@@ -36,9 +36,11 @@ from typing import TYPE_CHECKING, Any, cast
 import zmq.asyncio
 
 from jupyter_dist.common import pickling, stacks
+from jupyter_dist.common import shared_push as shared_push_file
 from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.common.events import CellEvent, CellFinished, CellResult, Notice, StreamOut
 from jupyter_dist.common.payloads import KernelConnection
+from jupyter_dist.common.shared_push import SharedPushUnreadable
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.common.wire_codec import Encoded
 from jupyter_dist.control.cell_queue import CellQueue, Sender, Turn, TurnKind
@@ -57,7 +59,13 @@ from jupyter_dist.errors import (
     SessionError,
     SpecError,
 )
-from jupyter_dist.settings import ABORT_AFTER_VAR, STRAGGLER_VAR, node_relay, seconds_from_env
+from jupyter_dist.settings import (
+    ABORT_AFTER_VAR,
+    STRAGGLER_VAR,
+    node_relay,
+    seconds_from_env,
+    shared_push,
+)
 from jupyter_dist.text import ranks_label
 
 if TYPE_CHECKING:
@@ -203,6 +211,7 @@ class RankGroup:
         self._shells: dict[str, NodeShell] = {}  # by the relay's shell socket
         #: the objects channel's id on every rank (`RankClient.objects_comm`)
         self._objects_comm = uuid.uuid4().hex
+        self.shared_pushes = 0  # pushes whose buffers went through shared memory
         self._current: CellTracker | None = None
         self.stale = False  # its ranks were replaced behind this object's back
         self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)
@@ -559,12 +568,41 @@ class RankGroup:
         self._check_usable()
         chosen = self.check_ranks(ranks)
         async with self.turn("push", chosen, sink):
-            data = {"op": "push", **payload.signed_fields()}
-            replies = await self._objects("push", chosen, data, payload.frames, timeout)
+            replies = await self._push(payload, chosen, timeout)
         errors = [(r, rep) for r, rep in zip(chosen, replies, strict=True) if _failed(rep)]
         if errors:
             r, rep = errors[0]
             raise PushError(f"push failed on {len(errors)} rank(s); rank {r}: {_why(rep)}")
+
+    async def _push(
+        self, payload: pickling.Payload, chosen: list[int], timeout: float
+    ) -> list[Any]:
+        """Each rank's answer to a push of ``payload``. To the ranks of this machine, large
+        buffers go through a shared-memory file (`common.shared_push`), and only to a rank
+        that cannot read it through the sockets."""
+        data = {"op": "push", **payload.signed_fields()}
+        path = None
+        if self.spec.launcher == "local" and shared_push() and len(payload.frames) > 1:
+            buffers, name = payload.frames[1:], uuid.uuid4().hex
+            loop = asyncio.get_running_loop()  # a write of many MB must not hold the loop
+            path = await loop.run_in_executor(None, shared_push_file.write, buffers, name)
+        if path is None:
+            return await self._objects("push", chosen, data, payload.frames, timeout)
+        self.shared_pushes += 1
+        try:
+            replies = await self._objects(
+                "push", chosen, {**data, "shared": str(path)}, payload.frames[:1], timeout
+            )
+        finally:
+            shared_push_file.remove(path)
+        unread = [i for i, rep in enumerate(replies) if _unreadable(rep)]
+        if unread:
+            again = await self._objects(
+                "push", [chosen[i] for i in unread], data, payload.frames, timeout
+            )
+            for i, rep in zip(unread, again, strict=True):
+                replies[i] = rep
+        return replies
 
     async def pull(
         self,
@@ -707,6 +745,11 @@ def _failed(reply: object) -> bool:
         return True
     assert isinstance(reply, tuple)
     return bool(reply[0].get("op") == "error")
+
+
+def _unreadable(reply: object) -> bool:
+    """A rank that could not read a shared-memory push file (and takes it by socket)."""
+    return isinstance(reply, tuple) and reply[0].get("ename") == SharedPushUnreadable.__name__
 
 
 def _why(reply: object) -> str:

@@ -16,7 +16,7 @@ import socket
 from datetime import timedelta
 from typing import Any
 
-from jupyter_dist.common import pickling
+from jupyter_dist.common import pickling, shared_push
 from jupyter_dist.common.wire_names import OBJECTS_TARGET
 from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR, FRAMEWORK_VAR, MASTER_PORTS_VAR
 
@@ -37,7 +37,10 @@ def _on_objects_open(comm: Any, _open_msg: dict[str, Any]) -> None:
         request_id = data.get("id")
         try:
             if data.get("op") == "push":
-                values = pickling.load(msg.get("buffers") or [], data["digest"], data["sizes"])
+                buffers = list(msg.get("buffers") or [])
+                if "shared" in data:  # the rest is in a file of this machine's memory
+                    buffers[1:] = shared_push.read(str(data["shared"]), data["sizes"][1:])
+                values = pickling.load(buffers, data["digest"], data["sizes"])
                 _user_ns().update(values)
                 comm.send({"op": "ok", "id": request_id, "names": sorted(values)})
             elif data.get("op") == "pull":
