@@ -53,6 +53,19 @@ async def _show(session: Session, code: str = SHOW) -> dict[int, str]:
     return _printed(sink)
 
 
+async def _push_and_show(
+    session: Session, big: np.ndarray, small: np.ndarray
+) -> tuple[int, dict[int, str]]:
+    """Start the session, push ``big`` and ``small``, and say how many pushes went
+    through shared memory and what each rank then holds."""
+    await session.start()
+    try:
+        await session.push(pickling.dump({"big": big, "small": small}))
+        return session.shared_pushes, await _show(session)
+    finally:
+        await session.shutdown()
+
+
 def _push_files() -> list[str]:
     where = shared_push.folder()
     assert where is not None
@@ -104,15 +117,7 @@ def test_a_rank_that_cannot_read_the_file_gets_the_push_by_socket(
     big = np.full(1 << 19, 2.0)
     small = np.array([4])
 
-    async def scenario() -> tuple[int, dict[int, str]]:
-        await session.start()
-        try:
-            await session.push(pickling.dump({"big": big, "small": small}))
-            return session.shared_pushes, await _show(session)
-        finally:
-            await session.shutdown()
-
-    pushes, shown = asyncio.run(scenario())
+    pushes, shown = asyncio.run(_push_and_show(session, big, small))
     assert pushes == 1 and len(written) == 1
     for rank in (0, 1):
         assert shown[rank] == f"sum {float(big.sum())} writable True small [4]\n", shown
@@ -130,15 +135,7 @@ def test_small_pushes_and_the_off_switch_use_the_sockets(
         big = np.ones(shared_push.MIN_BYTES // 8 - 100)
     small = np.array([5])
 
-    async def scenario() -> tuple[int, dict[int, str]]:
-        await session.start()
-        try:
-            await session.push(pickling.dump({"big": big, "small": small}))
-            return session.shared_pushes, await _show(session)
-        finally:
-            await session.shutdown()
-
-    pushes, shown = asyncio.run(scenario())
+    pushes, shown = asyncio.run(_push_and_show(session, big, small))
     assert pushes == 0
     for rank in (0, 1):
         assert shown[rank] == f"sum {float(big.sum())} writable True small [5]\n", shown
