@@ -122,15 +122,6 @@ class RankKernelApp(IPKernelApp):
 
     kernel_class = Type(RankKernel, klass=IPythonKernel)
 
-    def init_sockets(self) -> None:
-        """The kernel's main thread reads its shell socket itself. ipykernel 7 reads it in
-        a thread of its own and hands each request to the main thread (subshells, run
-        beside a busy cell); no client of a rank asks for a subshell, and the hand-off
-        was one more thread switch per request on every rank (0.4 ms of a 5 ms cell at
-        2 ranks here)."""
-        super().init_sockets()
-        self.shell_channel_thread = None
-
     def init_iopub(self, context: zmq.Context[Any]) -> None:
         # the context's default options go to each socket it makes from now on
         context.setsockopt(zmq.SNDHWM, SEND_QUEUE)
