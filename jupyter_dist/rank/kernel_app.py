@@ -3,9 +3,8 @@
 Rank kernels are ordinary ipykernel kernels; only a few settings differ from a notebook's
 kernel: history stays in memory (many ranks must not fight over one SQLite file), the
 banner and start-up chatter are off, and what every cell would pay for nobody is left out
-(the shell-channel thread's hand-off, the sleep before a reply, debug log records, the
-notebook side's own cells echoed back, empty flushes: see `RankKernel`, `RankKernelApp`
-and `rank.out_stream`).
+(the sleep before a reply, debug log records, the notebook side's own cells echoed back,
+empty flushes: see `RankKernel`, `run_rank_kernel` and `rank.out_stream`).
 """
 
 from __future__ import annotations
