@@ -23,10 +23,10 @@ def _check(info: os.stat_result, max_bytes: int) -> None:
         raise ValueError(f"larger than {max_bytes} bytes")
 
 
-def read_private_file(path: Path, max_bytes: int) -> bytes:
-    """The content of ``path`` when it is a regular file owned by this user, of at most
-    ``max_bytes``; ValueError when it is not, OSError when it cannot be read. Neither
-    follows a symbolic link nor blocks."""
+def open_private_file(path: Path | str, max_bytes: int) -> int:
+    """A descriptor of ``path``, open for reading, when it is a regular file owned by this
+    user, of at most ``max_bytes``; ValueError when it is not, OSError when it cannot be
+    opened. Neither follows a symbolic link nor blocks."""
     _check(os.lstat(path), max_bytes)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -34,12 +34,23 @@ def read_private_file(path: Path, max_bytes: int) -> bytes:
         if err.errno == errno.ELOOP:  # replaced by a link since the lstat
             raise ValueError("a symbolic link") from err
         raise
-    with os.fdopen(fd, "rb") as f:
-        _check(os.fstat(f.fileno()), max_bytes)  # the file opened is the one checked
+    try:
+        _check(os.fstat(fd), max_bytes)  # the file opened is the one checked
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_private_file(path: Path, max_bytes: int) -> bytes:
+    """The content of ``path`` when it is a regular file owned by this user, of at most
+    ``max_bytes``; ValueError when it is not, OSError when it cannot be read. Neither
+    follows a symbolic link nor blocks."""
+    with os.fdopen(open_private_file(path, max_bytes), "rb") as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:  # it grew since
         raise ValueError(f"larger than {max_bytes} bytes")
     return data
 
 
-__all__ = ["read_private_file"]
+__all__ = ["open_private_file", "read_private_file"]

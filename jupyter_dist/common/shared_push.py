@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import mmap
 import os
 import shutil
-import stat
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jupyter_dist.common import process_folders
 from jupyter_dist.common.pickling import Frame
+from jupyter_dist.common.private_files import open_private_file
 
 #: where the files go: memory on Linux
 SHM_ROOT = Path("/dev/shm")
@@ -59,46 +58,16 @@ class SharedPushUnreadable(OSError):
     file that is not what was signed): the notebook sends them through the sockets."""
 
 
-def _pid_of(name: str) -> int | None:
-    digits = name[len(PREFIX) :].split("-", 1)[0]
-    return int(digits) if digits.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-def _remove_stale(root: Path) -> None:
-    """Remove this user's folders left by processes that are gone."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(root):
-            pid = _pid_of(entry.name) if entry.name.startswith(PREFIX) else None
-            if pid is None or pid == os.getpid() or _alive(pid):
-                continue
-            with contextlib.suppress(OSError):
-                if entry.stat(follow_symlinks=False).st_uid == os.getuid() and entry.is_dir(
-                    follow_symlinks=False
-                ):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-
-
 def folder(root: Path = SHM_ROOT) -> Path | None:
-    """This process's private folder for push files (made on first use); None where
-    ``root`` is missing or not writable."""
+    """This process's private folder for push files (made on first use, removing those of
+    processes that are gone); None where ``root`` is missing or not writable."""
     global _folder
     if _folder is not None and _folder.parent == root and _folder.is_dir():
         return _folder
     if not root.is_dir() or not os.access(root, os.W_OK | os.X_OK):
         return None
-    _remove_stale(root)
     try:
-        _folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
+        _folder = process_folders.make(root, PREFIX)
     except OSError:
         return None
     atexit.register(shutil.rmtree, _folder, True)
@@ -162,16 +131,12 @@ def read(path: str, sizes: Sequence[int]) -> list[Any]:
         raise SharedPushUnreadable(f"bad buffer sizes {list(sizes)[:8]!r}")
     offsets, end = layout(sizes)
     try:
-        fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as err:
-        why = "a symbolic link" if err.errno == errno.ELOOP else err.strerror
-        raise SharedPushUnreadable(f"cannot open {path}: {why}") from None
+        fd = open_private_file(where, end)
+    except (OSError, ValueError) as err:
+        raise SharedPushUnreadable(f"cannot open {path}: {err}") from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-            raise SharedPushUnreadable(f"{path} is not a regular file of this user")
-        if info.st_size != end:
-            raise SharedPushUnreadable(f"{path} holds {info.st_size} bytes, not {end}")
+        if os.fstat(fd).st_size != end:
+            raise SharedPushUnreadable(f"{path} holds fewer bytes than the {end} signed")
         buffers: list[Any] = []
         for size, offset in zip(sizes, offsets, strict=True):
             if size >= MAP_MIN_BYTES:

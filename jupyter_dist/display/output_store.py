@@ -14,13 +14,13 @@ from __future__ import annotations
 import collections
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from jupyter_dist.common import process_folders
 from jupyter_dist.common.wire_names import LOGS_FOLDER_PREFIX
 from jupyter_dist.display.rich_text import readable_text
 from jupyter_dist.errors import SpecError
@@ -255,28 +255,12 @@ def _logs_root() -> str:
     notebook process starts."""
     global _root
     if _root is None:
-        _prune(Path(tempfile.gettempdir()))
-        _root = tempfile.mkdtemp(prefix=f"{LOGS_PREFIX}{os.getpid()}-")
+        _root = str(process_folders.make(Path(tempfile.gettempdir()), LOGS_PREFIX))
     return _root
 
 
 def _prune(base: Path) -> None:
-    for folder in base.glob(f"{LOGS_PREFIX}*-*"):
-        pid = folder.name.removeprefix(LOGS_PREFIX).split("-", 1)[0]
-        if not pid.isdigit() or folder.owner() != _me():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except PermissionError:
-            continue
-
-
-def _me() -> str:
-    import getpass
-
-    return getpass.getuser()
+    process_folders.prune(base, LOGS_PREFIX)
 
 
 def _stream(name: str, lines: list[str]) -> dict[str, Any]:

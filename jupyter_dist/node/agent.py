@@ -75,6 +75,7 @@ from jupyter_dist.common.proc_titles import (
     relay_title,
     set_title,
 )
+from jupyter_dist.common.process_folders import pid_alive
 from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
 
 if TYPE_CHECKING:
@@ -613,16 +614,6 @@ def hold_lock(folder: str) -> int:
     return fd
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: another user's process holds that pid now
-        return True
-    return True
-
-
 def _lock_free(folder: str) -> bool:
     """Whether ``folder``'s `LOCK_NAME` is a regular file of ours that nobody holds."""
     try:
@@ -664,7 +655,7 @@ def prune_dead_agent_dirs(base: str) -> list[str]:
             continue
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             continue
-        if _pid_alive(int(match.group(1))) or not _lock_free(entry.path):
+        if pid_alive(int(match.group(1))) or not _lock_free(entry.path):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)  # does not follow links inside
         removed.append(entry.path)

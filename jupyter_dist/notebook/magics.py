@@ -415,7 +415,9 @@ class DistMagics(Magics):
         any notebook can attach to any session the server runs).
 
         ``%dist pull x`` returns a list with one value per rank; ``%dist push a b``
-        sends notebook variables to every rank (cloudpickle, binary buffers).
+        sends notebook variables to every rank (cloudpickle, arrays as binary buffers; to
+        the ranks of this machine, large ones through shared memory that each rank maps
+        copy-on-write, ``JUPYTER_DIST_SHARED_PUSH=off`` to send them by socket).
         """
         args = parse_argstring(self.dist, line)
         if args.command not in DIST_COMMANDS:
