@@ -6,8 +6,9 @@
 Real rank kernels cost about 60 MB and a CPU's worth of start-up each, so 1,024 of them do
 not fit on a laptop. Here the rank side is a load generator: one process per simulated
 node answers the Jupyter protocol for its ranks (kernel_info, and an ``execute_request``
-answered with the busy status, the reply and the idle status a real kernel sends for
-``x = 1``, signed with the session key). It is never used by the tests in place of real
+answered as a rank kernel answers ``x = 1``, signed with the session key: the notebook
+side's cells with one IOPub reply, `jupyter_dist.rank.iopub_reply`; others with the busy
+status, the shell reply and the idle status). It is never used by the tests in place of real
 ranks; it exists so that what the notebook process pays per rank can be measured at a
 count this machine could not start for real.
 
@@ -57,6 +58,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from jupyter_dist.common.wire_codec import DELIMITER, WireCodec, WireError  # noqa: E402
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, IOPUB_REPLY_KEY  # noqa: E402
 
 #: the most simulated ranks one run may ask for (each takes three sockets and their files)
 MAX_RANKS = 4096
@@ -138,6 +140,10 @@ def _answer(
     else:  # credit acks, interrupts: nothing to answer in a load generator
         return
     parent = msg["header"]
+    if kind == "execute_request" and msg["metadata"].get(IOPUB_REPLY_KEY):
+        _, parts = codec.encode(EXECUTE_REPLY_MSG_TYPE, content, parent=parent)
+        iopub.send_multipart([EXECUTE_REPLY_MSG_TYPE.encode(), *parts])
+        return
 
     def publish(state: str) -> None:
         _, parts = codec.encode("status", {"execution_state": state}, parent=parent)

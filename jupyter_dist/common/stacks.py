@@ -18,8 +18,16 @@ from jupyter_dist.text import ranks_label, strip_ansi
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+)')
 _CELL_FILE = re.compile(r"(ipykernel_\d+/\d+\.py|<ipython-input-[^>]*>|<cell>)$")
-#: where a kernel waits for its next message
-_IDLE_FILES = ("selectors.py", "base_events.py", "zmq/", "ioloop", "threading.py")
+#: where a kernel waits for its next message, or runs its event loop between cells (a
+#: callback of C code has no frame of its own: the loop's ``Handle._run`` is the top one)
+_IDLE_FILES = (
+    "selectors.py",
+    "base_events.py",
+    "asyncio/events.py",
+    "zmq/",
+    "ioloop",
+    "threading.py",
+)
 
 
 @dataclass(frozen=True)

@@ -34,3 +34,10 @@ ACK_MSG_TYPE = "jupyter_dist_ack"
 CREDIT_WINDOW = 64
 #: the sender acknowledges every this many messages of a cell
 ACK_EVERY = 16
+#: execute_request metadata key: the sender reads the cell's reply on IOPub, as the last
+#: message of the cell (`EXECUTE_REPLY_MSG_TYPE`), and the rank sends no shell reply and
+#: no busy/idle statuses for a cell that ends quickly (`rank.iopub_reply`)
+IOPUB_REPLY_KEY = "jupyter_dist_iopub_reply"
+#: IOPub message type of the reply to a cell that asked for it (`IOPUB_REPLY_KEY`); its
+#: content is an ``execute_reply``'s
+EXECUTE_REPLY_MSG_TYPE = "jupyter_dist_execute_reply"

@@ -1,7 +1,9 @@
 """One cell's execution across ranks: which ranks are done, and how each ended.
 
-A rank is done with a cell when its ``execute_reply`` and its IOPub ``idle`` status have
-both arrived (so no output can still be in flight), or when its process died.
+A rank is done with a cell when its reply on IOPub arrived (`EXECUTE_REPLY_MSG_TYPE`,
+which the notebook side's cells ask for: it comes behind the cell's output), or, for a
+request answered the usual way, when its ``execute_reply`` and its IOPub ``idle`` status
+have both arrived (so no output can still be in flight); or when its process died.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from jupyter_dist.common.events import (
     StreamOut,
     WidgetComm,
 )
-from jupyter_dist.common.wire_names import METRICS_MSG_TYPE
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, METRICS_MSG_TYPE
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_client import PacedHandler
 from jupyter_dist.errors import STOPPED_KINDS, FailureKind, RankFailure
@@ -114,7 +116,11 @@ class CellTracker:
             return
         if channel != "iopub":
             return
-        if kind == "status":
+        if kind == EXECUTE_REPLY_MSG_TYPE:  # behind the cell's output: its end too
+            prog.reply = content
+            prog.idle = True
+            self._maybe_finish(prog)
+        elif kind == "status":
             state = content.get("execution_state")
             if state == "idle":
                 prog.idle = True

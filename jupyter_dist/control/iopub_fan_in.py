@@ -1,11 +1,12 @@
 """One IOPub socket for every rank of a session: fan-in of the messages a cell costs most.
 
-Two of the three messages a rank sends for an empty cell (busy and idle) and all of its
-output travel on IOPub. A SUB socket may connect to any number of publishers, so the
-session subscribes to all its ranks' IOPub sockets through one: zmq queues each rank's
-messages on its own pipe and hands them over fairly, and a burst from many ranks is read
-in one drain, with one wake-up of the event loop, instead of one socket read (and the
-system calls behind it) per rank.
+A rank answers the notebook side's cells on IOPub, behind their output
+(`rank.iopub_reply`): all of a cell's messages but its request travel on IOPub. A SUB
+socket may connect to any number of publishers, so the session subscribes to all its
+ranks' IOPub sockets through one: zmq queues each rank's messages on its own pipe and
+hands them over fairly, and a burst from many ranks is read in one drain, with one
+wake-up of the event loop, instead of one socket read (and the system calls behind it)
+per rank.
 
 Where the ranks' node runs a relay (`node.relay`), the session subscribes to the relay
 instead of to each rank: one endpoint a node, and a burst from the node's ranks arrives as

@@ -31,6 +31,8 @@ from jupyter_dist.common.wire_names import (
     ACK_EVERY,
     ACK_MSG_TYPE,
     CREDIT_KEY,
+    EXECUTE_REPLY_MSG_TYPE,
+    IOPUB_REPLY_KEY,
     NOTEBOOK_COUNT_KEY,
     OBJECTS_TARGET,
 )
@@ -116,9 +118,9 @@ class RankClient:
         self._taken: collections.OrderedDict[str, int] = collections.OrderedDict()
         #: the ended cells this process sent, newest last (`forget`)
         self.past_cells: collections.OrderedDict[str, None] = collections.OrderedDict()
-        #: called with (rank, msg_type, content) for the IOPub ``status`` and ``error`` of
-        #: every cell the rank runs, whoever sent it
-        self.on_activity: Callable[[int, str, dict[str, Any]], None] | None = None
+        #: called with ``(rank, msg_type, content, cell msg_id)`` of each status, error
+        #: and reply of a cell on IOPub, whoever sent the cell
+        self.on_activity: Callable[[int, str, dict[str, Any], str], None] | None = None
         #: called with (rank, text) for output of an ended cell of this process
         self.on_late: Callable[[int, str], None] | None = None
         self._comm_id: str | None = None
@@ -300,10 +302,10 @@ class RankClient:
         if (
             self.on_activity is not None
             and channel == "iopub"
-            and msg["msg_type"] in ("status", "error")
+            and msg["msg_type"] in ("status", "error", EXECUTE_REPLY_MSG_TYPE)
             and parent_header.get("msg_type") == "execute_request"
         ):  # whoever sent the cell: the owner keeps every rank's busy/idle and errors
-            self.on_activity(self.rank, msg["msg_type"], msg["content"])
+            self.on_activity(self.rank, msg["msg_type"], msg["content"], str(parent))
         handler = self.handlers.get(parent) if parent else None
         if channel == "iopub" and parent in self._taken:
             self._took(parent)
@@ -374,7 +376,8 @@ class RankClient:
             "allow_stdin": False,
             "stop_on_error": False,  # one cell at a time: nothing of others to abort
         }
-        metadata: dict[str, Any] = {CREDIT_KEY: True}  # this process paces its output
+        # this process paces its output, and reads the reply on IOPub, behind the output
+        metadata: dict[str, Any] = {CREDIT_KEY: True, IOPUB_REPLY_KEY: True}
         if execution_count:
             metadata[NOTEBOOK_COUNT_KEY] = execution_count
         return self.codec.encode("execute_request", content, metadata=metadata)

@@ -175,6 +175,7 @@ class RankRecord:
     connection: KernelConnection | None = None  # reachable from this process (tunnelled)
     busy_since: float | None = None  # epoch s its current cell began
     last_error: str = ""  # the error line of its last failed cell
+    last_cell: str = ""  # the msg_id of the last cell it was seen running, whoever sent it
 
     @property
     def rank(self) -> int:

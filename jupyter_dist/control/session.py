@@ -32,6 +32,7 @@ from jupyter_dist.common.payloads import (
 from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
 from jupyter_dist.common.proc_titles import NODE_RANK_VAR
 from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
 from jupyter_dist.control.agent_client import AgentClient, AgentInfo
 from jupyter_dist.control.launchers import Launcher, launcher_for
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
@@ -238,24 +239,35 @@ class Session(RankGroup):
         parts.append(f"\n  the end of its log ({rec.log}):\n{log_tail}" if log_tail else "")
         return "".join(parts)
 
-    def _on_rank_activity(self, rank: int, kind: str, content: dict[str, Any]) -> None:
+    def _on_rank_activity(self, rank: int, kind: str, content: dict[str, Any], cell: str) -> None:
         """A rank began or ended a cell, or showed an error, whoever sent the cell: the
-        session's status (the sidebar, `%dist status`) shows each rank's truth."""
+        session's status (the sidebar, `%dist status`) shows each rank's truth. A short
+        cell of a notebook says only its reply (`rank.iopub_reply`); the first message of
+        a new cell clears the last cell's error."""
         rec = self.ranks.get(rank)
         if rec is None or rec.state in (RankState.DEAD, RankState.STARTING):
             return
-        if kind == "error":
+        changed = False
+        if cell != rec.last_cell:
+            changed = bool(rec.last_error)
+            rec.last_cell, rec.last_error = cell, ""
+        if kind == "error" or (kind == EXECUTE_REPLY_MSG_TYPE and content.get("status") == "error"):
             ename, evalue = content.get("ename", "Error"), content.get("evalue", "")
             rec.last_error = (f"{ename}: {evalue}" if evalue else str(ename))[:300]
-        elif content.get("execution_state") == "busy":
-            if rec.state != RankState.BUSY:
-                rec.state, rec.busy_since, rec.last_error = RankState.BUSY, time.time(), ""
-        elif content.get("execution_state") == "idle" and rec.state == RankState.BUSY:
-            if self._current is None:  # a cell of this process's own ends in _run_cell
-                rec.state, rec.busy_since = RankState.IDLE, None
-        else:
-            return
-        self._changed_soon()
+            changed = True
+        state = content.get("execution_state") if kind == "status" else None
+        if state == "busy" and rec.state != RankState.BUSY:
+            rec.state, rec.busy_since = RankState.BUSY, time.time()
+            changed = True
+        elif (
+            (state == "idle" or kind == EXECUTE_REPLY_MSG_TYPE)
+            and rec.state == RankState.BUSY
+            and self._current is None  # a cell of this process's own ends in _run_cell
+        ):
+            rec.state, rec.busy_since = RankState.IDLE, None
+            changed = True
+        if changed:
+            self._changed_soon()
 
     def _changed_soon(self) -> None:
         """`_changed` once for a burst of rank news (every rank starts a cell at once)."""

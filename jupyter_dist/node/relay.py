@@ -1,7 +1,7 @@
 """A node's relay: its ranks' IOPub and shell, checked on the node and carried in batches.
 
 Most of what a cell costs the notebook is messages: a request to every rank, and from each
-its busy and idle statuses, its output and its reply. Without a relay the notebook sends
+its output and its reply (on IOPub, `rank.iopub_reply`). Without a relay the notebook sends
 each request on its own and receives each answer on its own, checks its signature and
 parses its four JSON parts, once per message of every rank. The relay, a process forked by
 the node's agent, stands between the notebook side and the ranks of its node:

@@ -4,7 +4,9 @@ Rank kernels are ordinary ipykernel kernels; only a few settings differ from a n
 kernel: history stays in memory (many ranks must not fight over one SQLite file), the
 banner and start-up chatter are off, and what every cell would pay for nobody is left out
 (the sleep before a reply, debug log records, the notebook side's own cells echoed back,
-empty flushes: see `RankKernel`, `run_rank_kernel` and `rank.out_stream`).
+empty flushes, a thread hand-off of each request, a signature check of ``run_cell_async``
+each cell: see `RankKernel`, `RankKernelApp`, `run_rank_kernel` and `rank.out_stream`).
+The notebook side's cells are answered with one IOPub message (`rank.iopub_reply`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
 from jupyter_dist.common.wire_names import ACK_MSG_TYPE, CREDIT_KEY, NOTEBOOK_COUNT_KEY
 from jupyter_dist.rank import stack_dumps
 from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
+from jupyter_dist.rank.iopub_reply import IopubReplies, iopub_reply_request
 from jupyter_dist.rank.out_stream import attribute_threads
 from jupyter_dist.text import strip_ansi
 
@@ -61,6 +64,21 @@ class RankKernel(IPythonKernel):
 
             shell._showtraceback = showtraceback
         self.control_handlers[ACK_MSG_TYPE] = self.credit_ack
+        self._iopub_replies: IopubReplies | None = None
+
+    async def dispatch_shell(
+        self, msg: Any, /, subshell_id: str | None = None, *, concurrent: bool = False
+    ) -> None:
+        """The notebook side's cells take the short way (`rank.iopub_reply`); every
+        other request, ipykernel's."""
+        if subshell_id is None and not concurrent and self.session is not None:
+            request = iopub_reply_request(msg)
+            if request is not None:
+                if self._iopub_replies is None:
+                    self._iopub_replies = IopubReplies(self)
+                if await self._iopub_replies.run(*request):
+                    return
+        await super().dispatch_shell(msg, subshell_id, concurrent=concurrent)
 
     def _publish_execute_input(self, code: str, parent: Any, execution_count: int) -> None:
         """Echo a cell's code on IOPub, except for the notebook side's own cells: it has
@@ -121,6 +139,14 @@ class RankKernelApp(IPKernelApp):
 
     kernel_class = Type(RankKernel, klass=IPythonKernel)
 
+    def init_sockets(self) -> None:
+        """The kernel's main thread reads its shell socket itself. ipykernel 7 reads it in
+        a thread of its own and hands each request over to the main thread (for subshells,
+        run beside a busy cell); no client of a rank asks for a subshell, and the
+        hand-off is two more thread switches a request on every rank."""
+        super().init_sockets()
+        self.shell_channel_thread = None
+
     def init_iopub(self, context: zmq.Context[Any]) -> None:
         # the context's default options go to each socket it makes from now on
         context.setsockopt(zmq.SNDHWM, SEND_QUEUE)
@@ -136,6 +162,28 @@ class RankKernelApp(IPKernelApp):
             send(msg, *args, **kwargs)
 
         thread._really_send = paced_send
+
+
+def _cache_signature_checks() -> None:
+    """ipykernel asks `inspect.signature` of the shell's ``run_cell_async`` on every
+    cell, whether it takes ``cell_id`` and ``cell_meta`` (a tenth of a rank's time on a
+    short cell); the answer changes only with the function, so it is kept by function."""
+    from ipykernel import ipkernel
+
+    check = getattr(ipkernel, "_accepts_parameters", None)
+    if check is None or getattr(check, "cached", False):
+        return
+    answers: dict[tuple[Any, tuple[str, ...]], dict[str, bool]] = {}
+
+    def cached(meth: Any, param_names: list[str]) -> dict[str, bool]:
+        key = (getattr(meth, "__func__", meth), tuple(param_names))
+        answer = answers.get(key)
+        if answer is None:
+            answer = answers[key] = check(meth, param_names)
+        return dict(answer)
+
+    cached.cached = True  # type: ignore[attr-defined]
+    setattr(ipkernel, "_accepts_parameters", cached)  # noqa: B010 - a private name
 
 
 def log_traceback(stb: list[str]) -> None:
@@ -182,6 +230,7 @@ def run_rank_kernel(
     # script's run), not the agent's command line, which argparse would try to parse
     sys.argv[:] = [""]
     attribute_threads()
+    _cache_signature_checks()
     app = RankKernelApp.instance()
     # the kernel's Unix sockets are made while it initialises: owner-only (0700) on top of
     # their private folder; the user's own files keep the user's umask

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import queue
 import re
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -429,6 +431,76 @@ def test_ranks_echo_the_code_of_other_clients_but_not_the_notebooks_cells(run: R
         console.stop_channels()
 
 
+def _notebook_cell_messages(
+    console: Any, out_of: Callable[[], CellOutput]
+) -> list[tuple[str, Any]]:
+    """What a console on rank 0 saw on IOPub of the notebook's cell ``out_of`` runs:
+    ``(msg_type, content)`` of each message whose parent is an execute_request of the
+    notebook side, up to its reply and, if a status follows, that too."""
+    from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
+
+    while console.iopub_channel.msg_ready():
+        console.get_iopub_msg(timeout=1)
+    out = out_of()
+    seen: list[tuple[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            msg = console.get_iopub_msg(timeout=0.5)
+        except queue.Empty:
+            if any(kind == EXECUTE_REPLY_MSG_TYPE for kind, _ in seen):
+                break  # nothing more after the reply
+            continue
+        if msg["parent_header"].get("msg_type") == "execute_request":
+            seen.append((msg["msg_type"], msg["content"]))
+    assert out is not None
+    return seen
+
+
+def test_a_notebook_cell_is_answered_on_iopub_behind_its_output(run: Run) -> None:
+    """A rank answers the notebook side's cell with one IOPub message after the cell's
+    output (`rank.iopub_reply`): a short cell costs its output and that reply, with no
+    busy, idle or shell reply; a cell that runs long says busy, then its output, its
+    reply and idle, for the other clients of the rank; an error's reply says what it was."""
+    from jupyter_client.blocking import BlockingKernelClient
+
+    from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
+    from jupyter_dist.notebook.owners import embedded_owner
+
+    session = embedded_owner().manager.get("default")
+    rec = session.ranks[0]
+    assert rec.connection is not None
+    console = BlockingKernelClient()
+    console.load_connection_info({**rec.connection, "key": session.key})
+    console.start_channels()
+    try:
+        console.wait_for_ready(timeout=60)
+        short = _notebook_cell_messages(console, lambda: run("%%distributed\nprint('short')"))
+        assert [kind for kind, _ in short] == ["stream", EXECUTE_REPLY_MSG_TYPE], short
+        assert short[0][1]["text"] == "short\n" and short[1][1]["status"] == "ok"
+        long = _notebook_cell_messages(
+            console, lambda: run("%%distributed\nimport time\ntime.sleep(0.5)\nprint('long')")
+        )
+        kinds = [(kind, c.get("execution_state")) for kind, c in long]
+        assert kinds == [
+            ("status", "busy"),
+            ("stream", None),
+            (EXECUTE_REPLY_MSG_TYPE, None),
+            ("status", "idle"),
+        ], long
+        failed = _notebook_cell_messages(console, lambda: run("%%distributed\n1/0"))
+        reply = failed[-1]
+        assert reply[0] == EXECUTE_REPLY_MSG_TYPE and reply[1]["status"] == "error", failed
+        assert reply[1]["ename"] == "ZeroDivisionError" and reply[1]["traceback"], reply
+        # the console's own request takes ipykernel's usual way: a reply on shell
+        msg_id = console.execute("2 + 2")
+        answer = console.get_shell_msg(timeout=30)
+        assert answer["parent_header"]["msg_id"] == msg_id
+        assert answer["msg_type"] == "execute_reply" and answer["content"]["status"] == "ok"
+    finally:
+        console.stop_channels()
+
+
 def test_every_ranks_iopub_comes_through_the_sessions_one_subscriber(run: Run) -> None:
     """The ranks' IOPub (statuses and output, most of a cell's messages) is read through
     one SUB socket of the session, from one relay a node, and each message still reaches
@@ -447,18 +519,20 @@ def test_every_ranks_iopub_comes_through_the_sessions_one_subscriber(run: Run) -
     assert out.ok, out.stdout
     assert "[rank 0] I am 0 of 2" in out.stdout and "[rank 1] I am 1 of 2" in out.stdout
     assert fan_in.unknown == dropped, fan_in.last_unknown
-    assert fan_in.batched >= batched + 2 * 3  # busy, output and idle of each rank
+    assert fan_in.batched >= batched + 2 * 2  # output and reply of each rank
 
 
 def test_rank_kernels_skip_what_no_one_reads(run: Run) -> None:
-    """A rank's kernel builds no debug log records only to drop them, and does not sleep
-    between a cell's output and its reply (the notebook side waits for both anyway)."""
+    """A rank's kernel builds no debug log records only to drop them, does not sleep
+    between a cell's output and its reply (the notebook side waits for both anyway), and
+    reads its shell requests on its main thread, without a hand-off from another."""
     out = run(
         "%%distributed\n"
         "import logging\n"
         "k = get_ipython().kernel\n"
         "print('debug', k.log.isEnabledFor(logging.DEBUG), 'warn',"
-        " k.log.isEnabledFor(logging.WARNING), 'sleep', k._execute_sleep)"
+        " k.log.isEnabledFor(logging.WARNING), 'sleep', k._execute_sleep,"
+        " 'shell thread', k.shell_channel_thread)"
     )
     assert out.ok, out.stdout
-    assert "[ranks 0-1] debug False warn True sleep 0.0" in out.stdout
+    assert "[ranks 0-1] debug False warn True sleep 0.0 shell thread None" in out.stdout

@@ -73,7 +73,8 @@ def test_a_nodes_ranks_are_read_through_its_relay(session: Session) -> None:
             result = await session.execute(CELL, sink=sink)
             assert not result.failures, result.failures
             assert shell.sent == sent + 1  # one request for the node's three ranks
-            assert shell.replies == replies + 3
+            # each rank answers the cell on IOPub, behind its output, not on shell
+            assert shell.replies == replies
             agent_pid = session.status()["nodes"][0]["agent_pid"]
             assert agent_pid is not None
             relays = _relays(agent_pid)
@@ -85,8 +86,8 @@ def test_a_nodes_ranks_are_read_through_its_relay(session: Session) -> None:
     endpoints, got, batched, agent_pid, titles = asyncio.run(scenario())
     assert len(endpoints) == 1 and next(iter(endpoints)).endswith("/relay-iopub"), endpoints
     _check_every_line(got, 3)
-    # at least each rank's busy, output and idle came in the relay's batches
-    assert batched >= 3 * 3, batched
+    # at least each rank's output and reply came in the relay's batches
+    assert batched >= 3 * 2, batched
     assert titles == ["jupyter_dist relay node 0 session relay | jd-relay-0"]
     assert is_ours(titles[0].split(" | ")[0].split(" "))
     assert not psutil.pid_exists(agent_pid) or not _relays(agent_pid)

@@ -3,10 +3,12 @@ that never finished."""
 
 from __future__ import annotations
 
+import queue
 from typing import Any
 
 import pytest
 
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
 from jupyter_dist.control.cell_tracker import CellTracker
 
 
@@ -34,6 +36,29 @@ def test_a_rank_is_done_on_its_reply_and_its_idle_status_in_either_order() -> No
     run.on_message(1, "shell", reply())
     assert run.busy_ranks == [] and run.done.is_set()
     assert run.result().failures == ()
+
+
+def test_a_reply_on_iopub_ends_the_rank_behind_its_output() -> None:
+    """The notebook side's cells are answered on IOPub, behind their output
+    (`rank.iopub_reply`): that one message ends the rank, with or without a busy status
+    before it, and an error in it is the rank's failure."""
+    from jupyter_dist.common.events import StreamOut
+
+    sink: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    run = CellTracker({0: ("h", 0), 1: ("h", 1)}, sink)
+    run.on_message(0, "iopub", {"msg_type": "stream", "content": {"text": "hi"}})
+    run.on_message(0, "iopub", {"msg_type": EXECUTE_REPLY_MSG_TYPE, "content": {"status": "ok"}})
+    assert run.busy_ranks == [1]
+    run.on_message(1, "iopub", status("busy"))
+    error = {"status": "error", "ename": "ValueError", "evalue": "bad", "traceback": ["tb"]}
+    run.on_message(1, "iopub", {"msg_type": EXECUTE_REPLY_MSG_TYPE, "content": error})
+    assert run.done.is_set()
+    (failure,) = run.result().failures
+    assert (failure.rank, failure.ename, failure.evalue) == (1, "ValueError", "bad")
+    events = []
+    while not sink.empty():
+        events.append(sink.get())
+    assert isinstance(events[0], StreamOut) and events[0].text == "hi"
 
 
 @pytest.mark.parametrize(

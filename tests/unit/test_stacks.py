@@ -78,3 +78,20 @@ def test_a_real_faulthandler_dump_parses() -> None:
     assert len(threads) == 2
     assert main_thread(threads)[0].func == "deep"
     assert place_of(out).text == "in deep (<string>:5)"
+
+
+def test_a_rank_running_its_loop_between_cells_is_idle() -> None:
+    """Caught as its event loop runs a callback of C code (no frame of its own), a rank
+    that reads its requests on its main thread is between cells: idle, not "in _run"."""
+    in_callback = dump(
+        ("/usr/lib/python3.11/asyncio/events.py", 80, "_run"),
+        ("/usr/lib/python3.11/asyncio/base_events.py", 1922, "_run_once"),
+        ("/x/jupyter_dist/agent.py", 500, "main"),
+    )
+    assert place_of(in_callback).text == "idle (waiting for a cell)"
+    # the same loop running a cell is the cell's place
+    in_cell = dump(
+        ("/tmp/ipykernel_7/123.py", 2, "<module>"),
+        ("/usr/lib/python3.11/asyncio/events.py", 80, "_run"),
+    )
+    assert place_of(in_cell).text == "at cell line 2"
