@@ -116,6 +116,10 @@ class IopubReplies:
         self.kernel = kernel
         session = kernel.session
         self.codec = WireCodec(session.key, session.signature_scheme)
+        # signed as the kernel signs: a subscriber tells kernels apart by the session
+        # of their messages' headers
+        self.codec.session, self.codec.username = session.session, session.username
+        self.topic = kernel._topic(EXECUTE_REPLY_MSG_TYPE)
         thread = kernel.iopub_thread
         self.busy = BusyNotice(thread.schedule, thread.io_loop.call_later, self._status)
         self.cells = 0
@@ -180,13 +184,10 @@ class IopubReplies:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
-        kernel.session.send(
-            kernel.iopub_socket,
-            EXECUTE_REPLY_MSG_TYPE,
-            json_clean(reply),
-            parent=msg,
-            ident=kernel._topic(EXECUTE_REPLY_MSG_TYPE),
+        _msg_id, reply_frames = self.codec.encode(
+            EXECUTE_REPLY_MSG_TYPE, json_clean(reply), parent=msg["header"]
         )
+        kernel.iopub_socket.send_multipart([self.topic, *reply_frames])
         self.busy.finish(msg)
         self.cells += 1
         return True
