@@ -475,9 +475,19 @@ def test_a_notebook_cell_is_answered_on_iopub_behind_its_output(run: Run) -> Non
     console.start_channels()
     try:
         console.wait_for_ready(timeout=60)
-        short = _notebook_cell_messages(console, lambda: run("%%distributed\nprint('short')"))
-        assert [kind for kind, _ in short] == ["stream", EXECUTE_REPLY_MSG_TYPE], short
-        assert short[0][1]["text"] == "short\n" and short[1][1]["status"] == "ok"
+        quiet = 0
+        for _ in range(5):
+            short = _notebook_cell_messages(console, lambda: run("%%distributed\nprint('short')"))
+            kinds = [kind for kind, _ in short]
+            # a loaded machine may keep a rank from its cell past 50 ms: it then says so
+            assert kinds in (
+                ["stream", EXECUTE_REPLY_MSG_TYPE],
+                ["status", "stream", EXECUTE_REPLY_MSG_TYPE, "status"],
+            ), short
+            quiet += kinds[0] == "stream"
+            output, reply = short[-2:] if kinds[0] == "stream" else short[1:3]
+            assert output[1]["text"] == "short\n" and reply[1]["status"] == "ok", short
+        assert quiet >= 1  # most short cells say nothing but their output and reply
         long = _notebook_cell_messages(
             console, lambda: run("%%distributed\nimport time\ntime.sleep(0.5)\nprint('long')")
         )
