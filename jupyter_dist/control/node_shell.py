@@ -12,7 +12,10 @@ socket when it becomes readable) and sends at once unless the socket is full.
 If the relay stops (its agent starts another at the same socket, to which this one
 reconnects), whatever it held is gone, and the ranks' replies to requests it passed on go
 to a socket that no longer exists. The socket's monitor tells the moment the connection
-breaks, and `on_lost` then tells the session, so that no cell waits for those answers.
+breaks, and `on_lost` then tells the session, so that no cell waits for those answers. A
+connection that never got through zmq's handshake carried nothing and loses nothing: over
+SSH the forward's local end accepts and then closes while the node's relay is not yet
+listening, and zmq connects again by itself.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class NodeShell:
         self.socket.linger = 0
         # a plain socket (the context may be an asyncio one, whose sockets return futures)
         address = f"inproc://jupyter-dist-relay-monitor-{uuid.uuid4().hex}"
-        self.socket.monitor(address, zmq.EVENT_DISCONNECTED)
+        self.socket.monitor(address, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.monitor: zmq.Socket[bytes] = zmq.Socket(context, zmq.PAIR)
         self.monitor.linger = 0
         self.monitor.connect(address)
@@ -63,6 +66,9 @@ class NodeShell:
         #: called with this node's ranks when the connection to the relay broke
         self.on_lost: Callable[[list[int]], None] | None = None
         self.disconnects = 0
+        #: a connection to the relay completed zmq's handshake and has not broken since:
+        #: only such a connection can have carried answers, so only its end loses them
+        self.connected = False
         self.codec = WireCodec(key, signature_scheme)
         self.clients: dict[int, RankClient] = {}
         self._outbox: collections.deque[list[Any]] = collections.deque()
@@ -162,8 +168,16 @@ class NodeShell:
                 return
             except zmq.ZMQError:
                 return
-            if event["event"] != zmq.EVENT_DISCONNECTED:
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
                 continue
+            if event["event"] != zmq.EVENT_DISCONNECTED or not self.connected:
+                # a connection that never got through: the relay was not listening yet
+                # (over SSH the local end of the forward accepts, then closes when the
+                # node's socket is not there); nothing went over it, so nothing is lost,
+                # and zmq connects again by itself
+                continue
+            self.connected = False
             self.disconnects += 1
             log.warning("the connection to the relay at %s broke", self.url)
             if self.on_lost is not None and self.clients:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import zmq
@@ -250,3 +250,63 @@ def test_a_bad_command_is_said_and_the_relay_goes_on(relay: Relay) -> None:
     _tell(proc, f"+0 ipc://{folder}/k0 ipc://{folder}/s0")
     log = _stop(proc)
     assert log.count("expected +RANK IOPUB_URL SHELL_URL or -RANK") == 2
+
+
+def test_only_a_connection_that_got_through_can_lose_the_relays_answers(tmp_path: Path) -> None:
+    """Over SSH the local end of a forward accepts and closes at once while the node's
+    relay is not listening yet: those connections carried nothing, and no cell is told
+    that answers were lost. Once a connection got through zmq's handshake, its end is
+    the relay lost."""
+    import socket
+    import threading
+
+    path = tmp_path / "relay-shell"
+    refusing = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    refusing.bind(str(path))
+    refusing.listen(16)
+    refused = threading.Event()
+
+    def accept_and_close() -> None:
+        while True:
+            try:
+                conn, _ = refusing.accept()
+            except OSError:
+                return
+            conn.close()
+            refused.set()
+
+    threading.Thread(target=accept_and_close, daemon=True).start()
+    lost: list[list[int]] = []
+
+    async def scenario() -> NodeShell:
+        context: zmq.Context[Any] = zmq.Context()
+        shell = NodeShell(context, KEY, "hmac-sha256", f"ipc://{path}")
+        shell.on_lost = lost.append
+        shell.clients[3] = cast(Any, object())  # a rank of this node (only its number is told)
+        shell.watch()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not refused.is_set() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # zmq connects again every 0.1 s, and is closed again
+        shell._on_monitor()
+        assert refused.is_set() and lost == [] and shell.disconnects == 0
+        refusing.close()
+        path.unlink()
+        relay = context.socket(zmq.ROUTER)
+        relay.linger = 0
+        relay.bind(f"ipc://{path}")
+        shell.send([3], [b"ping"])
+        assert await asyncio.wait_for(asyncio.to_thread(relay.recv_multipart), 30)
+        while not shell.connected and loop.time() < deadline:
+            shell._on_monitor()
+            await asyncio.sleep(0.05)
+        relay.close(0)  # the relay stops
+        while not lost and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        shell.close()
+        context.term()
+        return shell
+
+    shell = asyncio.run(scenario())
+    assert lost == [[3]] and shell.disconnects == 1
