@@ -14,9 +14,9 @@ runs as any other (`IPythonKernel.do_execute`: the same shell, execution count, 
 magics, interrupts, tracebacks); only ipykernel's message plumbing around it is left out.
 
 The statuses still tell other clients what the rank is doing, but only for a cell that
-takes longer than `BUSY_AFTER_S`: the IO thread then says ``busy``, and ``idle`` follows
-the reply (`BusyNotice`). A console on the rank or the session's status sees a long cell
-as before, and a short one costs nobody anything.
+takes longer than `BUSY_AFTER_S`: a watching thread then says ``busy``, and ``idle``
+follows the reply (`BusyNotice`). A console on the rank or the session's status sees a
+long cell as before, and a short one costs nobody anything.
 
 Requests without the key (a console's, a client of another version) take ipykernel's
 usual way, as do requests that ipykernel would abort after an error.
@@ -25,8 +25,10 @@ usual way, as do requests that ipykernel would abort after an error.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +37,7 @@ from jupyter_client.jsonutil import json_clean
 from jupyter_dist.common.wire_codec import DELIMITER, WireCodec, WireError
 from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, IOPUB_REPLY_KEY
 
+log = logging.getLogger(__name__)
 #: seconds a cell runs before its rank says ``busy`` on IOPub (and ``idle`` after it)
 BUSY_AFTER_S = 0.05
 _KEY_BYTES = IOPUB_REPLY_KEY.encode()
@@ -62,51 +65,67 @@ def _bytes(frame: Any) -> bytes:
 class BusyNotice:
     """``busy`` and ``idle`` on IOPub for a cell that runs longer than `BUSY_AFTER_S`.
 
-    ``start`` hands a timer to the IO thread (``schedule``: the kernel's own way to run
-    a function there); the timer says ``busy`` if the cell is still running when it
-    fires. ``finish``, after the reply was queued, says ``idle`` if ``busy`` was said.
-    A lock keeps the two from crossing: never a ``busy`` without its ``idle``."""
+    A thread of its own watches the running cell: ``start`` notes the cell and its start
+    (and wakes the thread only if it waits idle, so cells back to back cost no thread
+    switch); the thread says ``busy`` once a cell has run `BUSY_AFTER_S`. ``end`` notes
+    the cell ended and says whether ``busy`` was said: it is called before the reply is
+    queued, so no ``busy`` comes after the reply, and the caller says ``idle`` after it.
+    One lock orders the two threads."""
 
     def __init__(
-        self,
-        schedule: Callable[[Callable[[], None]], None],
-        call_later: Callable[[float, Callable[[], None]], Any],
-        publish: Callable[[str, dict[str, Any]], None],
-        after_s: float = BUSY_AFTER_S,
+        self, publish: Callable[[str, dict[str, Any]], None], after_s: float = BUSY_AFTER_S
     ) -> None:
         self.after_s = after_s
-        self._schedule = schedule
-        self._call_later = call_later
         self._publish = publish
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._cell: dict[str, Any] | None = None
+        self._since = 0.0
         self._said_busy = False
+        self._idle_wait = False  # the watcher waits for a cell, with no deadline
+        self._thread: threading.Thread | None = None
 
     def start(self, parent: dict[str, Any]) -> None:
-        with self._lock:
-            self._cell = parent
-            self._said_busy = False
-        self._schedule(lambda: self._call_later(self.after_s, lambda: self._fire(parent)))
+        with self._changed:
+            self._cell, self._since, self._said_busy = parent, time.monotonic(), False
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="jupyter-dist-busy", daemon=True
+                )
+                self._thread.start()
+            elif self._idle_wait:
+                self._changed.notify()
+
+    def end(self, parent: dict[str, Any]) -> bool:
+        """The cell ``parent`` ended: whether ``busy`` was said for it (then ``idle``
+        is the caller's to say, after the reply)."""
+        with self._changed:
+            said = self._said_busy and self._cell is parent
+            self._cell, self._said_busy = None, False
+            return said
 
     @property
     def said_busy(self) -> bool:
-        with self._lock:
+        with self._changed:
             return self._said_busy
 
-    def _fire(self, parent: dict[str, Any]) -> None:
-        with self._lock:
-            if self._cell is not parent:
-                return  # it ended (or another began) before the timer
-            self._said_busy = True
-            self._publish("busy", parent)
-
-    def finish(self, parent: dict[str, Any]) -> None:
-        with self._lock:
-            said = self._said_busy and self._cell is parent
-            self._cell = None
-            self._said_busy = False
-            if said:
-                self._publish("idle", parent)
+    def _watch(self) -> None:
+        with self._changed:
+            while True:
+                cell = self._cell
+                if cell is None or self._said_busy:
+                    self._idle_wait = True
+                    self._changed.wait()
+                    self._idle_wait = False
+                    continue
+                left = self._since + self.after_s - time.monotonic()
+                if left > 0:
+                    self._changed.wait(left)  # a later cell only moves the deadline on
+                    continue
+                self._said_busy = True
+                try:
+                    self._publish("busy", cell)
+                except Exception:  # the kernel is going away: the next cell tries again
+                    log.exception("saying busy failed")
 
 
 class IopubReplies:
@@ -120,8 +139,7 @@ class IopubReplies:
         # of their messages' headers
         self.codec.session, self.codec.username = session.session, session.username
         self.topic = kernel._topic(EXECUTE_REPLY_MSG_TYPE)
-        thread = kernel.iopub_thread
-        self.busy = BusyNotice(thread.schedule, thread.io_loop.call_later, self._status)
+        self.busy = BusyNotice(self._status)
         self.cells = 0
 
     def _status(self, state: str, parent: dict[str, Any]) -> None:
@@ -184,10 +202,12 @@ class IopubReplies:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
+        said_busy = self.busy.end(msg)
         _msg_id, reply_frames = self.codec.encode(
             EXECUTE_REPLY_MSG_TYPE, json_clean(reply), parent=msg["header"]
         )
         kernel.iopub_socket.send_multipart([self.topic, *reply_frames])
-        self.busy.finish(msg)
+        if said_busy:
+            self._status("idle", msg)
         self.cells += 1
         return True

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import zmq
-from ipykernel.iostream import IOPubThread
 
 from jupyter_dist.common.wire_codec import WireCodec
 from jupyter_dist.common.wire_names import IOPUB_REPLY_KEY
@@ -43,69 +40,54 @@ def test_only_execute_requests_that_ask_take_the_short_way() -> None:
     assert iopub_reply_request(as_frames) is not None
 
 
-@pytest.fixture
-def io_thread() -> Iterator[IOPubThread]:
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.bind("inproc://busy-notice")
-    thread = IOPubThread(pub)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        thread.stop()
-        thread.close()
-        ctx.term()
-
-
-def _notice(thread: IOPubThread, after_s: float) -> tuple[BusyNotice, list[tuple[str, str, str]]]:
+def _notice(after_s: float) -> tuple[BusyNotice, list[tuple[str, str, str]]]:
     said: list[tuple[str, str, str]] = []
 
     def publish(state: str, parent: dict[str, Any]) -> None:
         said.append((state, parent["msg_id"], threading.current_thread().name))
 
-    notice = BusyNotice(thread.schedule, thread.io_loop.call_later, publish, after_s=after_s)
-    return notice, said
+    return BusyNotice(publish, after_s=after_s), said
 
 
-def test_a_short_cell_says_nothing(io_thread: IOPubThread) -> None:
-    notice, said = _notice(io_thread, after_s=0.3)
+def _until_busy(notice: BusyNotice) -> None:
+    deadline = time.monotonic() + 30
+    while not notice.said_busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_short_cell_says_nothing() -> None:
+    notice, said = _notice(after_s=0.3)
     for n in range(20):
         cell = {"msg_id": f"cell-{n}"}
         notice.start(cell)
-        notice.finish(cell)
-    time.sleep(0.6)  # every timer has fired by now, each after its cell ended
+        assert notice.end(cell) is False
+    time.sleep(0.6)  # past every cell's deadline
     assert said == []
 
 
-def test_a_long_cell_says_busy_then_idle(io_thread: IOPubThread) -> None:
-    notice, said = _notice(io_thread, after_s=0.05)
+def test_a_long_cell_says_busy_from_the_watcher_and_idle_is_the_callers() -> None:
+    notice, said = _notice(after_s=0.05)
     cell = {"msg_id": "long"}
     notice.start(cell)
-    deadline = time.monotonic() + 30
-    while not notice.said_busy and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [s[:2] for s in said] == [("busy", "long")]
-    assert said[0][2] != threading.current_thread().name  # said by the IO thread
-    notice.finish(cell)
-    assert [s[:2] for s in said] == [("busy", "long"), ("idle", "long")]
-    # the next cell, short, says nothing
-    notice.start({"msg_id": "short"})
-    notice.finish({"msg_id": "short"})
+    _until_busy(notice)
+    assert said == [("busy", "long", "jupyter-dist-busy")]
+    assert notice.end(cell) is True  # the caller says idle, after the reply
     time.sleep(0.2)
-    assert len(said) == 2
+    assert len(said) == 1  # nothing after the end: no busy behind the reply
+    # the watcher waited idle meanwhile; the next long cell wakes it
+    notice.start({"msg_id": "next"})
+    _until_busy(notice)
+    assert said[-1] == ("busy", "next", "jupyter-dist-busy")
 
 
-def test_a_timer_of_an_ended_cell_says_nothing_of_the_next(io_thread: IOPubThread) -> None:
-    """A cell ends and the next begins before the first one's timer fires: the timer is
-    the first cell's, which is over, and the second's own timer decides for it."""
-    notice, said = _notice(io_thread, after_s=0.2)
+def test_a_cell_that_ended_says_nothing_of_the_next() -> None:
+    """A cell ends and the next begins before the first one's deadline: only the second
+    one's own deadline decides for it."""
+    notice, said = _notice(after_s=0.2)
     first, second = {"msg_id": "first"}, {"msg_id": "second"}
     notice.start(first)
-    notice.finish(first)
+    assert notice.end(first) is False
     notice.start(second)
-    deadline = time.monotonic() + 30
-    while not notice.said_busy and time.monotonic() < deadline:
-        time.sleep(0.01)
-    notice.finish(second)
-    assert [s[:2] for s in said] == [("busy", "second"), ("idle", "second")]
+    _until_busy(notice)
+    assert notice.end(second) is True
+    assert [s[:2] for s in said] == [("busy", "second")]
