@@ -140,7 +140,6 @@ class IopubReplies:
         self.codec.session, self.codec.username = session.session, session.username
         self.topic = kernel._topic(EXECUTE_REPLY_MSG_TYPE)
         self.busy = BusyNotice(self._status)
-        self.cells = 0
 
     def _status(self, state: str, parent: dict[str, Any]) -> None:
         kernel = self.kernel
@@ -209,5 +208,4 @@ class IopubReplies:
         kernel.iopub_socket.send_multipart([self.topic, *reply_frames])
         if said_busy:
             self._status("idle", msg)
-        self.cells += 1
         return True

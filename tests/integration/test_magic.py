@@ -9,7 +9,7 @@ import queue
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -391,10 +391,9 @@ def test_rank_tracebacks_name_the_notebooks_cell_count(shell: Any, run: Run) -> 
     assert "Cell In[7], line 3" in shown, shown
 
 
-def test_ranks_echo_the_code_of_other_clients_but_not_the_notebooks_cells(run: Run) -> None:
-    """A rank does not echo the notebook side's cells on IOPub (it has their code, and
-    at many ranks the echo would be a quarter of a cell's messages); a console on the
-    rank still gets the echo of its own requests, as with any kernel."""
+@contextlib.contextmanager
+def _console_on_rank_0() -> Iterator[Any]:
+    """A client of the default session's rank 0 kernel, as a console on it would be."""
     from jupyter_client.blocking import BlockingKernelClient
 
     from jupyter_dist.notebook.owners import embedded_owner
@@ -407,6 +406,16 @@ def test_ranks_echo_the_code_of_other_clients_but_not_the_notebooks_cells(run: R
     console.start_channels()
     try:
         console.wait_for_ready(timeout=60)
+        yield console
+    finally:
+        console.stop_channels()
+
+
+def test_ranks_echo_the_code_of_other_clients_but_not_the_notebooks_cells(run: Run) -> None:
+    """A rank does not echo the notebook side's cells on IOPub (it has their code, and
+    at many ranks the echo would be a quarter of a cell's messages); a console on the
+    rank still gets the echo of its own requests, as with any kernel."""
+    with _console_on_rank_0() as console:
         while console.iopub_channel.msg_ready():
             console.get_iopub_msg(timeout=1)
         out = run("%%distributed --ranks 0\necho_marker = 1")
@@ -427,8 +436,6 @@ def test_ranks_echo_the_code_of_other_clients_but_not_the_notebooks_cells(run: R
         # the notebook's cell ran first on this rank: busy, idle and no echo; then the
         # console's request, echoed once
         assert echoes == ["execute_input"], seen
-    finally:
-        console.stop_channels()
 
 
 def _notebook_cell_messages(
@@ -462,19 +469,9 @@ def test_a_notebook_cell_is_answered_on_iopub_behind_its_output(run: Run) -> Non
     output (`rank.iopub_reply`): a short cell costs its output and that reply, with no
     busy, idle or shell reply; a cell that runs long says busy, then its output, its
     reply and idle, for the other clients of the rank; an error's reply says what it was."""
-    from jupyter_client.blocking import BlockingKernelClient
-
     from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
-    from jupyter_dist.notebook.owners import embedded_owner
 
-    session = embedded_owner().manager.get("default")
-    rec = session.ranks[0]
-    assert rec.connection is not None
-    console = BlockingKernelClient()
-    console.load_connection_info({**rec.connection, "key": session.key})
-    console.start_channels()
-    try:
-        console.wait_for_ready(timeout=60)
+    with _console_on_rank_0() as console:
         quiet = 0
         for _ in range(5):
             short = _notebook_cell_messages(console, lambda: run("%%distributed\nprint('short')"))
@@ -507,8 +504,6 @@ def test_a_notebook_cell_is_answered_on_iopub_behind_its_output(run: Run) -> Non
         answer = console.get_shell_msg(timeout=30)
         assert answer["parent_header"]["msg_id"] == msg_id
         assert answer["msg_type"] == "execute_reply" and answer["content"]["status"] == "ok"
-    finally:
-        console.stop_channels()
 
 
 def test_every_ranks_iopub_comes_through_the_sessions_one_subscriber(run: Run) -> None:
