@@ -24,6 +24,8 @@ from jupyter_dist.text import ranks_label
 
 #: seconds to keep drawing after an interrupt before giving control back
 INTERRUPT_WAIT_S = 10.0
+#: seconds a stopped cell's call may take to return after its CellFinished event
+FINISH_WAIT_S = 5.0
 POLL_S = 0.05
 
 
@@ -79,7 +81,12 @@ def _drive(
                     continue
                 renderer.handle(event)
                 if isinstance(event, CellFinished):
-                    return interrupted_at is not None
+                    if interrupted_at is not None:
+                        # the loop puts CellFinished just before the call returns: the
+                        # caller reads how the stopped cell ended from its result
+                        concurrent.futures.wait([future], timeout=FINISH_WAIT_S)
+                        return True
+                    return False
             if call_done and sink.empty():
                 return interrupted_at is not None
             now = time.monotonic()

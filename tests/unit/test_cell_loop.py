@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import queue
+import threading
 import time
 from typing import Any
 
-from jupyter_dist.common.events import CellEvent, Notice
+from jupyter_dist.common.events import CellEvent, CellFinished, CellResult, Notice
 from jupyter_dist.notebook.cell_loop import drive
 
 
@@ -47,3 +48,42 @@ def test_events_that_came_during_a_slow_tick_are_handled_before_the_next_tick() 
     first_tick = renderer.calls.index("tick")
     assert renderer.calls[:first_tick] == ["first line"]
     assert renderer.calls[first_tick + 1] == "late line", renderer.calls
+
+
+class StoppedOnFirstEvent:
+    """The user stops the cell as its first event is drawn."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def handle(self, event: CellEvent) -> None:
+        if not self.stopped:
+            self.stopped = True
+            raise KeyboardInterrupt
+
+    def tick(self) -> None:
+        pass
+
+    def finish(self) -> None:  # pragma: no cover - part of the protocol only
+        pass
+
+
+def test_a_stopped_cell_is_read_from_its_call_once_it_finished() -> None:
+    """The loop puts a stopped cell's CellFinished just before its call returns: the
+    notebook thread waits for that return, so that it tells how the cell ended (withdrawn
+    from the queue, say) and not that its ranks are still running."""
+    sink: queue.SimpleQueue[CellEvent] = queue.SimpleQueue()
+    future: concurrent.futures.Future[CellResult] = concurrent.futures.Future()
+    result = CellResult((0, 1), (), {}, withdrawn=True)
+
+    def stop() -> None:
+        def finish() -> None:
+            sink.put(CellFinished(result))
+            time.sleep(0.3)  # the loop thread is slow to return from the call
+            future.set_result(result)
+
+        threading.Thread(target=finish).start()
+
+    sink.put(Notice("a line"))
+    assert drive(future, sink, StoppedOnFirstEvent(), stop) is True
+    assert future.done() and future.result() is result
