@@ -11,7 +11,8 @@ bench/run.py):
   ``--procs N`` doing an ``all_reduce`` (the process group of N ranks); ipyparallel
   ``Cluster(n=N).start_and_connect`` then a ``%%px`` cell.
 * **warm cell**: ``x = 1`` on every rank, median and p90 of ``--cells`` round trips
-  (request sent to reply and idle).
+  (request sent to reply and idle), shown as a notebook shows it (the widget view, whose
+  snapshot is all a cell that quick shows; ``--output text`` for the text output).
 * **notebook CPU per cell**: CPU time (user + system, every thread) of the notebook kernel
   process over those cells, divided by their number: the part that does not shrink when
   the ranks have CPUs of their own.
@@ -176,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", default="2,8,32,64", help="rank counts (default: 2,8,32,64)")
     p.add_argument("--peers", default=",".join(PEERS), help="jupyter_dist,ipyparallel")
     p.add_argument("--cells", type=int, default=30, help="timed warm cells per count")
+    p.add_argument(
+        "--output",
+        choices=("widget", "text"),
+        default="widget",
+        help="jupyter_dist's cell output: the widget view a notebook shows (default), or text",
+    )
     args = p.parse_args(argv)
     counts = [int(c) for c in args.ranks.split(",") if c.strip()]
     if not counts or min(counts) < 1 or max(counts) > 1024:
@@ -187,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.cells <= 10_000:
         p.error(f"--cells {args.cells}: expected 1 to 10000")
     # jupyter_dist refuses more ranks a node than twice the CPUs unless told
-    env = {"JUPYTER_DIST_MAX_RANKS_PER_NODE": str(max(counts)), "JUPYTER_DIST_OUTPUT": "text"}
+    env = {"JUPYTER_DIST_MAX_RANKS_PER_NODE": str(max(counts)), "JUPYTER_DIST_OUTPUT": args.output}
     results: dict[int, dict[str, dict[str, Any]]] = {}
     for n in counts:
         for peer in peers:
@@ -205,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         "arch": platform.machine(),
         "python": platform.python_version(),
     }
-    out.write_text(json.dumps({"machine": machine, "results": results}, indent=1))
+    settings = {"output": args.output, "cells": args.cells}
+    out.write_text(
+        json.dumps({"machine": machine, "settings": settings, "results": results}, indent=1)
+    )
     print(f"\nwritten to {out.relative_to(REPO_ROOT)}", file=sys.stderr)
     return 0
 

@@ -11,7 +11,11 @@ output does not freeze the browser. A rank that has printed more than the output
 instead of the rest of its output. Switching views happens in the browser (the selector
 is linked to the view stack there), so it works while the cell still runs.
 
-The live widgets are for the running cell. When it ends, its display is replaced by a
+The live widgets are for the running cell, and only for one still running after
+`LIVE_AFTER_S`: a cell that ends sooner (most cells of an interactive session) shows its
+snapshot at once, without some thirty widgets made, sent to the browser and closed again
+within a few milliseconds, which cost the notebook kernel about four times a whole text
+cell. When a cell ends, its display is replaced by a
 snapshot (`display.snapshot`): self-contained HTML with the chips, each rank's output, the
 charts as inline SVG and the summary, plus the folded, rank-prefixed text as text/plain.
 A saved notebook, a restarted kernel, nbconvert, nbviewer and GitHub all show that,
@@ -26,6 +30,7 @@ import collections
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +66,9 @@ BUTTONS_UP_TO = 8
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: how many cell views stay live widgets; older ones are retired to a static copy
 LIVE_VIEWS = 30
+#: a cell still running after this many seconds gets its live widgets; one that ends
+#: sooner is shown as its snapshot only
+LIVE_AFTER_S = 0.25
 
 DisplayFn = Callable[..., Any]
 
@@ -72,14 +80,18 @@ class View:
         self.label = label
         self.log_hint = log_hint
         self.output = ViewOutput()
-        self.widget = widgets.Output(layout=widgets.Layout(max_height="480px", overflow="auto"))
-        self.widget.add_class("jd-view")
+        self.widget: widgets.Output | None = None  # made when the cell view goes live
         self.drawn = -1
         self.drawn_at = 0.0
         self.interval = 0.0  # at least this long between redraws (a flooding rank's view)
 
+    def build(self) -> widgets.Output:
+        self.widget = widgets.Output(layout=widgets.Layout(max_height="480px", overflow="auto"))
+        self.widget.add_class("jd-view")
+        return self.widget
+
     def render(self, now: float = 0.0, final: bool = True) -> None:
-        if self.output.version == self.drawn:
+        if self.widget is None or self.output.version == self.drawn:
             return
         if not final and now - self.drawn_at < self.interval:
             return
@@ -97,8 +109,21 @@ class View:
         self.widget.outputs = tuple(outputs)
 
 
+@dataclass
+class LiveParts:
+    """The widgets of a cell view that went live."""
+
+    header: widgets.HTML
+    selector: widgets.ToggleButtons | widgets.Dropdown
+    link: widgets.Link
+    footer: widgets.HTML
+    stacks: StacksPanel | None
+    root: widgets.VBox
+
+
 class CellView:
-    """Renders one cell's events into ipywidgets."""
+    """Renders one cell's events into ipywidgets (once the cell has run `live_after`
+    seconds), and into its snapshot when it ends."""
 
     def __init__(
         self,
@@ -109,6 +134,7 @@ class CellView:
         display: DisplayFn | None = None,
         read_stacks: Callable[[], str] | None = None,
         log_url: Callable[[Path], str | None] | None = None,
+        live_after: float = LIVE_AFTER_S,
     ) -> None:
         self.ranks = sorted(places)
         self.statuses = {r: RankStatus(r, places[r][0], places[r][1]) for r in self.ranks}
@@ -146,53 +172,65 @@ class CellView:
             *([self.all_view] if len(self.ranks) > 1 else []),
         ]
 
-        self.header = widgets.HTML(chips_html(list(self.statuses.values())))
-        self.header.add_class("jd-status")
-        self.stack = widgets.Stack([v.widget for v in self.views], selected_index=0)
-        labels = [v.label for v in self.views]
-        self.selector: widgets.ToggleButtons | widgets.Dropdown
-        if len(self.ranks) <= BUTTONS_UP_TO:
-            self.selector = widgets.ToggleButtons(
-                options=labels, index=0, style={"button_width": "auto"}
-            )
-        else:
-            self.selector = widgets.Dropdown(options=labels, index=0, description="show")
-        self.selector.add_class("jd-select")
-        self._link = widgets.jslink((self.selector, "index"), (self.stack, "selected_index"))
-        self.footer = widgets.HTML()
-        self.footer.add_class("jd-footer")
-        self.root = widgets.VBox(self._layout(read_stacks))
-        self.root.add_class("jd-cell-view")
+        self.selected = 0  # the view shown (the selector's index once live)
+        self.footer_html = ""
+        self._read_stacks = read_stacks
+        self.live_after = live_after
+        self.live: LiveParts | None = None
         self._display = display
+        self._shown_at: float | None = None
         self._handle: Any = None
         self._text = ""  # the text/plain copy, once the cell ended
         self.snapshot = ""  # the HTML that replaces the view once the cell ended
         self.retired = False
         self._culprit_shown = False
 
-    def _layout(self, read_stacks: Callable[[], str] | None) -> list[widgets.Widget]:
-        """The view's parts, top to bottom; a "stacks" button where the kernel can answer
-        it while the cell runs."""
-        self.stacks = StacksPanel.where_answerable(read_stacks) if read_stacks else None
-        tools: list[widgets.Widget] = [self.selector] if len(self.views) > 1 else []
-        if self.stacks is not None:
-            tools.append(self.stacks.button)
-        parts: list[widgets.Widget] = [self.header]
-        if tools:
-            parts.append(widgets.HBox(tools) if len(tools) > 1 else tools[0])
-        if self.stacks is not None:
-            parts.append(self.stacks.text)
-        parts += [self.stack, self.metrics.box, self.footer]
-        return parts
-
     # -- showing ----------------------------------------------------------------------
     def show(self) -> None:
-        """Put the view in the cell's output (once, before the first event)."""
+        """Start showing the cell (once, before the first event): its live widgets once it
+        has run `live_after` seconds (at once if that is 0), else its snapshot when it
+        ends."""
+        self._shown_at = time.monotonic()
+        if self.live_after <= 0:
+            self._go_live()
+
+    def _go_live(self) -> None:
+        """Make the widgets, put them in the cell's output, and draw what came so far."""
         from IPython.display import display
 
+        header = widgets.HTML(chips_html(list(self.statuses.values())))
+        header.add_class("jd-status")
+        stack = widgets.Stack([v.build() for v in self.views], selected_index=self.selected)
+        labels = [v.label for v in self.views]
+        selector: widgets.ToggleButtons | widgets.Dropdown
+        if len(self.ranks) <= BUTTONS_UP_TO:
+            selector = widgets.ToggleButtons(
+                options=labels, index=self.selected, style={"button_width": "auto"}
+            )
+        else:
+            selector = widgets.Dropdown(options=labels, index=self.selected, description="show")
+        selector.add_class("jd-select")
+        link = widgets.jslink((selector, "index"), (stack, "selected_index"))
+        footer = widgets.HTML(self.footer_html)
+        footer.add_class("jd-footer")
+        read = self._read_stacks
+        stacks = StacksPanel.where_answerable(read) if read is not None else None
+        tools: list[widgets.Widget] = [selector] if len(self.views) > 1 else []
+        if stacks is not None:
+            tools.append(stacks.button)
+        parts: list[widgets.Widget] = [header]
+        if tools:
+            parts.append(widgets.HBox(tools) if len(tools) > 1 else tools[0])
+        if stacks is not None:
+            parts.append(stacks.text)
+        parts += [stack, self.metrics.build(), footer]
+        root = widgets.VBox(parts)
+        root.add_class("jd-cell-view")
+        self.live = LiveParts(header, selector, link, footer, stacks, root)
+        self.render(final=False)
         show = self._display or display
         bundle = {
-            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": self.root.model_id},
+            WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": root.model_id},
             "text/plain": f"[jupyter_dist] running on {ranks_label(self.ranks)}",
         }
         self._handle = show(bundle, raw=True, display_id=True)
@@ -265,7 +303,12 @@ class CellView:
         else:
             self.notices.append(text)
             self._all_text.handle(Notice(text))
-        self.footer.value = self._notes_html(self.notices + self.transient)
+        self._set_footer(self._notes_html(self.notices + self.transient))
+
+    def _set_footer(self, html: str) -> None:
+        self.footer_html = html
+        if self.live is not None:
+            self.live.footer.value = html
 
     @staticmethod
     def _notes_html(notes: list[str]) -> str:
@@ -282,7 +325,9 @@ class CellView:
             # the view turns to the first rank that failed of its own: the root cause, not
             # the ranks left waiting for it
             self._culprit_shown = True
-            self.selector.index = self.views.index(self.rank_views[event.rank])
+            self.selected = self.views.index(self.rank_views[event.rank])
+            if self.live is not None:
+                self.live.selector.index = self.selected
         for name in ("stdout", "stderr"):
             self._rank_writers[(event.rank, name)].flush()
         view = self.rank_views[event.rank].output
@@ -303,18 +348,30 @@ class CellView:
     # -- drawing ----------------------------------------------------------------------------
     def tick(self) -> None:
         now = time.monotonic()
+        if self._due_live(now):
+            self._go_live()
         if now - self._last_render >= RENDER_INTERVAL_S:
             self._all_text.tick()
             for renderer in self._node_text.values():
                 renderer.tick()
             self.render(now, final=False)
 
+    def _due_live(self, now: float) -> bool:
+        """A shown view of a cell still running after `live_after` seconds, not live yet."""
+        started = self._shown_at
+        if self.live is not None or self.finished or started is None:
+            return False
+        return now - started >= self.live_after
+
     def render(self, now: float | None = None, final: bool = True) -> None:
         now = time.monotonic() if now is None else now
         self._last_render = now
-        with self.root.hold_sync():
-            self.header.value = chips_html(list(self.statuses.values()), now)
-            self._label_selector()
+        live = self.live
+        if live is None:
+            return
+        with live.root.hold_sync():
+            live.header.value = chips_html(list(self.statuses.values()), now)
+            self._label_selector(live.selector)
             for view in self.views:
                 view.render(now, final)
             self.metrics.render()
@@ -329,15 +386,15 @@ class CellView:
             f'rel="noopener" title="each rank\'s full output in this cell">{folder}</a>'
         )
 
-    def _label_selector(self) -> None:
+    def _label_selector(self, selector: widgets.ToggleButtons | widgets.Dropdown) -> None:
         """The selector's buttons say each rank's state in their tooltips (read aloud by
         screen readers): the chips' news, for keyboard users, who pick views there."""
-        if not isinstance(self.selector, widgets.ToggleButtons):
+        if not isinstance(selector, widgets.ToggleButtons):
             return
         tips = [f"{view.label}: {self.statuses[r].state}" for r, view in self.rank_views.items()]
         tips += [view.label for view in self.views[len(tips) :]]
-        if list(self.selector.tooltips) != tips:
-            self.selector.tooltips = tips
+        if list(selector.tooltips) != tips:
+            selector.tooltips = tips
 
     def finish(self) -> None:
         if self.finished:
@@ -355,7 +412,7 @@ class CellView:
         summary = cell_summary(list(self.statuses.values()))
         lines = [summary, *self.metrics.summary()]
         footer = self._notes_html(self.notices) + "<br>".join(_escape(line) for line in lines)
-        self.footer.value = f"{footer}<br>{self._logs_html()}"
+        self._set_footer(f"{footer}<br>{self._logs_html()}")
         self.render()
         several = len(self.ranks) > 1
         view = self.all_view if several else self.rank_views[self.ranks[0]]
@@ -366,7 +423,7 @@ class CellView:
             {r: v.output for r, v in self.rank_views.items()},
             shown if several else None,  # the all-ranks text, once
             self.metrics.series,
-            self.footer.value,
+            self.footer_html,
             {r: v.log_hint for r, v in self.rank_views.items()},
             time.monotonic(),
             self.relay.states if self.relay is not None else {},
@@ -376,15 +433,22 @@ class CellView:
     def retire(self) -> None:
         """Replace the live view in the notebook by its snapshot (self-contained HTML that
         a saved notebook, nbconvert, nbviewer and GitHub show without a kernel), and close
-        its widgets. A view retires when its cell ends."""
+        its widgets; a view that never went live shows its snapshot now. A view retires
+        when its cell ends."""
         if self.retired:
             return
         self.finish()
         self.retired = True
+        final = {"text/plain": self._text, "text/html": self.snapshot}
         if self._handle is not None:
-            self._handle.update({"text/plain": self._text, "text/html": self.snapshot}, raw=True)
-        for widget in [self._link, *_widget_tree(self.root)]:
-            widget.close()
+            self._handle.update(final, raw=True)
+        elif self._shown_at is not None:
+            from IPython.display import display
+
+            (self._display or display)(final, raw=True)
+        if self.live is not None:
+            for widget in [self.live.link, *_widget_tree(self.live.root)]:
+                widget.close()
         with contextlib.suppress(ValueError):
             _live.remove(self)
 
@@ -393,7 +457,8 @@ class CellView:
         return {
             "chips": {r: s.state for r, s in self.statuses.items()},
             "views": [v.label for v in self.views],
-            "shown": self.views[self.selector.index or 0].label,
+            "live": self.live is not None,
+            "shown": self.views[self._selected()].label,
             "lines": {r: v.output.plain_text() for r, v in self.rank_views.items()},
             "hidden": {r: v.output.hidden for r, v in self.rank_views.items()},
             "rich": {
@@ -404,9 +469,16 @@ class CellView:
             "metrics": self.metrics.state(),
             "notices": list(self.notices),
             "logs": str(self.logs.folder),
-            "footer": self.footer.value,
-            "stacks": self.stacks.text.value if self.stacks is not None else None,
+            "footer": self.footer_html,
+            "stacks": stacks.text.value if (stacks := self._stacks()) is not None else None,
         }
+
+    def _selected(self) -> int:
+        """The view shown: the selector's (which the browser sets) once live."""
+        return (self.live.selector.index or 0) if self.live is not None else self.selected
+
+    def _stacks(self) -> StacksPanel | None:
+        return self.live.stacks if self.live is not None else None
 
 
 #: the views still live, oldest first

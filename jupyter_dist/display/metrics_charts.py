@@ -126,12 +126,12 @@ class MetricChart:
 
 
 class MetricsView:
-    """Every metric of one cell; `render` redraws what changed since the last call."""
+    """Every metric of one cell; once `build` made its box, `render` redraws what changed
+    since the last call."""
 
     def __init__(self, ranks: list[int]) -> None:
         self.ranks = ranks
-        self.box = widgets.HBox(layout=widgets.Layout(flex_flow="row wrap"))
-        self.box.add_class("jd-metrics")
+        self.box: widgets.HBox | None = None
         self.series: dict[str, dict[int, tuple[list[float], list[float]]]] = {}
         self.charts: dict[str, MetricChart] = {}
         self._dirty: set[str] = set()
@@ -143,14 +143,22 @@ class MetricsView:
             ys.append(value)
             self._dirty.add(name)
 
+    def build(self) -> widgets.HBox:
+        """The box of charts, drawn from every point so far at the next `render`."""
+        self.box = widgets.HBox(layout=widgets.Layout(flex_flow="row wrap"))
+        self.box.add_class("jd-metrics")
+        self._dirty.update(self.series)
+        return self.box
+
     def render(self) -> None:
-        if not self._dirty:
+        box = self.box
+        if box is None or not self._dirty:
             return
         for name in sorted(self._dirty):
             chart = self.charts.get(name)
             if chart is None:
                 chart = self.charts[name] = MetricChart(name, self.ranks)
-                self.box.children = (*self.box.children, chart.box)
+                box.children = (*box.children, chart.box)
             chart.update(self.series[name])
         self._dirty.clear()
 

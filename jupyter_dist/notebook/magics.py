@@ -236,7 +236,8 @@ class DistMagics(Magics):
         WORLD_SIZE, MASTER_ADDR, ...) with the default process group initialised.
         ``--hosts``, ``--hostfile`` or ``--slurm`` put the ranks on other nodes over SSH.
 
-        In a notebook the running cell shows a widget view: a status chip per rank, rank 0's
+        In a notebook a cell still running after a quarter of a second shows a widget view
+        (one that ends sooner shows only its snapshot): a status chip per rank, rank 0's
         output with a selector for any rank, node or all ranks (identical lines folded),
         live charts of what ranks send with ``jupyter_dist.log``, widgets ranks make, and a
         "stacks" button that shows where every rank is while the cell runs. When the cell

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import KernelManager
 
+from jupyter_dist.display.cell_view import LIVE_AFTER_S
 from tests.conftest import rank_waits_for_file_cell, ready_client
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,14 @@ class Kernel:
         line = next(t for t in text.splitlines() if t.startswith("STATE "))
         return dict(json.loads(line[6:]))
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the cell's output ends as: its view's snapshot, shown at once by a cell that
+        ended before the view went live, else put in place of the live view."""
+        kinds = ("display_data", "update_display_data")
+        shown = [m for m in self.messages if m["msg_type"] in kinds]
+        last = [m for m in shown if WIDGET_MIME not in m["content"]["data"]][-1]
+        return dict(last["content"]["data"])
+
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.messages if m["msg_type"] == kind]
 
@@ -61,8 +70,9 @@ def kernel(kernel_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def test_two_ranks_route_fold_chart_and_mark_the_failing_rank(kernel: Kernel) -> None:
     reply = kernel.run(
         "%%distributed --procs 2\n"
-        "import sys, jupyter_dist, torch.distributed as dist\n"
+        "import sys, time, jupyter_dist, torch.distributed as dist\n"
         "me = dist.get_rank()\n"
+        f"time.sleep({2 * LIVE_AFTER_S})  # the view goes live\n"
         "from IPython.display import HTML, display\n"
         "if me == 0:\n"
         "    display(HTML('<b>table of rank 0</b>'))\n"
@@ -101,6 +111,22 @@ def test_two_ranks_route_fold_chart_and_mark_the_failing_rank(kernel: Kernel) ->
     assert [kinds for kinds in state["rich"]["1"] if "text/html" in kinds] == []
 
 
+def test_a_quick_cell_shows_its_snapshot_and_sends_no_widgets(kernel: Kernel) -> None:
+    """A cell that ends before the view would go live (most cells) is shown once, as its
+    snapshot: no widget is opened in the browser only to be closed again."""
+    assert kernel.run("%%distributed --procs 2\nprint('quick', 6 * 7)")["status"] == "ok"
+    for _ in range(3):  # a loaded machine may hold one cell past LIVE_AFTER_S
+        assert kernel.run("%%distributed\nx = 1")["status"] == "ok"
+        if not kernel.of_type("comm_open"):
+            break
+    assert kernel.of_type("comm_open") == [] and kernel.of_type("comm_close") == []
+    [shown] = [m["content"]["data"] for m in kernel.of_type("display_data")]
+    assert WIDGET_MIME not in shown and "done on ranks 0-1" in shown["text/plain"]
+    assert 'class="jd-cell-view jd-snapshot"' in shown["text/html"]
+    state = kernel.state()
+    assert state["live"] is False and state["chips"] == {"0": "done", "1": "done"}
+
+
 def test_a_display_updated_step_after_step_shows_its_last_state(kernel: Kernel) -> None:
     """As transformers' progress table is: ``display(HTML, display_id=True)``, then updates.
     The rank's view shows the last state, the text copy reads it as text."""
@@ -112,7 +138,7 @@ def test_a_display_updated_step_after_step_shows_its_last_state(kernel: Kernel) 
         "    handle.update(HTML(f'<p>step {step}/3</p>'))\n"
     )
     assert reply["status"] == "ok", reply
-    final = kernel.of_type("update_display_data")[-1]["content"]["data"]["text/plain"]
+    final = kernel.snapshot()["text/plain"]
     assert "IPython.core.display.HTML object" not in final, final
     assert "step 3/3" in final and "step 2/3" not in final, final
     state = kernel.state()

@@ -54,6 +54,7 @@ def test_summaries_name_failures_first_and_the_slowest_rank() -> None:
 
 def test_many_ranks_chart_a_mean_and_a_band() -> None:
     view = MetricsView(list(range(12)))
+    view.build()
     for rank in range(12):
         view.add(rank, tuple(("loss", float(s), float(rank)) for s in range(3)))
     view.render()
@@ -98,6 +99,7 @@ def test_a_first_single_point_gets_a_real_domain_and_round_ticks() -> None:
     the browser ("invalid format: .undefinedg") and drops the update: the chart sets both
     scales' bounds itself, on round ticks, from the first point on."""
     view = MetricsView([0, 1])
+    view.build()
     view.add(0, (("loss", 0.0, 2.5),))
     view.render()
     chart = view.charts["loss"]
@@ -117,6 +119,7 @@ def test_a_first_single_point_gets_a_real_domain_and_round_ticks() -> None:
 
 def test_the_legend_sits_under_the_chart_not_over_the_data() -> None:
     view = MetricsView([0, 3])
+    view.build()
     view.add(3, (("acc", 0.0, 0.5),))
     view.render()
     chart = view.charts["acc"]
@@ -142,14 +145,18 @@ def test_the_selector_says_each_rank_state_for_keyboard_users() -> None:
     from jupyter_dist.display.cell_view import CellView
     from jupyter_dist.errors import RankFailure
 
-    view = CellView("tips", 0, {0: ("h", 0), 1: ("h", 0)}, display=lambda *a, **k: None)
+    view = CellView(
+        "tips", 0, {0: ("h", 0), 1: ("h", 0)}, display=lambda *a, **k: None, live_after=0
+    )
+    view.show()
     view.handle(RankStarted(0))
     view.handle(RankStarted(1))
     failure = RankFailure(1, "h", 1, "error", "ValueError", "boom")
     view.handle(RankFinished(1, "error", 0.1, failure))
     view.render()
-    assert list(view.selector.tooltips) == ["rank 0: running", "rank 1: error", "all ranks"]
-    assert view.selector.index == 1  # the culprit's view
+    assert view.live is not None
+    assert list(view.live.selector.tooltips) == ["rank 0: running", "rank 1: error", "all ranks"]
+    assert view.live.selector.index == 1  # the culprit's view
     view.finish()
 
 
@@ -160,8 +167,8 @@ def test_the_log_folder_is_a_link_where_a_server_serves_it() -> None:
         "links", 0, {0: ("h", 0)}, display=lambda *a, **k: None, log_url=lambda f: "/l/x/"
     )
     served.finish()
-    assert '<a class="jd-logs" href="/l/x/" target="_blank"' in served.footer.value
+    assert '<a class="jd-logs" href="/l/x/" target="_blank"' in served.footer_html
     assert 'href="/l/x/"' in served.snapshot
     plain = CellView("links", 1, {0: ("h", 0)}, display=lambda *a, **k: None)
     plain.finish()
-    assert f"logs: {plain.logs.folder}" in plain.footer.value and "<a " not in plain.footer.value
+    assert f"logs: {plain.logs.folder}" in plain.footer_html and "<a " not in plain.footer_html

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +119,11 @@ def test_a_finished_view_becomes_its_snapshot_and_frees_its_widgets(
         handles.append(Handle(bundle))
         return handles[-1]
 
-    view = CellView("s", 0, {0: ("h", 0), 1: ("h", 0)}, display=display)
-    ids = [w.model_id for w in cell_view._widget_tree(view.root)]
-    assert len(ids) > 10  # the box, its parts, their layouts and styles
+    view = CellView("s", 0, {0: ("h", 0), 1: ("h", 0)}, display=display, live_after=0)
     view.show()
+    assert view.live is not None
+    ids = [w.model_id for w in cell_view._widget_tree(view.live.root)]
+    assert len(ids) > 10  # the box, its parts, their layouts and styles
     view.handle(StreamOut(0, "stdout", "cell 0\n"))
     view.handle(StreamOut(1, "stderr", "<oops> & more\n"))
     assert WIDGET_MIME in handles[0].bundles[-1] and not view.retired  # live while it runs
@@ -133,3 +135,51 @@ def test_a_finished_view_becomes_its_snapshot_and_frees_its_widgets(
     assert 'data-rank="0"' in page and 'data-rank="1"' in page and "cell 0" in page
     assert "&lt;oops&gt; &amp; more" in page and "<oops>" not in page  # rank text is escaped
     assert not cell_view._live
+
+
+def test_a_cell_that_ends_before_the_view_goes_live_shows_only_its_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Most cells end within milliseconds: they make no widgets at all, and their output
+    is the snapshot, shown once."""
+    monkeypatch.setattr(cell_view, "_live", collections.deque())
+    shown: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def display(bundle: dict[str, Any], **kwargs: Any) -> Handle:
+        shown.append((bundle, kwargs))
+        return Handle(bundle)
+
+    before = len(_instances)
+    view = CellView("s", 0, {0: ("h", 0), 1: ("h", 0)}, display=display, live_after=60)
+    view.show()
+    view.handle(StreamOut(0, "stdout", "quick\n"))
+    view.tick()
+    view.finish()
+    assert view.live is None and view.retired and len(_instances) == before
+    assert len(shown) == 1 and WIDGET_MIME not in shown[0][0]
+    assert "[rank 0] quick" in shown[0][0]["text/plain"] and "quick" in shown[0][0]["text/html"]
+    assert not cell_view._live
+
+
+def test_a_cell_still_running_goes_live_with_what_it_printed_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cell_view, "_live", collections.deque())
+    handles: list[Handle] = []
+
+    def display(bundle: dict[str, Any], raw: bool = False, display_id: bool = False) -> Handle:
+        handles.append(Handle(bundle))
+        return handles[-1]
+
+    view = CellView("s", 0, {0: ("h", 0), 1: ("h", 0)}, display=display, live_after=0.05)
+    view.show()
+    view.handle(StreamOut(1, "stdout", "early\n"))
+    view.tick()
+    assert view.live is None and not handles  # not yet
+    time.sleep(0.06)
+    view.tick()
+    assert view.live is not None and WIDGET_MIME in handles[0].bundles[0]
+    drawn = view.rank_views[1].widget
+    assert drawn is not None and "early" in str(drawn.outputs)
+    view.finish()
+    assert WIDGET_MIME not in handles[0].bundles[-1] and len(handles) == 1

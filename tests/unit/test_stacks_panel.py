@@ -42,7 +42,19 @@ def test_without_a_kernel_the_button_is_left_out() -> None:
     """A click could not be answered while the cell runs, so no button is shown."""
     assert StacksPanel.where_answerable(lambda: "") is None
     assert not route_clicks(StacksPanel(lambda: "").button)
-    view = CellView("s", 1, {0: ("h", 0), 1: ("h", 0)}, read_stacks=lambda: "")
-    assert view.stacks is None
+    view = CellView(
+        "s",
+        1,
+        {0: ("h", 0), 1: ("h", 0)},
+        read_stacks=lambda: "",
+        display=_no_display,
+        live_after=0,
+    )
+    view.show()
+    assert view.live is not None and view.live.stacks is None
     assert view.state()["stacks"] is None
     view.finish()
+
+
+def _no_display(*args: object, **kwargs: object) -> None:
+    return None
