@@ -410,9 +410,11 @@ class CellView:
                 status.state = "error"
         self.logs.close()
         summary = cell_summary(list(self.statuses.values()))
-        lines = [summary, *self.metrics.summary()]
-        footer = self._notes_html(self.notices) + "<br>".join(_escape(line) for line in lines)
-        self._set_footer(f"{footer}<br>{self._logs_html()}")
+        lines = [_escape(line) for line in (summary, *self.metrics.summary())]
+        if self.logs.written:  # a silent cell has no logs to point to
+            lines.append(self._logs_html())
+        footer = self._notes_html(self.notices) + "<br>".join(lines)
+        self._set_footer(footer)
         self.render()
         several = len(self.ranks) > 1
         view = self.all_view if several else self.rank_views[self.ranks[0]]

@@ -216,14 +216,18 @@ class LineWriter:
 
 class RankLogs:
     """Every line each rank printed in a cell, in ``<folder>/rank-N.log`` (0600 files in a
-    0700 folder of this user's)."""
+    0700 folder of this user's). The folder is made with the first line: a silent cell,
+    most cells, leaves none."""
 
     def __init__(self, session: str, cell: int, base: str | None = None) -> None:
-        root = Path(base or _logs_root()) / session / f"cell-{cell}"
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.folder = root
+        self.folder = Path(base or _logs_root()) / session / f"cell-{cell}"
         self._files: dict[int, TextIO] = {}
         self._begun: set[int] = set()  # ranks whose file was made: later opens append
+
+    @property
+    def written(self) -> bool:
+        """Whether any rank's output went into the folder."""
+        return bool(self._begun)
 
     def path(self, rank: int) -> Path:
         return self.folder / f"rank-{rank}.log"
@@ -231,6 +235,8 @@ class RankLogs:
     def write(self, rank: int, text: str) -> None:
         f = self._files.get(rank)
         if f is None:
+            if not self._begun:
+                self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             how = os.O_APPEND if rank in self._begun else os.O_TRUNC
             fd = os.open(self.path(rank), os.O_WRONLY | os.O_CREAT | how, 0o600)
             f = self._files[rank] = open(fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115

@@ -161,14 +161,30 @@ def test_the_selector_says_each_rank_state_for_keyboard_users() -> None:
 
 
 def test_the_log_folder_is_a_link_where_a_server_serves_it() -> None:
+    from jupyter_dist.common.events import StreamOut
     from jupyter_dist.display.cell_view import CellView
 
     served = CellView(
         "links", 0, {0: ("h", 0)}, display=lambda *a, **k: None, log_url=lambda f: "/l/x/"
     )
+    served.handle(StreamOut(0, "stdout", "kept\n"))
     served.finish()
     assert '<a class="jd-logs" href="/l/x/" target="_blank"' in served.footer_html
     assert 'href="/l/x/"' in served.snapshot
+    assert served.logs.path(0).read_text() == "kept\n"
     plain = CellView("links", 1, {0: ("h", 0)}, display=lambda *a, **k: None)
+    plain.handle(StreamOut(0, "stderr", "kept too\n"))
     plain.finish()
     assert f"logs: {plain.logs.folder}" in plain.footer_html and "<a " not in plain.footer_html
+
+
+def test_a_silent_cell_makes_no_log_folder_and_names_none() -> None:
+    from jupyter_dist.common.events import RankFinished, RankStarted
+    from jupyter_dist.display.cell_view import CellView
+
+    silent = CellView("quiet", 2, {0: ("h", 0)}, display=lambda *a, **k: None)
+    silent.handle(RankStarted(0))
+    silent.handle(RankFinished(0, "ok", 0.01))
+    silent.finish()
+    assert not silent.logs.folder.exists()
+    assert "logs" not in silent.footer_html and "done on rank 0" in silent.footer_html
