@@ -113,7 +113,11 @@ def run_cell(
     execution_count: int | None = None,
 ) -> CellResult | None:
     """Run ``code`` and draw it; raise the cell's aggregated error, or KeyboardInterrupt.
-    ``execution_count`` is the notebook's for this cell: rank tracebacks name it."""
+    ``execution_count`` is the notebook's for this cell: rank tracebacks name it.
+
+    The result is read from the cell's `CellFinished` event, which the loop puts just
+    before its call returns, without waiting for the loop thread to hand the call's end
+    over as well (a thread switch, half a millisecond of a quick cell)."""
     future = control.loop.submit(session.execute(code, ranks, sink, timeout, execution_count))
 
     def interrupt() -> None:
@@ -122,13 +126,33 @@ def run_cell(
             Notice(f"stopping the cell on {ranks_label(ranks or sorted(session.ranks))}", True)
         )
 
-    interrupted = drive(future, sink, renderer, interrupt)
+    finished = _FinishNoted(renderer)
+    interrupted = drive(future, sink, finished, interrupt)
     if interrupted:
         renderer.finish()
         raise interrupted_error(control, session, future, ranks)
-    result = future.result()
+    result = finished.result if finished.result is not None else future.result()
     session.raise_for(result, restart_stuck(control, session, result) if result.stuck else "")
     return result
+
+
+class _FinishNoted:
+    """A renderer that keeps the result its `CellFinished` event carried."""
+
+    def __init__(self, renderer: Renderer) -> None:
+        self.renderer = renderer
+        self.result: CellResult | None = None
+
+    def handle(self, event: CellEvent) -> None:
+        if isinstance(event, CellFinished):
+            self.result = event.result
+        self.renderer.handle(event)
+
+    def tick(self) -> None:
+        self.renderer.tick()
+
+    def finish(self) -> None:
+        self.renderer.finish()
 
 
 def interrupted_error(

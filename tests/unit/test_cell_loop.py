@@ -87,3 +87,63 @@ def test_a_stopped_cell_is_read_from_its_call_once_it_finished() -> None:
     sink.put(Notice("a line"))
     assert drive(future, sink, StoppedOnFirstEvent(), stop) is True
     assert future.done() and future.result() is result
+
+
+class NoLoop:
+    """A control plane whose loop thread has taken the cell but not yet handed its call's
+    end over (``future`` stays pending)."""
+
+    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
+        self.loop = self
+        self.future = future
+        self.submitted: list[Any] = []
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        coro.close()
+        self.submitted.append(coro)
+        return self.future
+
+
+class OneSession:
+    def __init__(self) -> None:
+        self.raised_for: list[CellResult] = []
+        self.ranks = {0: None, 1: None}
+
+    async def execute(self, *args: Any) -> None:  # pragma: no cover - closed unawaited
+        pass
+
+    async def stop_cell(self, ranks: Any) -> None:  # pragma: no cover - closed unawaited
+        pass
+
+    def raise_for(self, result: CellResult, note: str) -> None:
+        self.raised_for.append(result)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[CellEvent] = []
+
+    def handle(self, event: CellEvent) -> None:
+        self.events.append(event)
+
+    def tick(self) -> None:
+        pass
+
+    def finish(self) -> None:  # pragma: no cover - part of the protocol only
+        pass
+
+
+def test_a_finished_cell_is_read_from_its_event_without_waiting_for_its_call() -> None:
+    """The loop puts CellFinished just before its call returns; the notebook thread takes
+    the result from the event rather than wait for the loop thread to hand it over too."""
+    from jupyter_dist.notebook.cell_loop import run_cell
+
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()  # never done
+    control, session = NoLoop(future), OneSession()
+    result = CellResult((0, 1), (), {})
+    sink: queue.SimpleQueue[CellEvent] = queue.SimpleQueue()
+    sink.put(CellFinished(result))
+    recorder = Recorder()
+    got = run_cell(control, session, "x = 1", None, None, recorder, sink)  # type: ignore[arg-type]
+    assert got is result and session.raised_for == [result]
+    assert recorder.events == [CellFinished(result)] and not future.done()
