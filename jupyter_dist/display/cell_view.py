@@ -183,6 +183,7 @@ class CellView:
         self._text = ""  # the text/plain copy, once the cell ended
         self.snapshot = ""  # the HTML that replaces the view once the cell ended
         self.retired = False
+        self.quiet = False  # ended with nothing to show, and shown nothing
         self._culprit_shown = False
 
     # -- showing ----------------------------------------------------------------------
@@ -420,6 +421,10 @@ class CellView:
         view = self.all_view if several else self.rank_views[self.ranks[0]]
         shown = view.output.plain_text()
         self._text = "\n".join([shown, f"[jupyter_dist] {summary}"])
+        self.quiet = self._quiet()
+        if self.quiet:
+            self.retire()
+            return
         self.snapshot = snapshot_html(
             [self.statuses[r] for r in self.ranks],
             {r: v.output for r, v in self.rank_views.items()},
@@ -431,6 +436,19 @@ class CellView:
             self.relay.states if self.relay is not None else {},
         )
         self.retire()
+
+    def _quiet(self) -> bool:
+        """A cell that never went live, ran fine on every rank and had nothing to show (no
+        output, chart, widget or note) shows nothing, as a plain cell would and as in text
+        output: its snapshot would be its only output, a message that costs a quick cell
+        a tenth of its time."""
+        return (
+            self.live is None
+            and all(s.state == "done" for s in self.statuses.values())
+            and not self.notices
+            and not self.metrics.series
+            and all(v.output.version == 0 for v in self.views)
+        )
 
     def retire(self) -> None:
         """Replace the live view in the notebook by its snapshot (self-contained HTML that
@@ -444,7 +462,7 @@ class CellView:
         final = {"text/plain": self._text, "text/html": self.snapshot}
         if self._handle is not None:
             self._handle.update(final, raw=True)
-        elif self._shown_at is not None:
+        elif self._shown_at is not None and not self.quiet:
             from IPython.display import display
 
             (self._display or display)(final, raw=True)
@@ -460,6 +478,7 @@ class CellView:
             "chips": {r: s.state for r, s in self.statuses.items()},
             "views": [v.label for v in self.views],
             "live": self.live is not None,
+            "quiet": self.quiet,
             "shown": self.views[self._selected()].label,
             "lines": {r: v.output.plain_text() for r, v in self.rank_views.items()},
             "hidden": {r: v.output.hidden for r, v in self.rank_views.items()},

@@ -113,18 +113,25 @@ def test_two_ranks_route_fold_chart_and_mark_the_failing_rank(kernel: Kernel) ->
 
 def test_a_quick_cell_shows_its_snapshot_and_sends_no_widgets(kernel: Kernel) -> None:
     """A cell that ends before the view would go live (most cells) is shown once, as its
-    snapshot: no widget is opened in the browser only to be closed again."""
-    assert kernel.run("%%distributed --procs 2\nprint('quick', 6 * 7)")["status"] == "ok"
-    for _ in range(3):  # a loaded machine may hold one cell past LIVE_AFTER_S
-        assert kernel.run("%%distributed\nx = 1")["status"] == "ok"
-        if not kernel.of_type("comm_open"):
-            break
-    assert kernel.of_type("comm_open") == [] and kernel.of_type("comm_close") == []
-    [shown] = [m["content"]["data"] for m in kernel.of_type("display_data")]
-    assert WIDGET_MIME not in shown and "done on ranks 0-1" in shown["text/plain"]
-    assert 'class="jd-cell-view jd-snapshot"' in shown["text/html"]
-    state = kernel.state()
-    assert state["live"] is False and state["chips"] == {"0": "done", "1": "done"}
+    snapshot: no widget is opened in the browser only to be closed again. One that also
+    printed nothing and ran fine shows nothing, as a plain cell."""
+    for code, shows in (("print('quick', 6 * 7)", True), ("x = 1", False)):
+        for _ in range(3):  # a loaded machine may hold one cell past LIVE_AFTER_S
+            assert kernel.run(f"%%distributed --procs 2\n{code}")["status"] == "ok"
+            if not kernel.of_type("comm_open"):
+                break
+        assert kernel.of_type("comm_open") == [] and kernel.of_type("comm_close") == []
+        displayed = [m["content"]["data"] for m in kernel.of_type("display_data")]
+        if not shows:
+            assert displayed == [] and kernel.of_type("update_display_data") == []
+            assert kernel.state()["quiet"] is True
+            continue
+        [shown] = displayed
+        assert WIDGET_MIME not in shown and "done on ranks 0-1" in shown["text/plain"]
+        assert "[ranks 0-1] quick 42" in shown["text/plain"]
+        assert 'class="jd-cell-view jd-snapshot"' in shown["text/html"]
+        state = kernel.state()
+        assert state["live"] is False and state["chips"] == {"0": "done", "1": "done"}
 
 
 def test_a_display_updated_step_after_step_shows_its_last_state(kernel: Kernel) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from ipywidgets.widgets.widget import _instances
 
-from jupyter_dist.common.events import CellFinished, CellResult, RankFinished, StreamOut
+from jupyter_dist.common.events import CellFinished, CellResult, Notice, RankFinished, StreamOut
 from jupyter_dist.display import cell_view
 from jupyter_dist.display.cell_view import WIDGET_MIME, CellView
 from jupyter_dist.display.output_store import (
@@ -183,3 +183,32 @@ def test_a_cell_still_running_goes_live_with_what_it_printed_so_far(
     assert drawn is not None and "early" in str(drawn.outputs)
     view.finish()
     assert WIDGET_MIME not in handles[0].bundles[-1] and len(handles) == 1
+
+
+def test_a_quick_cell_that_ran_fine_and_showed_nothing_shows_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As a plain cell, and as in text output; a chart, a note, a line or a failure is
+    something to show."""
+    from jupyter_dist.common.events import MetricsOut, RankStarted
+
+    monkeypatch.setattr(cell_view, "_live", collections.deque())
+
+    def quick(*events: Any) -> list[dict[str, Any]]:
+        shown: list[dict[str, Any]] = []
+        view = CellView("s", 0, {0: ("h", 0), 1: ("h", 0)}, display=lambda b, **k: shown.append(b))
+        view.show()
+        for rank in (0, 1):
+            view.handle(RankStarted(rank))
+        for event in events:
+            view.handle(event)
+        for rank in (0, 1):
+            view.handle(RankFinished(rank, "ok", 0.01))
+        view.finish()
+        assert view.retired and view.live is None and view.quiet is (not shown)
+        return shown
+
+    assert quick() == []
+    assert len(quick(StreamOut(1, "stdout", "a line\n"))) == 1
+    assert len(quick(MetricsOut(0, (("loss", 0.0, 1.0),)))) == 1
+    assert len(quick(Notice("rank 1 was slow"))) == 1
