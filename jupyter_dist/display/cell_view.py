@@ -76,7 +76,7 @@ DisplayFn = Callable[..., Any]
 class View:
     """One entry of the selector: its kept output and the widget showing it."""
 
-    def __init__(self, label: str, log_hint: str) -> None:
+    def __init__(self, label: str, log_hint: Callable[[], str]) -> None:
         self.label = label
         self.log_hint = log_hint
         self.output = ViewOutput()
@@ -103,7 +103,7 @@ class View:
                 "output_type": "stream",
                 "name": "stdout",
                 "text": f"... {self.output.hidden} earlier lines hidden; full log: "
-                f"{self.log_hint}\n",
+                f"{self.log_hint()}\n",
             }
             outputs.insert(0, marker)
         self.widget.outputs = tuple(outputs)
@@ -149,7 +149,8 @@ class CellView:
         self.finished = False
         self._last_render = 0.0
 
-        self.rank_views = {r: View(f"rank {r}", str(self.logs.path(r))) for r in self.ranks}
+        folder = self._log_folder
+        self.rank_views = {r: View(f"rank {r}", self._rank_log(r)) for r in self.ranks}
         self._rank_writers = {
             (r, s): LineWriter(self.rank_views[r].output, s)
             for r in self.ranks
@@ -162,9 +163,9 @@ class CellView:
             for node in nodes:
                 members = [r for r in self.ranks if places[r][1] == node]
                 host = places[members[0]][0]
-                view = self.node_views[node] = View(f"node {node} ({host})", str(self.logs.folder))
+                view = self.node_views[node] = View(f"node {node} ({host})", folder)
                 self._node_text[node] = _text_into(view, members, self.logs, self.limit)
-        self.all_view = View("all ranks", str(self.logs.folder))
+        self.all_view = View("all ranks", folder)
         self._all_text = _text_into(self.all_view, self.ranks, self.logs, self.limit)
         self.views = [
             *self.rank_views.values(),
@@ -431,11 +432,18 @@ class CellView:
             shown if several else None,  # the all-ranks text, once
             self.metrics.series,
             self.footer_html,
-            {r: v.log_hint for r, v in self.rank_views.items()},
+            {r: v.log_hint() for r, v in self.rank_views.items()},
             time.monotonic(),
             self.relay.states if self.relay is not None else {},
         )
         self.retire()
+
+    def _log_folder(self) -> str:
+        return str(self.logs.folder)
+
+    def _rank_log(self, rank: int) -> Callable[[], str]:
+        """Where ``rank``'s log is, said only where it is shown (few cells need it)."""
+        return lambda: str(self.logs.path(rank))
 
     def _quiet(self) -> bool:
         """A cell that never went live, ran fine on every rank and had nothing to show (no
