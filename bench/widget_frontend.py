@@ -8,11 +8,14 @@ children of a `Stack`, in the order of the selector's labels (`rank 0`, `rank 1`
 `all ranks`), which is how `CellViewWatcher` tells which Output widget shows which rank.
 
 It records every update of every view (when it arrived, its size, the last line it
-shows) and says when each watched view first showed the line it waits for.
+shows) and says when each watched view first showed the line it waits for. A cell that
+ends before its view goes live shows no widgets, only its snapshot (a `display_data` of
+self-contained HTML, a block per rank): the watcher reads each rank's last line there too.
 """
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import re
@@ -25,6 +28,11 @@ VIEW_CLASS = "jd-view"
 SELECT_CLASS = "jd-select"
 MODEL_PREFIX = "IPY_MODEL_"
 _HIDDEN = re.compile(r"^\.\.\. (\d+) earlier lines hidden")
+SNAPSHOT_CLASS = "jd-snapshot"
+_RANK_BLOCK = re.compile(
+    r'<details class="jd-snap-rank" data-rank="(\d+)"[^>]*>(.*?)</details>', re.S
+)
+_PRE = re.compile(r"<pre[^>]*>(.*?)</pre>", re.S)
 
 Message = dict[str, Any]
 
@@ -57,6 +65,8 @@ class CellViewWatcher:
     updates: list[ViewUpdate] = field(default_factory=list)
     n_comm_msgs: int = 0
     n_comm_bytes: int = 0
+    # view label -> (when the cell's snapshot came, the last line its block shows)
+    snapshot_lines: dict[str, tuple[float, str]] = field(default_factory=dict)
     _label_of: dict[str, str] = field(default_factory=dict)
     _seen_at: dict[str, float] = field(default_factory=dict)
 
@@ -64,6 +74,12 @@ class CellViewWatcher:
     def __call__(self, msg: Message, at: float) -> bool:
         kind = msg["header"]["msg_type"]
         content = msg["content"]
+        if kind in ("display_data", "update_display_data"):
+            page = (content.get("data") or {}).get("text/html")
+            if not isinstance(page, str) or SNAPSHOT_CLASS not in page:
+                return False
+            self._snapshot(page, at)
+            return True
         if kind == "comm_open":
             if content.get("target_name") != WIDGET_TARGET:
                 return False
@@ -114,6 +130,12 @@ class CellViewWatcher:
         update = ViewUpdate(at, comm_id, nbytes, len(outputs), len(text_lines), last, hidden)
         self.updates.append(update)
 
+    def _snapshot(self, page: str, at: float) -> None:
+        for rank, block in _RANK_BLOCK.findall(page):
+            text = "".join(html.unescape(pre) for pre in _PRE.findall(block))
+            last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+            self.snapshot_lines[f"rank {rank}"] = (at, last)
+
     # -- which view is which ----------------------------------------------------------------
     def label_of(self, comm_id: str) -> str | None:
         if not self._label_of:
@@ -140,12 +162,17 @@ class CellViewWatcher:
         return all(self.seen_at(label) is not None for label in self.want)
 
     def seen_at(self, label: str) -> float | None:
-        """When the view `label` first showed its awaited line last (perf_counter)."""
+        """When the view `label` first showed its awaited line last (perf_counter), live
+        or in the cell's snapshot."""
         if label not in self._seen_at:
             for u in self.updates:
                 if u.last_line == self.want.get(label) and self.label_of(u.comm_id) == label:
                     self._seen_at[label] = u.at
                     break
+        if label not in self._seen_at and label in self.snapshot_lines:
+            at, last = self.snapshot_lines[label]
+            if last == self.want.get(label):
+                self._seen_at[label] = at
         return self._seen_at.get(label)
 
     def summary(self, t0: float) -> dict[str, Any]:
@@ -181,6 +208,16 @@ class CellViewWatcher:
                     [round(u.at - t0, 4), u.nbytes, u.lines, u.last_line[:40]] for u in ups
                 ],
             }
+        for label, (at, last) in self.snapshot_lines.items():
+            if label not in per_view:  # shown only in the snapshot: the view never went live
+                seen = self.seen_at(label)
+                per_view[label] = {
+                    "updates": 0,
+                    "awaited_line": self.want.get(label),
+                    "awaited_line_at_s": None if seen is None else seen - t0,
+                    "last_shown_line": last,
+                }
+            per_view[label]["snapshot_at_s"] = at - t0
         return {
             "views": per_view,
             "widget_models_opened": len(self.models),

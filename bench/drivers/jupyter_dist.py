@@ -48,7 +48,8 @@ TEXT_MODE = {"JUPYTER_DIST_OUTPUT": "text"}
 
 # W4w: the flood cell in widget mode, and what the view kept (read after the cell)
 WIDGET_CELL = "%%distributed --output widget\n"
-WIDGET_WARMUP_BODY = 'print("cell view warm-up")\n'
+# long enough for the view to go live (a quicker cell shows only its snapshot)
+WIDGET_WARMUP_BODY = 'print("cell view warm-up")\nimport time\ntime.sleep(0.5)\n'
 # the other kernel's probe runs alone this long before the first flood (its baseline)
 PROBE_BASELINE_S = 0.5
 VIEW_STATE_MARKER = "W4W_VIEW_STATE "
@@ -192,7 +193,8 @@ class JupyterDistDriver(KernelPeer):
                 "s",
                 detail={
                     "samples_s": drawn,
-                    "what": "execute_request sent -> a comm_msg update of every rank's view "
+                    "what": "execute_request sent -> a comm_msg update of every rank's view, "
+                    "or the cell's snapshot (a cell that ended before its view went live), "
                     f"whose outputs end with that rank's last line ({W4W_LAST_LINE!r})",
                     "runs": detail_runs,
                 },
