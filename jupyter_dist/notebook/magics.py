@@ -237,7 +237,8 @@ class DistMagics(Magics):
         ``--hosts``, ``--hostfile`` or ``--slurm`` put the ranks on other nodes over SSH.
 
         In a notebook a cell still running after a quarter of a second shows a widget view
-        (one that ends sooner shows only its snapshot): a status chip per rank, rank 0's
+        (one that ends sooner shows only its snapshot, or nothing if it ran fine and had
+        nothing to show, as a plain cell): a status chip per rank, rank 0's
         output with a selector for any rank, node or all ranks (identical lines folded),
         live charts of what ranks send with ``jupyter_dist.log``, widgets ranks make, and a
         "stacks" button that shows where every rank is while the cell runs. When the cell
