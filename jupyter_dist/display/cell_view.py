@@ -149,7 +149,6 @@ class CellView:
         self.finished = False
         self._last_render = 0.0
 
-        folder = self._log_folder
         self.rank_views = {r: View(f"rank {r}", self._rank_log(r)) for r in self.ranks}
         self._rank_writers = {
             (r, s): LineWriter(self.rank_views[r].output, s)
@@ -163,9 +162,9 @@ class CellView:
             for node in nodes:
                 members = [r for r in self.ranks if places[r][1] == node]
                 host = places[members[0]][0]
-                view = self.node_views[node] = View(f"node {node} ({host})", folder)
+                view = self.node_views[node] = View(f"node {node} ({host})", self._log_folder)
                 self._node_text[node] = _text_into(view, members, self.logs, self.limit)
-        self.all_view = View("all ranks", folder)
+        self.all_view = View("all ranks", self._log_folder)
         self._all_text = _text_into(self.all_view, self.ranks, self.logs, self.limit)
         self.views = [
             *self.rank_views.values(),

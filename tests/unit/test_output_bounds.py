@@ -107,18 +107,24 @@ class Handle:
         self.bundles.append(bundle)
 
 
-def test_a_finished_view_becomes_its_snapshot_and_frees_its_widgets(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """When a cell ends, its display is replaced by self-contained HTML (what a reopened
-    notebook or nbconvert shows) and its widgets are closed; until then it is live."""
-    monkeypatch.setattr(cell_view, "_live", collections.deque())
+def recording_display() -> tuple[list[Handle], Any]:
+    """A display function for a cell view, and the handles of what it showed."""
     handles: list[Handle] = []
 
     def display(bundle: dict[str, Any], raw: bool = False, display_id: bool = False) -> Handle:
         handles.append(Handle(bundle))
         return handles[-1]
 
+    return handles, display
+
+
+def test_a_finished_view_becomes_its_snapshot_and_frees_its_widgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When a cell ends, its display is replaced by self-contained HTML (what a reopened
+    notebook or nbconvert shows) and its widgets are closed; until then it is live."""
+    monkeypatch.setattr(cell_view, "_live", collections.deque())
+    handles, display = recording_display()
     view = CellView("s", 0, {0: ("h", 0), 1: ("h", 0)}, display=display, live_after=0)
     view.show()
     assert view.live is not None
@@ -165,12 +171,7 @@ def test_a_cell_still_running_goes_live_with_what_it_printed_so_far(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(cell_view, "_live", collections.deque())
-    handles: list[Handle] = []
-
-    def display(bundle: dict[str, Any], raw: bool = False, display_id: bool = False) -> Handle:
-        handles.append(Handle(bundle))
-        return handles[-1]
-
+    handles, display = recording_display()
     view = CellView("s", 0, {0: ("h", 0), 1: ("h", 0)}, display=display, live_after=0.05)
     view.show()
     view.handle(StreamOut(1, "stdout", "early\n"))
