@@ -5,19 +5,23 @@ kernel: history stays in memory (many ranks must not fight over one SQLite file)
 banner and start-up chatter are off, and what every cell would pay for nobody is left out
 (the sleep before a reply, debug log records, the notebook side's own cells echoed back,
 empty flushes, a thread hand-off of each request, a signature check of ``run_cell_async``
-each cell: see `RankKernel`, `RankKernelApp`, `run_rank_kernel` and `rank.out_stream`).
+each cell, a copy of everything printed: see `RankShell`, `RankKernel`, `RankKernelApp`,
+`run_rank_kernel` and `rank.out_stream`).
 The notebook side's cells are answered with one IOPub message (`rank.iopub_reply`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import IO, Any
 
 import zmq
 from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
+from ipykernel.zmqshell import ZMQInteractiveShell
 from traitlets import Float, Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
@@ -40,11 +44,32 @@ _crash_log: IO[str] | None = None
 CREDIT = CreditGate()
 
 
+class RankShell(ZMQInteractiveShell):
+    """The rank's IPython shell, which keeps no copy of what its cells print.
+
+    IPython 9 wraps ``sys.stdout.write`` and ``sys.stderr.write`` around every cell and
+    appends each piece written to the history's ``outputs``, which only ``reset``
+    clears: a rank printing a training loop's losses for hours would hold every line it
+    ever printed, two pieces a ``print`` with an object's overhead each (300,000 lines
+    like ``step 1234 loss 0.001234``: 32 MB a rank, a gigabyte for ten million), and each
+    ``print`` pays for the wrapper. The
+    notebook side keeps a rank's output already, in the cell's view and in the rank's
+    log files, so the rank keeps none (``%history -o`` on a rank lists no printed
+    output; results shown as ``Out[N]`` are kept as before)."""
+
+    @contextlib.contextmanager
+    def _tee(self, *args: Any, **kwargs: Any) -> Iterator[None]:
+        del args, kwargs
+        yield
+
+
 class RankKernel(IPythonKernel):
     """`IPythonKernel` that runs a cell under the notebook's execution count when the
     request carries it (`NOTEBOOK_COUNT_KEY` in its metadata), so that a rank's traceback
     says ``Cell In[N]`` for the N the notebook shows beside the cell, and does not echo
-    the notebook side's cells on IOPub."""
+    the notebook side's cells on IOPub. Its shell is a `RankShell`."""
+
+    shell_class = Type(RankShell)
 
     #: ipykernel sleeps this long between flushing a cell's output and sending its reply,
     #: so that a frontend reading both sockets sees the output first; the notebook side

@@ -541,3 +541,29 @@ def test_rank_kernels_skip_what_no_one_reads(run: Run) -> None:
     )
     assert out.ok, out.stdout
     assert "[ranks 0-1] debug False warn True sleep 0.0 shell thread None" in out.stdout
+
+
+def test_ranks_keep_no_copy_of_what_they_print(run: Run) -> None:
+    """IPython 9 appends every piece a cell prints to its history's ``outputs`` for good;
+    a rank printing for hours would hold all of it. A rank keeps none of it (the notebook
+    side has it), while its results (``Out``) are kept as in any kernel."""
+    out = run(
+        "%%distributed\n"
+        "for i in range(2000):\n"
+        "    print(f'step {i} loss {i * 1e-6:.6f}')\n"
+        "import sys\n"
+        "sys.stderr.write('a warning\\n')\n"
+        "6 * 7"
+    )
+    assert out.ok, out.stdout
+    assert "[ranks 0-1] step 1999 loss 0.001999" in out.stdout
+    out = run(
+        "%%distributed\n"
+        "ip = get_ipython()\n"
+        "kept = sum(len(o.bundle['stream']) for outs in ip.history_manager.outputs.values()\n"
+        "           for o in outs if o.output_type in ('out_stream', 'err_stream'))\n"
+        "print('shell', type(ip).__name__, 'printed pieces kept', kept,\n"
+        "      'results kept', 42 in ip.user_ns['Out'].values())"
+    )
+    assert out.ok, out.stdout
+    assert "[ranks 0-1] shell RankShell printed pieces kept 0 results kept True" in out.stdout
