@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -81,6 +81,9 @@ from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
 if TYPE_CHECKING:
     from jupyter_dist.node.samples import Sampler
 
+#: what every rank imports, imported once by the agent so that forked ranks start warm;
+#: ``ipykernel.debugger`` (debugpy) is imported by each kernel as it starts, 60-80 ms of
+#: CPU a rank that many ranks on few cores pay one after another
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -88,9 +91,15 @@ PRELOAD = (
     "ipykernel.kernelapp",
     "ipykernel.ipkernel",
     "ipykernel.zmqshell",
+    "ipykernel.debugger",
     "jupyter_dist.rank.bootstrap",
     "jupyter_dist.rank.kernel_app",
 )
+#: debugpy warns on stderr as it is imported that frozen modules may hide breakpoints
+#: (about the interpreter, not the ranks' code): the agent's stderr is what a failed
+#: start shows, so the check is off while the agent imports it (ranks' environment
+#: is left as it was)
+_QUIET_IMPORT_ENV = {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 _PR_SET_PDEATHSIG = 1
 LOG_TAIL_BYTES = 16384
 STACKS_READ_LIMIT = 256 * 1024
@@ -99,6 +108,19 @@ DIR_PREFIX = "jd-"
 _DIR_NAME = re.compile(r"jd-([0-9]{1,10})-.+")
 #: held (flock) by the agent for its whole life: a folder whose lock is free is nobody's
 LOCK_NAME = "agent.lock"
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block (a variable already set is left alone),
+    then the environment as it was."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def set_parent_death_signal(sig: int) -> None:
@@ -187,11 +209,12 @@ class Agent:
 
     # -- start-up -------------------------------------------------------------------
     def preload(self) -> None:
-        for name in PRELOAD:
-            try:
-                importlib.import_module(name)
-            except Exception as err:  # reported to the launcher, which names the node
-                self.preload_errors[name] = f"{type(err).__name__}: {err}"
+        with _environment(_QUIET_IMPORT_ENV):
+            for name in PRELOAD:
+                try:
+                    importlib.import_module(name)
+                except Exception as err:  # reported to the launcher, which names the node
+                    self.preload_errors[name] = f"{type(err).__name__}: {err}"
 
     def ready(self) -> None:
         from jupyter_dist._version import __version__

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -105,3 +107,34 @@ def test_agents_and_ranks_are_titled_with_what_they_are() -> None:
     assert rank0[:2] == ("jupyter_dist rank 0/2 session titles", "jd-rank-0")
     assert rank1[:2] == ("jupyter_dist rank 1/2 session titles", "jd-rank-1")
     assert all(is_ours(line.split("\0")) for line, _, _ in seen.values())
+
+
+def test_the_agent_imports_what_each_rank_kernel_would_import_as_it_starts(
+    tmp_path: Path,
+) -> None:
+    """A forked rank starts warm: the agent has already imported what an ipykernel
+    imports as it initialises (its debugger, debugpy), quietly (debugpy's warning about
+    frozen modules would otherwise be the first thing a failed start shows from the
+    agent's stderr), and leaves no trace of the quieting in the environment."""
+    probe = (
+        "import os, sys\n"
+        "from jupyter_dist.node.agent import Agent\n"
+        "agent = Agent(os.dup(1), 'preload-probe')\n"
+        "agent.preload()\n"
+        "print('debugger', 'ipykernel.debugger' in sys.modules, 'quieting left',"
+        " 'PYDEVD_DISABLE_FILE_VALIDATION' in os.environ, 'errors', agent.preload_errors)\n"
+        "agent._cleanup()\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("PYDEVD_DISABLE_FILE_VALIDATION", None)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "debugger True quieting left False errors {}", done.stdout
+    assert "Debugger warning" not in done.stderr and "PYDEVD" not in done.stderr, done.stderr
