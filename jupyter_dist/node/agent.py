@@ -81,9 +81,10 @@ from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
 if TYPE_CHECKING:
     from jupyter_dist.node.samples import Sampler
 
-#: what every rank imports, imported once by the agent so that forked ranks start warm;
-#: ``ipykernel.debugger`` (debugpy) is imported by each kernel as it starts, 60-80 ms of
-#: CPU a rank that many ranks on few cores pay one after another
+#: what every rank imports, imported once by the agent so that forked ranks start warm.
+#: From ``ipykernel.debugger`` on: what a kernel imports as it initialises (debugpy alone
+#: is 60-80 ms of CPU a rank, the rest 10-15 ms), which many ranks on few cores pay one
+#: after another. A module missing here (another IPython) only goes unpreloaded.
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -92,6 +93,12 @@ PRELOAD = (
     "ipykernel.ipkernel",
     "ipykernel.zmqshell",
     "ipykernel.debugger",
+    "IPython.core.debugger",
+    "IPython.core.oinspect",
+    "IPython.core.completerlib",
+    "IPython.extensions.storemagic",
+    "sqlite3",
+    "tornado.platform.asyncio",
     "jupyter_dist.rank.bootstrap",
     "jupyter_dist.rank.kernel_app",
 )
