@@ -76,14 +76,18 @@ class RankOutStream(OutStream):
         super().flush()  # type: ignore[no-untyped-call]
 
     def write(self, string: str) -> int:
-        for start in range(0, len(string), MESSAGE_CHARS):
-            piece = string[start : start + MESSAGE_CHARS]  # the string itself when short
-            super().write(piece)
-            self._unsent += len(piece)
+        size = len(string)
+        if size > MESSAGE_CHARS:
+            for start in range(0, size, MESSAGE_CHARS):
+                self.write(string[start : start + MESSAGE_CHARS])
+            return size
+        if size:  # a print's text and its newline: the common case, kept short
+            super().write(string)
+            self._unsent += size
             if self._unsent >= MESSAGE_CHARS:
                 self._unsent = 0
                 self.flush()  # waits until it is sent
-        return len(string)
+        return size
 
 
 _thread_start = threading.Thread.start

@@ -3,6 +3,7 @@ before the flush returns (a real ipykernel IO thread and PUB socket)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ import zmq
 from ipykernel.iostream import IOPubThread
 from jupyter_client.session import Session
 
-from jupyter_dist.rank.out_stream import RankOutStream
+from jupyter_dist.rank.out_stream import MESSAGE_CHARS, RankOutStream
 
 
 @pytest.fixture
@@ -89,3 +90,27 @@ def test_written_text_is_sent_by_the_time_flush_returns(
     scheduled.clear()
     out.flush()  # everything went: nothing to wait for
     assert scheduled == []
+
+
+def _stream_texts(sub: zmq.Socket[bytes]) -> list[str]:
+    texts = []
+    while sub.poll(200):
+        frames = sub.recv_multipart()
+        texts.append(json.loads(frames[-1])["text"])
+    return texts
+
+
+def test_a_long_write_goes_out_in_bounded_messages_and_nothing_is_lost(
+    stream: tuple[RankOutStream, IOPubThread, zmq.Socket[bytes]],
+) -> None:
+    out, _, sub = stream
+    long = "".join(chr(ord("a") + i % 26) for i in range(2 * MESSAGE_CHARS + 1000))
+    written = ["step 1\n", long, "", "\n", "last"]
+    assert [out.write(text) for text in written] == [len(text) for text in written]
+    out.flush()
+    texts = _stream_texts(sub)
+    assert "".join(texts) == "".join(written)
+    # a write is cut at MESSAGE_CHARS and the writer flushes once that much waits: a
+    # message holds what waited before, less than MESSAGE_CHARS, and one piece at most
+    assert max(len(text) for text in texts) < 2 * MESSAGE_CHARS
+    assert len(texts) >= 3
