@@ -41,6 +41,7 @@ class RankOutStream(OutStream):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._unsent = 0
+        self._flushing = False  # the IO thread is in `_flush`
 
     @property
     def parent_header(self) -> dict[str, Any]:
@@ -64,16 +65,29 @@ class RankOutStream(OutStream):
 
         ipykernel flushes stdout and stderr after every cell, and each flush from the
         kernel's thread is two hand-offs to the IO thread and back, which a cell that
-        printed nothing need not wait for. The cell's idle status goes through the IO
-        thread after any send already under way, so output still comes before it."""
+        printed nothing need not wait for. What the caller sends next (the cell's reply)
+        goes through the IO thread too, behind every stream message already queued there.
+
+        A flush the IO thread is running (its timer's) has emptied the buffers before it
+        queues what it took: until it has, this one waits as ipykernel's does, or the
+        reply would overtake the cell's last output. Checked last, after the IO thread's
+        `_flush` has set it before clearing ``_flush_pending``."""
         if (
             self.echo is None
             and not self._flush_pending
             and not self._subprocess_flush_pending
             and not self._buffers
+            and not self._flushing
         ):
             return
         super().flush()  # type: ignore[no-untyped-call]
+
+    def _flush(self) -> None:
+        self._flushing = True
+        try:
+            super()._flush()  # type: ignore[no-untyped-call]
+        finally:
+            self._flushing = False
 
     def write(self, string: str) -> int:
         size = len(string)

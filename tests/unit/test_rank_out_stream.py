@@ -4,6 +4,7 @@ before the flush returns (a real ipykernel IO thread and PUB socket)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -114,3 +115,41 @@ def test_a_long_write_goes_out_in_bounded_messages_and_nothing_is_lost(
     # message holds what waited before, less than MESSAGE_CHARS, and one piece at most
     assert max(len(text) for text in texts) < 2 * MESSAGE_CHARS
     assert len(texts) >= 3
+
+
+def test_a_flush_waits_for_one_the_io_thread_is_running(
+    stream: tuple[RankOutStream, IOPubThread, zmq.Socket[bytes]],
+) -> None:
+    """The IO thread's own flush (its timer's) empties the buffers before it queues what
+    it took. A flush from the cell's thread in between must still wait for it: what the
+    cell sends next (its reply) must not overtake the cell's last output."""
+    out, thread, sub = stream
+    inside, release = threading.Event(), threading.Event()
+    send = out.session.send
+
+    def held_send(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is thread.thread:
+            inside.set()
+            release.wait(10)
+        return send(*args, **kwargs)
+
+    out.session.send = held_send  # type: ignore[method-assign]
+    out.write("the last line\n")
+    thread.schedule(out._flush)  # as the flush timer does
+    assert inside.wait(10)  # the IO thread took the buffers and is about to queue them
+    flushed = threading.Event()
+    flusher = threading.Thread(target=lambda: (out.flush(), flushed.set()))
+    flusher.start()
+    try:
+        assert not flushed.wait(0.5), "flush returned before the output it waits for was queued"
+    finally:
+        release.set()
+        flusher.join(10)
+    assert flushed.is_set()
+    thread.send_multipart([b"reply", b"sent after the flush"])
+    received = []
+    while sub.poll(1000):
+        received.append(sub.recv_multipart()[0])
+        if received[-1] == b"reply":
+            break
+    assert received == [b"stream.stdout", b"reply"]
