@@ -51,11 +51,11 @@ class RankShell(ZMQInteractiveShell):
     appends each piece written to the history's ``outputs``, which only ``reset``
     clears: a rank printing a training loop's losses for hours would hold every line it
     ever printed, two pieces a ``print`` with an object's overhead each (300,000 lines
-    like ``step 1234 loss 0.001234``: 32 MB a rank, a gigabyte for ten million), and each
-    ``print`` pays for the wrapper. The
-    notebook side keeps a rank's output already, in the cell's view and in the rank's
-    log files, so the rank keeps none (``%history -o`` on a rank lists no printed
-    output; results shown as ``Out[N]`` are kept as before)."""
+    like ``step 1234 loss 0.001234``: 32 MB a rank, a gigabyte for ten million), and
+    each ``print`` pays for the wrapper. The notebook side keeps a rank's output
+    already, in the cell's view and in the rank's log files, so the rank keeps none
+    (``%history -o`` on a rank lists no printed output; results shown as ``Out[N]`` are
+    kept as before)."""
 
     @contextlib.contextmanager
     def _tee(self, *args: Any, **kwargs: Any) -> Iterator[None]:

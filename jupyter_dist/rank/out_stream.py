@@ -68,10 +68,11 @@ class RankOutStream(OutStream):
         printed nothing need not wait for. What the caller sends next (the cell's reply)
         goes through the IO thread too, behind every stream message already queued there.
 
-        A flush the IO thread is running (its timer's) has emptied the buffers before it
+        A flush the IO thread is running (its timer's) empties the buffers before it
         queues what it took: until it has, this one waits as ipykernel's does, or the
-        reply would overtake the cell's last output. Checked last, after the IO thread's
-        `_flush` has set it before clearing ``_flush_pending``."""
+        reply would overtake the cell's last output. ``_flushing`` is checked last: the
+        IO thread's `_flush` sets it before it clears ``_flush_pending``, so a flush that
+        finds neither set comes after that flush queued its message."""
         if (
             self.echo is None
             and not self._flush_pending
