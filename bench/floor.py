@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from notebook_kernel import NotebookKernel, notebook_kernel
+from scale import IPP_START
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -117,11 +118,6 @@ def bare_ours(line, cell):
             header, parent = frames[at + 2], frames[at + 3]
             if EXECUTE_REPLY_MSG_TYPE.encode() in header and msg_id in parent:
                 break
-"""
-IPP_START = """\
-import ipyparallel as ipp
-_bench_cluster = ipp.Cluster(n={n})
-_bench_rc = await _bench_cluster.start_and_connect(activate=True)
 """
 TEARDOWN = """\
 for _kc in globals().get("_floor_kcs", []):

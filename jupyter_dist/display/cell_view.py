@@ -197,8 +197,6 @@ class CellView:
 
     def _go_live(self) -> None:
         """Make the widgets, put them in the cell's output, and draw what came so far."""
-        from IPython.display import display
-
         header = widgets.HTML(chips_html(list(self.statuses.values())))
         header.add_class("jd-status")
         stack = widgets.Stack([v.build() for v in self.views], selected_index=self.selected)
@@ -229,12 +227,11 @@ class CellView:
         root.add_class("jd-cell-view")
         self.live = LiveParts(header, selector, link, footer, stacks, root)
         self.render(final=False)
-        show = self._display or display
         bundle = {
             WIDGET_MIME: {"version_major": 2, "version_minor": 0, "model_id": root.model_id},
             "text/plain": f"[jupyter_dist] running on {ranks_label(self.ranks)}",
         }
-        self._handle = show(bundle, raw=True, display_id=True)
+        self._handle = self._show(bundle, display_id=True)
         _live.append(self)
         while len(_live) > LIVE_VIEWS:
             _live.popleft().retire()
@@ -437,6 +434,12 @@ class CellView:
         )
         self.retire()
 
+    def _show(self, bundle: dict[str, Any], display_id: bool = False) -> Any:
+        """Put ``bundle`` in the cell's output (IPython's display unless one was given)."""
+        from IPython.display import display
+
+        return (self._display or display)(bundle, raw=True, display_id=display_id)
+
     def _log_folder(self) -> str:
         return str(self.logs.folder)
 
@@ -470,9 +473,7 @@ class CellView:
         if self._handle is not None:
             self._handle.update(final, raw=True)
         elif self._shown_at is not None and not self.quiet:
-            from IPython.display import display
-
-            (self._display or display)(final, raw=True)
+            self._show(final)
         if self.live is not None:
             for widget in [self.live.link, *_widget_tree(self.live.root)]:
                 widget.close()
