@@ -22,12 +22,15 @@ seconds is read from one.
 * ``JUPYTER_DIST_SHARED_PUSH`` (control plane): ``on`` (the default) hands a large push to
   the ranks of this machine through a file in ``/dev/shm`` (`common.shared_push`);
   ``off`` sends it through the sockets.
+* ``JUPYTER_DIST_NODE_DEADLINE_S`` (control plane): seconds a node's agent may stay
+  silent before the node counts as unreachable (20 by default; it is pinged every quarter
+  of that, and stops its ranks after twice that without a word from the notebook side).
 * ``JUPYTER_DIST_SESSION``, ``JUPYTER_DIST_DEVICE``, ``JUPYTER_DIST_BACKEND``,
   ``JUPYTER_DIST_FRAMEWORK`` (rank, set by the control plane): the session's name, ``cuda``
   or ``cpu``, the process group's backend, what the bootstrap prepares (``torch``, ``jax``
   or ``none``).
 
-The first nine are the user's to set; the last four are set on every rank, as torchrun's
+The first ten are the user's to set; the last four are set on every rank, as torchrun's
 own variables are. A test checks that no module names a ``JUPYTER_DIST_`` variable
 anywhere but here.
 """
@@ -50,6 +53,7 @@ MASTER_PORTS_VAR = "JUPYTER_DIST_MASTER_PORTS"
 MAX_RANKS_VAR = "JUPYTER_DIST_MAX_RANKS_PER_NODE"
 NODE_RELAY_VAR = "JUPYTER_DIST_NODE_RELAY"
 SHARED_PUSH_VAR = "JUPYTER_DIST_SHARED_PUSH"
+NODE_DEADLINE_VAR = "JUPYTER_DIST_NODE_DEADLINE_S"
 SESSION_VAR = "JUPYTER_DIST_SESSION"
 DEVICE_VAR = "JUPYTER_DIST_DEVICE"
 BACKEND_VAR = "JUPYTER_DIST_BACKEND"
@@ -65,6 +69,7 @@ ALL_VARS = (
     MAX_RANKS_VAR,
     NODE_RELAY_VAR,
     SHARED_PUSH_VAR,
+    NODE_DEADLINE_VAR,
     SESSION_VAR,
     DEVICE_VAR,
     BACKEND_VAR,

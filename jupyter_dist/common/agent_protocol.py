@@ -17,6 +17,7 @@ Commands (launcher -> agent)::
     {"op": "read_log", "id": "r4", "rank": 0, "offset": 1234}   (reply: text, end)
     {"op": "sample", "id": "r5"}   (reply: sample: the node's and its ranks' CPU, memory, GPUs)
     {"op": "shutdown"}
+    {"op": "ping", "seq": 7, "deadline_s": 40}   (reply: pong)
 
 Events (agent -> launcher)::
 
@@ -26,6 +27,13 @@ Events (agent -> launcher)::
     {"event": "exited", "rank": 0, "pid": 123, "returncode": -9, "log_tail": "...", "log": "..."}
     {"event": "reply", "id": "r1", ...}    (route: ip, ifname; probe: ok, error)
     {"event": "error", "message": "...", "rank": 0 | null}
+    {"event": "pong", "seq": 7}
+
+Heartbeats go both ways (`Heartbeat`): the owner pings every `Heartbeat.interval_s` and
+takes a node whose agent said nothing for `Heartbeat.deadline_s` as unreachable; the agent,
+from the first ping on, stops its ranks and exits once its owner said nothing for the
+ping's ``deadline_s`` (`Heartbeat.agent_deadline_s`). A link that dies without a reset
+(power loss, preemption, a cable) is thus noticed on both ends, and a wedged agent too.
 
 Each of them is a `TypedDict` in `common.payloads` (`AgentCommand`, `AgentEvent`).
 """
@@ -34,14 +42,39 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import dataclass
 from typing import Any, cast, get_args
 
 from jupyter_dist.common.payloads import AgentCommand, AgentEvent, AgentEventKind, AgentOp
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 #: makes a rank's faulthandler write every thread's Python stack to its log (the fallback
 #: for a rank whose own thread cannot answer: `rank.stack_dumps`)
 STACKS_SIGNAL = signal.SIGUSR1
+
+
+#: the longest line either end reads as one message; a longer one is not the protocol's
+#: (the largest events, a ``read_log`` reply or a ``spawned`` connection, stay far below)
+MAX_LINE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """How often the owner pings a node's agent, and how long each end waits for the
+    other before it gives up on it (seconds)."""
+
+    #: the owner's silence after which a node counts as unreachable
+    deadline_s: float = 20.0
+
+    @property
+    def interval_s(self) -> float:
+        return self.deadline_s / 4
+
+    @property
+    def agent_deadline_s(self) -> float:
+        """The agent waits longer than the owner: the owner sees the loss first and says
+        so, and a notebook whose loop was held up for a moment loses nothing."""
+        return 2 * self.deadline_s
 
 
 #: the ``op`` of every command and the ``event`` of every event this version knows

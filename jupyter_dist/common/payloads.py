@@ -353,6 +353,15 @@ class ShutdownCommand(TypedDict):
     op: Literal["shutdown"]
 
 
+class PingCommand(TypedDict):
+    """The owner's heartbeat: the agent answers `PongEvent` and, from the first one on,
+    stops its ranks and exits once it has heard nothing for ``deadline_s``."""
+
+    op: Literal["ping"]
+    seq: int
+    deadline_s: float
+
+
 AgentCommand = (
     SpawnCommand
     | SignalCommand
@@ -363,9 +372,10 @@ AgentCommand = (
     | ReadLogCommand
     | SampleCommand
     | ShutdownCommand
+    | PingCommand
 )
 AgentOp = Literal[
-    "spawn", "signal", "kill", "route", "probe", "stacks", "read_log", "sample", "shutdown"
+    "spawn", "signal", "kill", "route", "probe", "stacks", "read_log", "sample", "shutdown", "ping"
 ]
 #: the commands answered by a ``reply`` event with the command's ``id``
 RequestOp = Literal["route", "probe", "stacks", "read_log", "sample"]
@@ -482,5 +492,12 @@ class AgentErrorEvent(_ErrorOptions):
     rank: int | None
 
 
-AgentEvent = ReadyEvent | SpawnedEvent | ExitedEvent | ReplyEvent | AgentErrorEvent
-AgentEventKind = Literal["ready", "spawned", "exited", "reply", "error"]
+class PongEvent(TypedDict):
+    """The agent's answer to a `PingCommand`, with its ``seq``."""
+
+    event: Literal["pong"]
+    seq: int
+
+
+AgentEvent = ReadyEvent | SpawnedEvent | ExitedEvent | ReplyEvent | AgentErrorEvent | PongEvent
+AgentEventKind = Literal["ready", "spawned", "exited", "reply", "error", "pong"]

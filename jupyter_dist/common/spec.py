@@ -335,7 +335,8 @@ def check_limits(spec: SessionSpec, max_ranks: int) -> None:
 
 
 def _resolve_local(name: str, req: ShapeRequest, local_gpus: int, host: str) -> SessionSpec:
-    """This machine: devices are known now."""
+    """This machine: devices are known now. ``--python`` picks the agent's interpreter
+    here as on other nodes."""
     nodes = req.nodes or 1
     framework = _framework(req)
     init = req.init is not False and framework == "torch"
@@ -354,11 +355,25 @@ def _resolve_local(name: str, req: ShapeRequest, local_gpus: int, host: str) -> 
                 f"{gpus[0]} CPU ranks with the gloo backend"
             )
         return SessionSpec(
-            name, nodes, gpus[0], "cuda", _backend(req, "nccl"), init, framework=framework
+            name,
+            nodes,
+            gpus[0],
+            "cuda",
+            _backend(req, "nccl"),
+            init,
+            framework=framework,
+            python=req.python,
         )
     if procs is not None:
         return SessionSpec(
-            name, nodes, procs[0], "cpu", _backend(req, "gloo"), init, framework=framework
+            name,
+            nodes,
+            procs[0],
+            "cpu",
+            _backend(req, "gloo"),
+            init,
+            framework=framework,
+            python=req.python,
         )
     if req.backend == "nccl" or (req.backend is None and local_gpus > 0):
         if local_gpus == 0:
@@ -367,10 +382,24 @@ def _resolve_local(name: str, req: ShapeRequest, local_gpus: int, host: str) -> 
                 "ranks with the gloo backend"
             )
         return SessionSpec(
-            name, nodes, local_gpus, "cuda", _backend(req, "nccl"), init, framework=framework
+            name,
+            nodes,
+            local_gpus,
+            "cuda",
+            _backend(req, "nccl"),
+            init,
+            framework=framework,
+            python=req.python,
         )
     return SessionSpec(
-        name, nodes, DEFAULT_CPU_PROCS, "cpu", _backend(req, "gloo"), init, framework=framework
+        name,
+        nodes,
+        DEFAULT_CPU_PROCS,
+        "cpu",
+        _backend(req, "gloo"),
+        init,
+        framework=framework,
+        python=req.python,
     )
 
 

@@ -2,6 +2,12 @@
 
 The messages are `common.payloads`' `AgentCommand` and `AgentEvent` (JSON lines, see
 `common.agent_protocol`); the agent itself is `node.agent`.
+
+Every wait on an agent has a deadline, and the client pings the agent (`Heartbeat`): a
+node whose agent says nothing for `Heartbeat.deadline_s` is lost ("unreachable since
+HH:MM:SS"), everything waiting on it fails with that reason, and its launcher is stopped.
+Lines that are not the protocol (a login banner, bad types, a line too long) are named
+with what the node sent, and never taken for the agent's exit.
 """
 
 from __future__ import annotations
@@ -9,12 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from jupyter_dist.common.agent_protocol import PROTOCOL_VERSION, as_event, decode, encode
+from jupyter_dist.common.agent_protocol import (
+    MAX_LINE_BYTES,
+    PROTOCOL_VERSION,
+    Heartbeat,
+    as_event,
+    decode,
+    encode,
+)
 from jupyter_dist.common.gpus import GPUInfo
 from jupyter_dist.common.payloads import (
     AgentCommand,
@@ -24,7 +38,7 @@ from jupyter_dist.common.payloads import (
     RequestOp,
 )
 from jupyter_dist.common.stacks import is_dump
-from jupyter_dist.control.launchers.base import AgentStreams, Launcher
+from jupyter_dist.control.launchers.base import AgentStreams, Launcher, LineReader
 from jupyter_dist.errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -33,6 +47,45 @@ NO_DUMP = "(no dump: "
 
 #: called with (rank, returncode, log_tail) when a rank process exits
 ExitCallback = Callable[[int, int, str], None]
+#: seconds a spawn may take, once the agent has the command: a fork and a connection file
+#: (longer only while the rank's previous process is still being reaped)
+SPAWN_TIMEOUT_S = 60.0
+#: lines a node wrote that were not the protocol, kept to quote in errors
+KEPT_STRAY_LINES = 5
+
+
+def quote_line(line: bytes, limit: int = 200) -> str:
+    """What a node sent, for an error message: its first ``limit`` bytes, escaped, and its
+    length when longer."""
+    shown = repr(line[:limit].rstrip(b"\n"))
+    return shown if len(line) <= limit else f"{shown}... ({len(line)} bytes)"
+
+
+async def read_lines(reader: LineReader, limit: int = MAX_LINE_BYTES) -> AsyncIterator[bytes]:
+    """The lines of ``reader``, each with its newline; a line longer than ``limit`` comes
+    as its first ``limit`` bytes only, with no newline, and the rest of it is skipped
+    (memory stays bounded whatever the node sends)."""
+    buf = bytearray()
+    skipping = False
+    while chunk := await reader.read(1 << 16):
+        buf += chunk
+        while True:
+            end = buf.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(buf[: end + 1])
+            del buf[: end + 1]
+            if skipping:
+                skipping = False
+            else:
+                yield line
+        if len(buf) > limit:
+            if not skipping:
+                yield bytes(buf[:limit])
+            skipping = True
+            buf.clear()
+    if buf and not skipping:
+        yield bytes(buf)
 
 
 @dataclass(frozen=True)
@@ -65,6 +118,7 @@ class AgentClient:
         node_rank: int,
         on_exit: ExitCallback,
         on_lost: Callable[[AgentClient], None] = lambda _: None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.launcher = launcher
         self.node_rank = node_rank
@@ -77,7 +131,20 @@ class AgentClient:
         self._spawns: dict[int, asyncio.Future[SpawnedRank]] = {}
         self._requests: dict[str, asyncio.Future[ReplyEvent]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._stopping_launcher: asyncio.Task[None] | None = None
+        self.heartbeat = heartbeat or Heartbeat()
         self.lost = False
+        #: why the node was lost ("" while it is not): its agent exited, the link went
+        #: down, or it is unreachable
+        self.lost_reason = ""
+        #: its first line, for one-line summaries
+        self.lost_summary = ""
+        #: when the agent last said anything (``time.time()``, for messages)
+        self.last_heard = 0.0
+        self._last_heard_mono = 0.0
+        #: lines the node wrote that were not the protocol (a login banner...)
+        self.stray_lines: list[bytes] = []
 
     @property
     def host(self) -> str:
@@ -92,16 +159,21 @@ class AgentClient:
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._streams = await self.launcher.start(session, env)
+        self._heard()
         self._reader = asyncio.ensure_future(self._read_events())
         try:
             info = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except asyncio.CancelledError:
+            self._ready.cancel()  # nobody waits for it any more: no "never retrieved" error
+            raise
         except asyncio.TimeoutError:
             self._ready.cancel()  # nobody waits for it any more: no "never retrieved" error
             await self.launcher.stop(1.0)
             raise AgentError(
                 f"node {self.host!r}: the agent did not report ready within {timeout:.0f} s"
-                f"{self._stderr_note()}"
+                f"{self._stray_note()}{self._stderr_note()}"
             ) from None
+        self._heartbeat = asyncio.ensure_future(self._beat())
         if info.preload_errors.get("torch"):
             raise AgentError(
                 f"node {info.host!r}: {info.python} cannot import torch: "
@@ -114,9 +186,23 @@ class AgentClient:
         tail = self.launcher.stderr_tail().strip()
         return f"; its last output:\n{tail}" if tail else ""
 
+    def _stray_note(self) -> str:
+        """The lines the node wrote that were not the protocol, quoted."""
+        if not self.stray_lines:
+            return ""
+        quoted = "\n".join(f"  {quote_line(line)}" for line in self.stray_lines)
+        return (
+            "; before that it wrote lines that are not the agent protocol (a login banner "
+            "or a shell startup file writing to stdout?):\n" + quoted
+        )
+
+    def _heard(self) -> None:
+        self.last_heard = time.time()
+        self._last_heard_mono = time.monotonic()
+
     async def _send(self, message: AgentCommand) -> None:
         if self._streams is None or self.lost:
-            raise AgentError(f"node {self.host!r}: the agent is not running")
+            raise AgentError(self.lost_reason or f"node {self.host!r}: the agent is not running")
         try:
             self._streams.writer.write(encode(message))
             await self._streams.writer.drain()
@@ -125,33 +211,118 @@ class AgentClient:
 
     async def _read_events(self) -> None:
         assert self._streams is not None
-        reader = self._streams.reader
+        reason = ""
         try:
-            while line := await reader.readline():
-                try:
-                    event = as_event(decode(line))
-                    if event is not None:  # a newer agent's kind of event: ignored
-                        self._dispatch(event)
-                except (ValueError, KeyError) as err:
-                    log.warning("node %s: bad agent message %r: %s", self.host, line[:200], err)
-        finally:
-            self.lost = True
-            gone = AgentError(f"node {self.host!r}: the agent exited{self._stderr_note()}")
-            if self._ready and not self._ready.done():
-                self._ready.set_exception(gone)
-            for fut in self._spawns.values():
-                if not fut.done():
-                    fut.set_exception(gone)
-            for req in self._requests.values():
-                if not req.done():
-                    req.set_exception(gone)
+            async for line in read_lines(self._streams.reader):
+                self._heard()
+                self._take(line)
             log.debug("node %s: agent event stream closed", self.host)
-            if not self.stopping:
-                log.info("node %s: lost its agent%s", self.host, self._stderr_note())
-                self.on_lost(self)
+        except (OSError, asyncio.IncompleteReadError) as err:  # the channel itself broke
+            log.debug("node %s: agent stream failed: %s", self.host, err)
+        finally:
+            try:
+                if not self.lost and not self.stopping:
+                    reason = await asyncio.wait_for(self._exit_reason(), 2.0)
+            except Exception as err:
+                log.debug("node %s: no exit status: %s", self.host, err)
+            finally:
+                self._lose(reason or f"node {self.host!r}: the agent exited{self._stderr_note()}")
+
+    def _take(self, line: bytes) -> None:
+        """One line from the node: an event, or something else, named with what it was."""
+        if not line.endswith(b"\n") and len(line) >= MAX_LINE_BYTES:
+            problem = f"a line over {MAX_LINE_BYTES} bytes"
+        else:
+            try:
+                data = decode(line)
+            except ValueError as err:  # not JSON, not UTF-8, not an object
+                problem = f"a line that is not a JSON message ({err})"
+            else:
+                event = as_event(data)
+                if event is None:  # a newer agent's kind of event, or none at all
+                    if "event" in data:
+                        return
+                    problem = "a JSON line with no 'event'"
+                else:
+                    try:
+                        self._dispatch(event)
+                        return
+                    except (ValueError, KeyError, TypeError) as err:
+                        kind = event["event"]
+                        problem = f"a malformed {kind!r} event ({type(err).__name__}: {err})"
+        if self._ready is not None and not self._ready.done():
+            if len(self.stray_lines) < KEPT_STRAY_LINES:
+                self.stray_lines.append(line[:1000])
+            if problem.startswith("a malformed 'ready'"):
+                self._ready.set_exception(
+                    AgentError(f"node {self.host!r} sent {problem}: {quote_line(line)}")
+                )
+            return
+        log.warning("node %s sent %s: %s", self.host, problem, quote_line(line))
+
+    async def _exit_reason(self) -> str:
+        """Why the agent's stream ended: what the launcher knows (the link was lost, the
+        agent's exit status), and the end of its stderr."""
+        how = await self.launcher.describe_exit()
+        return f"node {self.host!r}: {how}{self._stray_note()}{self._stderr_note()}"
+
+    def _lose(self, reason: str) -> None:
+        """The node is out of reach (once): everything waiting on it fails with
+        ``reason``, the session hears of it, and the launcher is stopped."""
+        if self.lost:
+            return
+        self.lost = True
+        self.lost_reason = reason
+        self.lost_summary = reason.split("; before that it wrote", 1)[0].split("; its last", 1)[0]
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        gone = AgentError(reason)
+        for fut in [self._ready, *self._spawns.values(), *self._requests.values()]:
+            if fut is not None and not fut.done():
+                fut.set_exception(gone)
+        if not self.stopping:
+            log.info("%s", reason)
+            self.on_lost(self)
+            self._stopping_launcher = asyncio.ensure_future(self.launcher.stop(5.0))
+
+    async def _beat(self) -> None:
+        """Ping the agent every `Heartbeat.interval_s`; take the node as lost once it said
+        nothing for `Heartbeat.deadline_s`. A loop held up past a beat (a busy notebook)
+        first lets what arrived meanwhile be read."""
+        beat = self.heartbeat
+        seq = 0
+        loop = asyncio.get_running_loop()
+        while not self.lost:
+            planned = loop.time() + beat.interval_s
+            await asyncio.sleep(beat.interval_s)
+            if loop.time() - planned > beat.interval_s:
+                continue  # this loop stalled: judge the node on a later beat
+            silent = time.monotonic() - self._last_heard_mono
+            if silent >= beat.deadline_s:
+                await asyncio.sleep(0.1)  # lines already here are read first
+                silent = time.monotonic() - self._last_heard_mono
+            if silent >= beat.deadline_s:
+                since = time.strftime("%H:%M:%S", time.localtime(self.last_heard))
+                self._lose(
+                    f"node {self.host!r} unreachable since {since}: its agent did not "
+                    f"answer for {silent:.0f} s (the network link, or the node itself, "
+                    "may be down, or the agent is stopped); its ranks are out of reach"
+                )
+                return
+            seq += 1
+            with contextlib.suppress(AgentError):
+                await self._send({"op": "ping", "seq": seq, "deadline_s": beat.agent_deadline_s})
 
     def _dispatch(self, event: AgentEvent) -> None:
         if event["event"] == "ready":
+            if self.stray_lines:
+                log.info(
+                    "node %s wrote %d line(s) before its agent that are not the protocol "
+                    "(a login banner?), first: %s",
+                    self.host,
+                    len(self.stray_lines),
+                    quote_line(self.stray_lines[0]),
+                )
             info = AgentInfo(
                 host=event["host"],
                 pid=int(event["pid"]),
@@ -179,6 +350,8 @@ class AgentClient:
                 replied.set_result(event)
         elif event["event"] == "exited":
             self.on_exit(int(event["rank"]), int(event["returncode"]), event.get("log_tail", ""))
+        elif event["event"] == "pong":
+            pass  # heard: `_read_events` noted the time
         else:  # error
             failed: int | None = event.get("rank")
             message = f"node {self.host!r}: agent error: {event.get('message')}"
@@ -195,21 +368,36 @@ class AgentClient:
                 fut.set_exception(AgentError(message))
 
     async def spawn(
-        self, rank: int, local_rank: int, env: Mapping[str, str], key: str, cwd: str
+        self,
+        rank: int,
+        local_rank: int,
+        env: Mapping[str, str],
+        key: str,
+        cwd: str,
+        timeout: float = SPAWN_TIMEOUT_S,
     ) -> SpawnedRank:
         fut: asyncio.Future[SpawnedRank] = asyncio.get_running_loop().create_future()
         self._spawns[rank] = fut
-        await self._send(
-            {
-                "op": "spawn",
-                "rank": rank,
-                "local_rank": local_rank,
-                "env": dict(env),
-                "key": key,
-                "cwd": cwd,
-            }
-        )
-        return await fut
+        try:
+            await self._send(
+                {
+                    "op": "spawn",
+                    "rank": rank,
+                    "local_rank": local_rank,
+                    "env": dict(env),
+                    "key": key,
+                    "cwd": cwd,
+                }
+            )
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise AgentError(
+                f"node {self.host!r}: rank {rank} was not started within {timeout:.0f} s "
+                "of asking its agent"
+            ) from None
+        finally:
+            if self._spawns.get(rank) is fut:
+                del self._spawns[rank]
 
     async def request(self, op: RequestOp, timeout: float = 30.0, **args: Any) -> ReplyEvent:
         """Send a query to the agent and wait for its reply; ``args`` are the fields of
@@ -221,7 +409,9 @@ class AgentClient:
             await self._send(cast(AgentCommand, {"op": op, "id": request_id, **args}))
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
-            raise AgentError(f"node {self.host!r}: the agent did not answer {op!r}") from None
+            raise AgentError(
+                f"node {self.host!r}: the agent did not answer {op!r} within {timeout:.0f} s"
+            ) from None
         finally:
             self._requests.pop(request_id, None)
 
@@ -288,9 +478,14 @@ class AgentClient:
 
     async def stop(self, timeout: float = 5.0) -> None:
         self.stopping = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         if not self.lost:
             with contextlib.suppress(Exception):
-                await self._send({"op": "shutdown"})
+                await asyncio.wait_for(self._send({"op": "shutdown"}), timeout)
+        if self._stopping_launcher is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._stopping_launcher), timeout + 5)
         await self.launcher.stop(timeout)
         if self._reader:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):

@@ -218,11 +218,24 @@ class CellTracker:
         if self._unfinished == 0:
             self.done.set()
 
-    def rank_died(self, rank: int, returncode: int, pid: int | None, log_tail: str) -> None:
+    def rank_died(
+        self,
+        rank: int,
+        returncode: int | None,
+        pid: int | None,
+        log_tail: str,
+        lost: str | None = None,
+    ) -> None:
+        """``rank`` died with ``returncode``, or, with ``lost`` saying why, is out of reach
+        (its node unreachable, its agent gone): ``NodeLost``."""
         prog = self.progress.get(rank)
         if prog is None or prog.finished:
             return
-        how = describe_returncode(returncode)
+        if lost is not None:
+            failure = self._failure(prog, "died", "NodeLost", lost)
+            self._finish(prog, "died", failure)
+            return
+        how = describe_returncode(returncode) if returncode is not None else "is gone"
         lines = tuple(f"    {line}" for line in crash_report(log_tail))
         traceback = ("  last output of the rank process:", *lines) if lines else ()
         failure = self._failure(

@@ -240,8 +240,11 @@ class RankGroup:
         if self.on_change is not None:
             self.on_change(self)
 
-    def _rank_died(self, rank: int, returncode: int, log_tail: str) -> None:
-        """Record a rank's death: the session breaks and a running cell learns of it."""
+    def _rank_died(
+        self, rank: int, returncode: int | None, log_tail: str, how: str | None = None
+    ) -> None:
+        """Record a rank's death, or its loss (``returncode`` None, ``how`` says why: its
+        node is out of reach): the session breaks and a running cell learns of it."""
         rec = self.ranks.get(rank)
         if rec is None or rec.state == RankState.DEAD:
             return
@@ -249,16 +252,19 @@ class RankGroup:
         rec.exit_code = returncode
         rec.exit_tail = log_tail
         self._changed()
+        what = how or describe_returncode(returncode)
         if rec.client:
-            rec.client.fail_waiters(SessionError(f"rank {rank} {describe_returncode(returncode)}"))
+            rec.client.fail_waiters(SessionError(f"rank {rank}: {what}"))
         if self.state in (SessionState.READY, SessionState.STARTING):
             self.broken_reason = (
-                f"rank {rank} (host {rec.host}, pid {rec.pid}) {describe_returncode(returncode)}"
+                f"rank {rank} (host {rec.host}, pid {rec.pid}): {what}"
+                if how
+                else f"rank {rank} (host {rec.host}, pid {rec.pid}) {what}"
             )
             self.state = SessionState.BROKEN
             log.info("session %s: %s", self.name, self.broken_reason)
         if self._current is not None:
-            self._current.rank_died(rank, returncode, rec.pid, log_tail)
+            self._current.rank_died(rank, returncode, rec.pid, log_tail, how)
 
     def _relay_lost(self, ranks: list[int]) -> None:
         """The connection to the relay of ``ranks``' node broke (the relay stopped; its
@@ -396,7 +402,8 @@ class RankGroup:
             for r in ranks:
                 rec = self.ranks[r]
                 if rec.state == RankState.DEAD or rec.client is None:
-                    run.rank_died(r, rec.exit_code or -9, rec.pid, "")
+                    lost = rec.exit_tail.split("\n", 1)[0] if rec.exit_code is None else None
+                    run.rank_died(r, rec.exit_code, rec.pid, "", lost or None)
                     continue
                 rec.state = RankState.BUSY
                 rec.busy_since = time.time()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from jupyter_dist.common.agent_protocol import describe_returncode
+from jupyter_dist.common.agent_protocol import Heartbeat, describe_returncode
 from jupyter_dist.common.payloads import (
     KernelConnection,
     NodeMetrics,
@@ -39,6 +39,7 @@ from jupyter_dist.control.rank_env import omp_threads, places, rank_env
 from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState, SessionState
 from jupyter_dist.control.rendezvous import Rendezvous, check_reachable, plan_rendezvous
 from jupyter_dist.errors import AgentError, NoGPUError, RanksFailed, SessionError
+from jupyter_dist.settings import NODE_DEADLINE_VAR, seconds_from_env
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,11 @@ log = logging.getLogger(__name__)
 class SessionTimeouts:
     start: float = 120.0  # agent ready + kernels answering
     process_group: float = 300.0  # init_process_group's own timeout
+    #: a whole restart: stopping the ranks, starting fresh ones and their process group
+    restart: float = 600.0
+    #: a node whose agent said nothing for this long is unreachable (None: from
+    #: ``JUPYTER_DIST_NODE_DEADLINE_S``, else `Heartbeat`'s default)
+    node_deadline: float | None = None
 
 
 Progress = Callable[[str], None]
@@ -118,9 +124,17 @@ class Session(RankGroup):
             env[NODE_RANK_VAR] = str(node)  # its title names it; its ranks get the same value
             return {**env, PORTS_VAR: ports} if ports else env
 
+        heartbeat = Heartbeat(
+            self.timeouts.node_deadline
+            or seconds_from_env(NODE_DEADLINE_VAR, Heartbeat.deadline_s, self.user_env)
+        )
         self.nodes = [
             AgentClient(
-                self.launchers(self.spec, node), node, self._on_rank_exit, self._on_node_lost
+                self.launchers(self.spec, node),
+                node,
+                self._on_rank_exit,
+                self._on_node_lost,
+                heartbeat=heartbeat,
             )
             for node in range(self.spec.nodes)
         ]
@@ -348,13 +362,13 @@ class Session(RankGroup):
         self._rank_died(rank, returncode, log_tail)
 
     def _on_node_lost(self, node: AgentClient) -> None:
-        """The agent went away: its ranks die with it (PDEATHSIG), unreported; say so."""
-        tail = node.launcher.stderr_tail()
-        for rec in self.ranks.values():
+        """The node is out of reach: its agent exited (its ranks die with it, PDEATHSIG),
+        the link to it was lost, or it stopped answering; its ranks are given up on, with
+        the reason."""
+        reason = node.lost_reason or f"the agent of node {node.host!r} exited"
+        for rec in list(self.ranks.values()):
             if rec.node is node and rec.state != RankState.DEAD:
-                self._on_rank_exit(
-                    rec.rank, -9, f"the agent of node {node.host!r} exited\n{tail}".strip()
-                )
+                self._rank_died(rec.rank, None, reason, how=node.lost_summary or reason)
 
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
         """Each rank's stack dump, asked of the agents of the ranks' nodes."""
@@ -390,21 +404,39 @@ class Session(RankGroup):
             raise SessionError(f"session {self.name!r} was shut down; start it again instead")
         self.state = SessionState.RESTARTING
         try:
-            if any(n.lost for n in self.nodes):
-                await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
-                await self._stop_ranks(0.0)
-                await self._start_nodes(progress)
-            else:
-                await self._stop_ranks(0.0)
-            await self._start_ranks(progress)
-        except BaseException:
+            await asyncio.wait_for(self._restart(progress), self.timeouts.restart)
+        except asyncio.TimeoutError:
             self.state = SessionState.BROKEN
-            self.broken_reason = "its restart failed"
+            self.broken_reason = (
+                f"its restart, which did not finish within {self.timeouts.restart:.0f} s"
+            )
+            await self._give_up_nodes()
+            raise SessionError(
+                f"session {self.name!r}: the restart did not finish within "
+                f"{self.timeouts.restart:.0f} s; its nodes were stopped. Run `%dist restart "
+                f"--session {self.name}` again, or `%dist shutdown --session {self.name}`"
+            ) from None
+        except BaseException as err:
+            self.state = SessionState.BROKEN
+            self.broken_reason = f"its restart, which failed: {str(err).splitlines()[0][:300]}"
             raise
         self.state = SessionState.READY
         self.broken_reason = ""
         self.turns.last_errors.clear()  # fresh ranks: no error of theirs yet
         log.info("session %s restarted", self.name)
+
+    async def _restart(self, progress: Progress) -> None:
+        if any(n.lost for n in self.nodes):
+            await self._give_up_nodes()
+            await self._start_nodes(progress)
+        else:
+            await self._stop_ranks(0.0)
+        await self._start_ranks(progress)
+
+    async def _give_up_nodes(self) -> None:
+        """Stop every agent (a lost node's for good), so that the next start is fresh."""
+        await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+        await self._stop_ranks(0.0)
 
     async def shutdown(self) -> None:
         """Stop every rank and agent; safe to call twice and from any state."""
@@ -474,7 +506,7 @@ class Session(RankGroup):
                     "host": r.host,
                     "pid": r.pid,
                     "state": r.state.value,
-                    "exit": describe_returncode(r.exit_code) if r.exit_code is not None else None,
+                    "exit": _exit_summary(r),
                     "returncode": r.exit_code,
                     "exit_tail": r.exit_tail,
                     "log": r.log,
@@ -487,6 +519,15 @@ class Session(RankGroup):
             "notebooks": sorted(self.notebooks.values(), key=lambda n: n["since"]),
             **self.turns.status(),
         }
+
+
+def _exit_summary(rec: RankRecord) -> str | None:
+    """How a dead rank ended, in a line: its exit status, or why it is out of reach."""
+    if rec.exit_code is not None:
+        return describe_returncode(rec.exit_code)
+    if rec.state == RankState.DEAD:
+        return rec.node.lost_summary if rec.node and rec.node.lost_summary else "out of reach"
+    return None
 
 
 __all__ = [

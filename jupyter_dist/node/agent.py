@@ -17,7 +17,9 @@ relay on a pipe which ranks to serve, and forks a new one if it dies.
 
 It guarantees no orphans: each rank gets ``PR_SET_PDEATHSIG`` and ``JPY_PARENT_PID`` so
 it dies with the agent, and the agent kills every rank when its stdin closes (the
-notebook kernel or the SSH connection went away), on ``shutdown``, or on SIGTERM.
+notebook kernel or the SSH connection went away), on ``shutdown``, on SIGTERM, or when its
+owner, which pings it, has said nothing for the ping's deadline (a link lost without a
+reset closes nothing: `common.agent_protocol.Heartbeat`).
 
 Its private folder (``jd-PID-SESSION-XXXXXXXX`` in the temporary folder, 0700: the ranks'
 connection files with the session's key, their sockets and logs) goes when it stops; an
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from jupyter_dist.common.agent_protocol import (
+    MAX_LINE_BYTES,
     PROTOCOL_VERSION,
     STACKS_SIGNAL,
     as_command,
@@ -109,6 +112,9 @@ PRELOAD = (
 _QUIET_IMPORT_ENV = {"PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 _PR_SET_PDEATHSIG = 1
 LOG_TAIL_BYTES = 16384
+#: seconds a spawn waits for the rank's previous process, already being killed, to be
+#: reaped (one stuck in the kernel, in a GPU driver or on NFS, outlives SIGKILL)
+RESPAWN_WAIT_S = 15.0
 STACKS_READ_LIMIT = 256 * 1024
 #: an agent's private folder: ``jd-PID-SESSION-XXXXXXXX``, holding `LOCK_NAME`
 DIR_PREFIX = "jd-"
@@ -197,7 +203,14 @@ class Agent:
         self.relay: RelayChild | None = None  # forked with the first rank (its key)
         self.sampler: Sampler | None = None  # made on the first ``sample`` command
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
+        #: rank -> (its spawn, when to give up): spawns waiting for the rank's previous
+        #: process to be reaped
+        self.waiting_spawns: dict[int, tuple[SpawnCommand, float]] = {}
         self.stopping = False
+        #: seconds of silence from the owner after which the ranks are stopped (set by
+        #: its first ``ping``; 0: the owner does not ping)
+        self.owner_deadline_s = 0.0
+        self.last_heard = time.monotonic()
         self.preload_errors: dict[str, str] = {}
         self._inbuf = b""
         self._wake_r, self._wake_w = os.pipe()
@@ -274,6 +287,8 @@ class Agent:
                             os.read(self._wake_r, 4096)
                 self._reap()
                 self._enforce_deadlines()
+                self._retry_spawns()
+                self._check_owner()
                 if self.stopping and self.children and not self.kill_deadlines:
                     self.kill(None, grace=2.0)
         finally:
@@ -283,21 +298,48 @@ class Agent:
         self.stopping = True
 
     def _next_timeout(self) -> int | None:
-        if not self.kill_deadlines:
+        deadlines = [*self.kill_deadlines.values()]
+        deadlines.extend(when for _, when in self.waiting_spawns.values())
+        if self.owner_deadline_s and not self.stopping:
+            deadlines.append(self.last_heard + self.owner_deadline_s)
+        if self.waiting_spawns:
+            deadlines.append(time.monotonic() + 0.05)  # a reaped rank frees its spawn
+        if not deadlines:
             return 1000 if self.stopping else None
-        wait = min(self.kill_deadlines.values()) - time.monotonic()
+        wait = min(deadlines) - time.monotonic()
         return max(0, int(wait * 1000) + 1)
+
+    def _check_owner(self) -> None:
+        """Stop every rank once the owner, which pings, has said nothing for its deadline:
+        the link went down without a reset, or the owner is wedged; nobody can use these
+        ranks any more, and they would hold their GPUs until TCP gives up (hours)."""
+        if not self.owner_deadline_s or self.stopping:
+            return
+        silent = time.monotonic() - self.last_heard
+        if silent >= self.owner_deadline_s:
+            print(
+                f"agent: no word from the notebook side for {silent:.0f} s "
+                f"(deadline {self.owner_deadline_s:.0f} s); stopping every rank",
+                file=sys.stderr,
+            )
+            self.stopping = True
 
     def _read_commands(self) -> None:
         chunk = os.read(0, 1 << 16)
         if not chunk:  # launcher gone: nobody may use these ranks any more
             self.stopping = True
             return
+        self.last_heard = time.monotonic()
         self._inbuf += chunk
         *lines, self._inbuf = self._inbuf.split(b"\n")
         for line in lines:
             if line.strip():
                 self._handle(line)
+        if len(self._inbuf) > MAX_LINE_BYTES:  # no command is that long: not the protocol
+            head = self._inbuf[:200]
+            self._inbuf = b""
+            message = f"a command line over {MAX_LINE_BYTES} bytes was dropped: {head!r}"
+            self.emit({"event": "error", "message": message, "rank": None})
 
     def _handle(self, line: bytes) -> None:
         data: dict[str, Any] = {}
@@ -337,13 +379,19 @@ class Agent:
             elif cmd["op"] == "read_log":
                 text, end = _read_from(self._log_of(int(cmd["rank"])), int(cmd["offset"]))
                 self.emit({"event": "reply", "id": cmd["id"], "text": text, "end": end})
+            elif cmd["op"] == "ping":
+                self.owner_deadline_s = max(0.0, float(cmd.get("deadline_s", 0)))
+                self.emit({"event": "pong", "seq": int(cmd["seq"])})
             else:  # shutdown
                 self.stopping = True
         except Exception as err:
+            rank = data.get("rank")
+            named = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
             error: AgentErrorEvent = {
                 "event": "error",
-                "message": f"{type(err).__name__}: {err}",
-                "rank": None,
+                "message": f"{'' if named is None else f'rank {named}: '}"
+                f"{type(err).__name__}: {err}",
+                "rank": named,
             }
             if isinstance(data.get("id"), str):  # the request waiting for a reply fails
                 error["id"] = data["id"]
@@ -357,11 +405,46 @@ class Agent:
         return None
 
     def spawn(self, cmd: SpawnCommand) -> None:
+        """Fork rank ``cmd["rank"]``. Its previous process, if the agent is still killing
+        it (a restart), is reaped first: the spawn waits for it, up to `RESPAWN_WAIT_S`."""
+        rank = int(cmd["rank"])
+        self._reap()
+        old = self._pid_of(rank)
+        if old is not None and old in self.kill_deadlines:
+            self.waiting_spawns[rank] = (cmd, time.monotonic() + RESPAWN_WAIT_S)
+            return
+        if old is not None:
+            raise RuntimeError(f"rank {rank} is already running on this node (pid {old})")
+        self._fork_rank(cmd)
+
+    def _retry_spawns(self) -> None:
+        """Spawn the ranks whose previous process is gone now; give up on those whose
+        previous process outlived SIGKILL for `RESPAWN_WAIT_S`."""
+        now = time.monotonic()
+        for rank, (cmd, give_up) in list(self.waiting_spawns.items()):
+            old = self._pid_of(rank)
+            if old is not None and now < give_up:
+                continue
+            del self.waiting_spawns[rank]
+            if old is not None:
+                message = (
+                    f"rank {rank}: its previous process (pid {old}, {_proc_state(old)}) "
+                    f"was still there {RESPAWN_WAIT_S:g} s after SIGKILL, so no new rank "
+                    "was started (a process stuck in the kernel, e.g. in a GPU driver or "
+                    "on a network file system, cannot be killed until it returns)"
+                )
+                self.emit({"event": "error", "message": message, "rank": rank})
+                continue
+            try:
+                self._fork_rank(cmd)
+            except Exception as err:
+                message = f"rank {rank}: {type(err).__name__}: {err}"
+                self.emit({"event": "error", "message": message, "rank": rank})
+
+    def _fork_rank(self, cmd: SpawnCommand) -> None:
         from jupyter_client.connect import write_connection_file
 
         rank = int(cmd["rank"])
-        if self._pid_of(rank) is not None:
-            raise RuntimeError(f"rank {rank} is already running on this node")
         conn_path = os.path.join(self.dir, f"rank-{rank}.json")
         log_path = os.path.join(self.dir, f"rank-{rank}.log")
         # Unix sockets in the agent's private (0700) folder: no TCP port is opened, and
@@ -559,8 +642,14 @@ class Agent:
             os.killpg(pid, sig)
 
     def kill(self, ranks: set[int] | None, grace: float) -> None:
-        """SIGTERM the ranks' process groups, SIGKILL whatever is left after ``grace``."""
+        """SIGTERM the ranks' process groups, SIGKILL whatever is left after ``grace``. A
+        spawn of theirs still waiting for an earlier process is withdrawn."""
         deadline = time.monotonic() + grace
+        for rank in list(self.waiting_spawns):
+            if ranks is None or rank in ranks:
+                del self.waiting_spawns[rank]
+                message = f"rank {rank}: its start was withdrawn (the ranks were stopped)"
+                self.emit({"event": "error", "message": message, "rank": rank})
         for pid, child in list(self.children.items()):
             if ranks is not None and child.rank not in ranks:
                 continue
@@ -690,6 +779,18 @@ def prune_dead_agent_dirs(base: str) -> list[str]:
         shutil.rmtree(entry.path, ignore_errors=True)  # does not follow links inside
         removed.append(entry.path)
     return removed
+
+
+def _proc_state(pid: int) -> str:
+    """A process's state as ``ps`` shows it (``D (disk sleep)``), for error messages."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return f"state {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return "state unknown"
 
 
 def _read_from(path: str, offset: int, limit: int = STACKS_READ_LIMIT) -> tuple[str, int]:

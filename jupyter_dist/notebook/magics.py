@@ -174,8 +174,8 @@ class DistMagics(Magics):
     @argument(
         "--python",
         default=None,
-        help="the Python on the nodes (default: the notebook's path if the node has "
-        "it, else python3)",
+        help="the Python that runs the agent and ranks on each node, this machine's "
+        "too (default: the notebook's path if the node has it, else python3)",
     )
     @argument(
         "--slurm",

@@ -90,8 +90,12 @@ class AttachedSession(RankGroup):
             return
         for rank, entry in current.items():
             if entry.get("state") == RankState.DEAD.value:
-                code = entry.get("returncode")
-                self._rank_died(rank, -9 if code is None else int(code), entry.get("exit_tail", ""))
+                code, tail = entry.get("returncode"), str(entry.get("exit_tail") or "")
+                if code is None:  # out of reach, not dead of its own: the tail says why
+                    lost = tail.split("\n", 1)[0] or "its node is out of reach"
+                    self._rank_died(rank, None, tail, how=lost)
+                else:
+                    self._rank_died(rank, int(code), tail)
         state = SessionState(status["state"])
         if state != self._state:
             self.broken_reason = str(status.get("broken_reason") or self.broken_reason)

@@ -136,6 +136,8 @@ class FakeAgent:
         self.ranks: dict[int, FakeRank] = {}
         self.spawned: list[FakeRank] = []
         self.exited = False  # its "process" ended
+        #: it answers nothing (SIGSTOPped, or the link to it lost without a reset)
+        self.deaf = False
         self.stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -223,6 +225,8 @@ class FakeAgent:
     def _handle(self, line: bytes) -> None:
         data = decode(line)
         self.commands.append(data)
+        if self.deaf:  # stopped, or its link is down: nothing comes back
+            return
         cmd = as_command(data)
         if cmd is not None and cmd["op"] == self.script.vanishes_on:
             self.vanish()
@@ -261,6 +265,8 @@ class FakeAgent:
                 self.emit({"event": "error", "message": message, "rank": None, "id": cmd["id"]})
             else:
                 self._reply(cmd["id"], {"text": rank.log[int(cmd["offset"]) :]})
+        elif cmd["op"] == "ping":
+            self.emit({"event": "pong", "seq": int(cmd["seq"])})
         else:  # shutdown
             self.stopping = True
             self.close_stdin()

@@ -431,9 +431,14 @@ def test_an_agent_that_vanishes_takes_its_ranks_with_it(kernels: KernelStub) -> 
     assert status["state"] == "broken"
     assert [n["lost"] for n in status["nodes"]] == [False, True]
     assert [r["state"] for r in status["ranks"]] == ["idle", "idle", "dead", "dead"]
-    assert status["ranks"][2]["exit"] == "killed by signal SIGKILL (9)"
-    assert status["ranks"][2]["exit_tail"] == "the agent of node 'node1' exited\nKilled"
+    assert status["ranks"][2]["exit"] == "node 'node1': the agent exited"
+    assert status["ranks"][2]["returncode"] is None  # out of reach: no exit status known
+    assert (
+        status["ranks"][2]["exit_tail"]
+        == "node 'node1': the agent exited; its last output:\nKilled"
+    )
     assert status["broken_reason"].startswith("rank 2 (host node1, pid ")
+    assert status["broken_reason"].endswith("): node 'node1': the agent exited")
 
 
 def test_stacks_are_asked_of_each_ranks_agent(kernels: KernelStub) -> None:
@@ -551,7 +556,10 @@ def test_a_failed_restart_leaves_the_session_broken(kernels: KernelStub) -> None
         with pytest.raises(AgentError, match="out of file descriptors"):
             await session.restart()
         assert session.state == SessionState.BROKEN
-        assert session.broken_reason == "its restart failed"
+        assert session.broken_reason == (
+            "its restart, which failed: node 'node0': agent error: RuntimeError: out of "
+            "file descriptors"
+        )
         await session.shutdown()
         return session
 

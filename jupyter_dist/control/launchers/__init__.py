@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.launchers.base import AgentStreams, Launcher
@@ -53,7 +53,8 @@ def launcher_for(spec: SessionSpec, node: int) -> Launcher:
             spec.hosts[node], python=spec.python, ssh_config=spec.ssh_config
         )
         return launcher
-    return launcher_class("local")()
+    local: Any = launcher_class("local")
+    return cast(Launcher, local(python=spec.python))
 
 
 __all__ = [

@@ -36,7 +36,9 @@ def with_install_hint(stderr: str) -> str:
 
 
 class LineReader(Protocol):
-    async def readline(self) -> bytes: ...
+    """What the agent's stdout is read with: up to ``n`` bytes, ``b""`` at its end."""
+
+    async def read(self, n: int = -1) -> bytes: ...
 
 
 class LineWriter(Protocol):
@@ -96,6 +98,12 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def stderr_tail(self) -> str:
         """The last lines the agent wrote to stderr, for error messages."""
+
+    async def describe_exit(self) -> str:
+        """Why the agent's stream ended, once it has: its exit status, or the link to
+        its node lost (a launcher that knows tells these apart; it may wait a moment for
+        the status)."""
+        return "the agent exited"
 
     def peer_address(self) -> str | None:
         """The node's address as this side reached it (None: this machine)."""

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from jupyter_dist.common.agent_protocol import describe_returncode
 from jupyter_dist.control.launchers.base import (
     AGENT_MODULE,
     AgentStreams,
@@ -75,6 +76,15 @@ class SubprocessLauncher(Launcher):
 
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+    async def describe_exit(self) -> str:
+        if self.process is None:
+            return "the agent was never started"
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.process.wait(), 1.0)
+        if self.process.returncode is None:
+            return "the agent closed its output but still runs"
+        return f"the agent exited ({describe_returncode(self.process.returncode)})"
 
 
 class LocalLauncher(SubprocessLauncher):

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -93,13 +94,39 @@ def unknown_key_message(where: str, problem: str, host: str, port: object, add_t
     )
 
 
+#: SSH keepalive when the ssh config sets no ServerAliveInterval: a request every this
+#: many seconds, and the connection is closed after `KEEPALIVE_COUNT_MAX` unanswered
+KEEPALIVE_INTERVAL_S = 5.0
+KEEPALIVE_COUNT_MAX = 3
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def agent_command(session: str, env: Mapping[str, str], python: str | None) -> str:
     """The remote shell line: the notebook's interpreter path if the node has it (shared
-    file systems, identical images), else ``python3`` from the remote PATH."""
-    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    file systems, identical images), else ``python3`` from the remote PATH. Variable
+    names must be names: anything else is refused, not quoted into the shell line."""
+    bad = [k for k in env if not _ENV_NAME.fullmatch(k)]
+    if bad:
+        raise AgentError(
+            f"environment variable name {bad[0][:60]!r}: expected letters, digits and _ "
+            "(not starting with a digit)"
+        )
+    assigns = " ".join(f"{shlex.quote(k)}={shlex.quote(v)}" for k, v in env.items())
     chosen = shlex.quote(python or sys.executable)
     pick = f"p={chosen}" if python else f'p={chosen}; [ -x "$p" ] || p=python3'
     return f'{pick}; exec env {assigns} "$p" -m {AGENT_MODULE} --session {shlex.quote(session)}'
+
+
+class LinkWatch(asyncssh.SSHClient):
+    """Remembers how the SSH connection to a node ended."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.error: Exception | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.error = exc
 
 
 class SSHLauncher(Launcher):
@@ -125,6 +152,7 @@ class SSHLauncher(Launcher):
         self._listeners: list[asyncssh.SSHListener] = []
         self._tunnel_dir: str | None = None
         self._relays: dict[str, str] = {}  # the node's relay socket -> its local end
+        self.link = LinkWatch()
 
     @property
     def host(self) -> str:
@@ -139,7 +167,9 @@ class SSHLauncher(Launcher):
         where = f"node {str(self.spec)!r}"
         try:
             return await asyncio.wait_for(
-                self._connect(self.spec.name, self.spec.port, self.spec.user, where),
+                self._connect(
+                    self.spec.name, self.spec.port, self.spec.user, where, client=self.link
+                ),
                 self.connect_timeout,
             )
         except asyncssh.PermissionDenied:
@@ -161,10 +191,13 @@ class SSHLauncher(Launcher):
         user: str | None,
         where: str,
         tunnel: asyncssh.SSHClientConnection | None = None,
+        client: asyncssh.SSHClient | None = None,
     ) -> asyncssh.SSHClientConnection:
         """One SSH connection, through ``tunnel`` or the config's jump hosts, each of them
         with its host key checked against the known_hosts files the config names, and no
-        agent or credentials forwarded, whatever the config says."""
+        agent or credentials forwarded, whatever the config says. Keepalive requests go
+        out unless the config sets ServerAliveInterval, so that a link lost without a
+        reset closes the connection; ``client`` hears how the connection ends."""
         kwargs: dict[str, Any] = {}
         if port:
             kwargs["port"] = port
@@ -198,6 +231,12 @@ class SSHLauncher(Launcher):
             add_to = user_known_hosts(user_files)
             if tunnel is not None:
                 kwargs["tunnel"] = tunnel
+            if options.config.get("ServerAliveInterval", None) is None:
+                kwargs["keepalive_interval"] = KEEPALIVE_INTERVAL_S
+                if options.config.get("ServerAliveCountMax", None) is None:
+                    kwargs["keepalive_count_max"] = KEEPALIVE_COUNT_MAX
+            if client is not None:
+                kwargs["client_factory"] = lambda: client
             try:
                 conn = await asyncssh.connect(
                     host,
@@ -296,6 +335,21 @@ class SSHLauncher(Launcher):
 
     def alive(self) -> bool:
         return self.process is not None and self.process.exit_status is None
+
+    async def describe_exit(self) -> str:
+        if self.process is None:
+            return "the agent was never started"
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.process.wait_closed(), 1.0)
+        if self.link.closed:
+            why = f" ({self.link.error})" if self.link.error else ""
+            return f"the SSH connection to the node was lost{why}"
+        status, sig = self.process.exit_status, self.process.exit_signal
+        if sig:
+            return f"the agent was killed by signal SIG{sig[0]}"
+        if status is not None and status >= 0:
+            return f"the agent exited (exit code {status})"
+        return "the agent exited"
 
     async def stop(self, timeout: float = 5.0) -> None:
         if self.process is not None:

@@ -1,0 +1,101 @@
+"""Faults of a node's agent with real agents and rank kernels on this machine: an agent
+stopped (SIGSTOP) during a restart, and nodes whose Python writes what is not the agent
+protocol to stdout (a login banner, a 50 MB line, a ``ready`` with wrong types).
+
+The nodes' Python is chosen with ``--python``, which local sessions honour as SSH ones do:
+a wrapper script writes the noise, then runs the real interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jupyter_dist.errors import AgentError, SessionError
+from tests.conftest import CellOutput, session_status
+
+Run = Callable[[str], CellOutput]
+
+
+def wrapper(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_a_restart_while_the_agent_is_stopped_ends_with_a_reason_then_works(run: Run) -> None:
+    """SIGSTOP the agent, restart: the restart ends (no "restarting" for ever) with the
+    node named, within the heartbeat's deadline; after SIGCONT the session restarts."""
+    assert run("%%distributed --procs 2 --session wedged\nkept = 1").ok
+    before = session_status("wedged")
+    agent = before["nodes"][0]["agent_pid"]
+    ranks = [r["pid"] for r in before["ranks"]]
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        out = run("%dist restart --session wedged")
+        took = time.monotonic() - began
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    assert isinstance(out.error, AgentError | SessionError), out.stdout + out.stderr
+    text = str(out.error)
+    assert "unreachable since" in text and "its agent did not answer" in text, text
+    assert took < 60, f"the restart took {took:.0f} s"
+    status = session_status("wedged")
+    assert status["state"] == "broken" and "unreachable since" in status["broken_reason"]
+    assert run("%dist restart --session wedged").ok
+    after = run("%%distributed --session wedged\nimport os; print('fresh', 'kept' in globals())")
+    assert after.ok, after.stdout + after.stderr
+    assert "[ranks 0-1] fresh False" in after.stdout
+    assert not psutil.pid_exists(agent) or psutil.Process(agent).status() == "zombie"
+    assert not any(psutil.pid_exists(pid) for pid in ranks), "the old ranks still run"
+    assert run("%dist shutdown --session wedged").ok
+
+
+@pytest.mark.slow
+def test_a_banner_and_a_50_mb_line_before_the_agent_do_not_stop_the_session(
+    run: Run, tmp_path: Path
+) -> None:
+    python = wrapper(
+        tmp_path,
+        "noisy-python",
+        "#!/bin/sh\n"
+        "echo 'Welcome to node0! Last login: yesterday'\n"
+        "head -c 52428800 /dev/zero | tr '\\0' x; echo\n"
+        f'exec {sys.executable} "$@"\n',
+    )
+    out = run(f"%%distributed --procs 1 --session noisy --python {python}\nprint('ran')")
+    try:
+        assert out.ok, out.stdout + out.stderr
+        assert "ran" in out.stdout
+    finally:
+        run("%dist shutdown --session noisy")
+
+
+@pytest.mark.slow
+def test_a_ready_with_wrong_types_is_quoted_not_taken_for_an_exit(run: Run, tmp_path: Path) -> None:
+    ready = {"event": "ready", "protocol": 6, "host": "node0", "pid": "not a pid"}
+    python = wrapper(
+        tmp_path,
+        "broken-python",
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        f"print(json.dumps({json.dumps(ready)}), flush=True)\n"
+        "sys.stdin.read()\n",
+    )
+    out = run(f"%%distributed --procs 1 --session broken --python {python}\nprint('ran')")
+    assert isinstance(out.error, AgentError), out.stdout + out.stderr
+    text = str(out.error)
+    assert "sent a malformed 'ready' event (ValueError" in text, text
+    assert '"pid": "not a pid"' in text and "exited" not in text, text
+    assert "broken" not in run("%dist status").stdout  # nothing of it was kept
