@@ -7,7 +7,8 @@ Hierarchy::
     ├── NoGPUError (SpecError)     --gpus asked for more CUDA devices than a node has
     ├── SessionError               a session cannot do what was asked (stopped, broken, busy)
     │   ├── UnknownSession         no session has that name
-    │   └── ShapeMismatchError     a cell asks for another shape than the running session
+    │   ├── ShapeMismatchError     a cell asks for another shape than the running session
+    │   └── LimitError             a new session would pass its owner's limits
     ├── AgentError                 a node agent failed to start or stopped answering
     ├── PushError                  an object could not be sent to the ranks (``--push``)
     │   └── PullError              an object could not be received from them (``%dist pull``)
@@ -73,6 +74,11 @@ class UnknownSession(SessionError, LookupError):
 
 class ShapeMismatchError(SessionError):
     """A cell asks for a different shape than the running session has."""
+
+
+class LimitError(SessionError):
+    """A new session would pass a limit of whoever owns the sessions (how many sessions,
+    how many ranks all of them run on one node); refused before anything starts."""
 
 
 class AgentError(DistError):
@@ -336,6 +342,7 @@ __all__ = [
     "DistError",
     "FailureGroup",
     "FailureKind",
+    "LimitError",
     "NoGPUError",
     "NotInRankError",
     "PullError",

@@ -20,9 +20,16 @@ from jupyter_dist.common.gpus import discover_gpus
 from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.common.payloads import ManagerEvent, SessionStatus
 from jupyter_dist.common.ports import PORTS_VAR
-from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape, resolve_shape
+from jupyter_dist.common.spec import (
+    DEFAULT_SESSION,
+    SessionSpec,
+    ShapeRequest,
+    check_same_shape,
+    resolve_shape,
+)
 from jupyter_dist.control.cell_queue import Sender
 from jupyter_dist.control.launchers import launcher_for
+from jupyter_dist.control.limits import SessionLimits, check_room
 from jupyter_dist.control.rank_group import RankGroup
 from jupyter_dist.control.session import (
     LauncherFactory,
@@ -32,6 +39,7 @@ from jupyter_dist.control.session import (
     SessionTimeouts,
 )
 from jupyter_dist.errors import SpecError, UnknownSession
+from jupyter_dist.settings import max_ranks_per_node
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,9 @@ class SessionDefaults:
 
 
 class SessionManager:
-    """Named sessions, started on demand."""
+    """Named sessions, started on demand, within ``limits`` (`control.limits`: by default
+    any number of sessions, and on one node as many ranks in all as one session may
+    have there)."""
 
     default_name = DEFAULT_SESSION
 
@@ -69,11 +79,15 @@ class SessionManager:
         timeouts: SessionTimeouts | None = None,
         defaults: SessionDefaults | None = None,
         launchers: LauncherFactory = launcher_for,
+        limits: SessionLimits | None = None,
     ) -> None:
         self.defaults = defaults or SessionDefaults()
+        self.limits = limits or SessionLimits()
         self.launchers = launchers  # how each session starts its nodes' agents
         self.where = "this process"
         self.sessions: dict[str, Session] = {}
+        #: sessions between their `check_room` and the end of their start, by name
+        self.starting: dict[str, SessionSpec] = {}
         self.timeouts = timeouts or SessionTimeouts()
         self._locks: dict[str, asyncio.Lock] = {}
         self._watchers: set[asyncio.Queue[ManagerEvent]] = set()
@@ -170,25 +184,33 @@ class SessionManager:
             if session is not None and session.state != SessionState.STOPPED:
                 check_same_shape(session.spec, request)
                 return session, False
+            here = socket.gethostname()
             spec = resolve_shape(
-                name,
-                request,
-                len(discover_gpus()),
-                socket.gethostname(),
-                self.defaults.max_ranks_per_node,
+                name, request, len(discover_gpus()), here, self.defaults.max_ranks_per_node
             )
-            session = Session(
-                spec,
-                timeouts=self.timeouts,
-                cwd=cwd,
-                env=knobs,
-                launchers=self.launchers,
-                rank_vars=rank_vars,
-            )
-            session.on_change = self._session_changed
-            progress(f"starting session {name!r}: {spec.describe()}")
-            await session.start(progress)
-            self.sessions[name] = session
+            running = {
+                n: s.spec
+                for n, s in self.sessions.items()
+                if n != name and s.state != SessionState.STOPPED
+            }
+            node_max = self.defaults.max_ranks_per_node or max_ranks_per_node()
+            check_room(spec, running, self.starting, self.limits, node_max, here)
+            self.starting[name] = spec  # at once: a start beside this one counts it
+            try:
+                session = Session(
+                    spec,
+                    timeouts=self.timeouts,
+                    cwd=cwd,
+                    env=knobs,
+                    launchers=self.launchers,
+                    rank_vars=rank_vars,
+                )
+                session.on_change = self._session_changed
+                progress(f"starting session {name!r}: {spec.describe()}")
+                await session.start(progress)
+                self.sessions[name] = session
+            finally:
+                del self.starting[name]
             return session, True
 
     async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None:

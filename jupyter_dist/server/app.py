@@ -23,6 +23,7 @@ from traitlets import Float, Int, TraitError, Unicode, validate
 from jupyter_dist.common.hosts import check_ssh_config, parse_hosts
 from jupyter_dist.common.payloads import ManagerEvent
 from jupyter_dist.common.ports import parse_port_range
+from jupyter_dist.control.limits import SessionLimits
 from jupyter_dist.control.manager import SessionDefaults, SessionManager
 from jupyter_dist.control.session import SessionTimeouts
 from jupyter_dist.errors import SpecError
@@ -80,6 +81,20 @@ class DistServerApp(ExtensionApp):
         f"before anything starts. 0: {MAX_RANKS_VAR} if set, else twice this machine's CPU "
         "count (at least 8).",
     )
+    max_sessions = Int(
+        16,
+        config=True,
+        help="The most sessions this server runs at once, those still starting included; "
+        "one more is refused (409) before anything of it starts. 0: no limit.",
+    )
+    max_ranks_per_node_all_sessions = Int(
+        0,
+        config=True,
+        help="The most ranks all of this server's sessions together may run on one node "
+        "(known by its host name; this machine's sessions and those naming localhost count "
+        "together); a session that would pass it is refused (409) before anything of it "
+        "starts. 0: as many as max_ranks_per_node allows one session.",
+    )
 
     @validate("start_timeout", "process_group_timeout", "reap_grace")
     def _check_seconds(self, proposal: dict[str, Any]) -> float:
@@ -89,11 +104,13 @@ class DistServerApp(ExtensionApp):
             raise TraitError(f"{name} {value}: expected a finite positive number of seconds")
         return value
 
-    @validate("max_ranks_per_node")
+    @validate("max_ranks_per_node", "max_sessions", "max_ranks_per_node_all_sessions")
     def _check_max_ranks(self, proposal: dict[str, Any]) -> int:
         value = int(proposal["value"])
+        name = proposal["trait"].name
         if value < 0:
-            raise TraitError(f"max_ranks_per_node {value}: expected 0 (automatic) or more")
+            zero = "no limit" if name == "max_sessions" else "automatic"
+            raise TraitError(f"{name} {value}: expected 0 ({zero}) or more")
         return value
 
     @validate("ssh_config")
@@ -128,6 +145,13 @@ class DistServerApp(ExtensionApp):
                 ssh_config=self.ssh_config,
                 master_ports=self.master_port_range.strip() or None,
                 max_ranks_per_node=self.max_ranks_per_node or None,
+            ),
+            limits=SessionLimits(
+                max_sessions=self.max_sessions or None,
+                max_node_ranks=self.max_ranks_per_node_all_sessions or None,
+                owner="this Jupyter server",
+                sessions_setting="DistServerApp.max_sessions",
+                node_ranks_setting="DistServerApp.max_ranks_per_node_all_sessions",
             ),
         )
         self.settings["jupyter_dist_manager"] = self.manager

@@ -37,6 +37,7 @@ from jupyter_dist.control.manager import SessionManager
 from jupyter_dist.errors import (
     AgentError,
     DistError,
+    LimitError,
     RanksFailed,
     ShapeMismatchError,
     SpecError,
@@ -49,6 +50,7 @@ AUTH_RESOURCE = "jupyter_dist"
 STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (UnknownSession, 404),
     (ShapeMismatchError, 409),
+    (LimitError, 409),  # the sessions running now leave no room: shutting one down makes it
     (SpecError, 400),
     (asyncio.TimeoutError, 504),
     (AgentError, 502),

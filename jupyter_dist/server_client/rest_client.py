@@ -41,6 +41,7 @@ _KNOWN_ERRORS: dict[str, type[Exception]] = {
     for cls in (
         errors.UnknownSession,
         errors.ShapeMismatchError,
+        errors.LimitError,
         errors.SpecError,
         errors.NoGPUError,
         errors.AgentError,

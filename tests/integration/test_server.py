@@ -139,6 +139,48 @@ def test_server_options_apply_and_stopping_the_server_stops_its_sessions(
     assert "stopping 1 session(s)" in (tmp_path / "server.log").read_text()
 
 
+def test_the_servers_limits_refuse_sessions_and_ranks_a_node_across_sessions(
+    tmp_path: Path,
+) -> None:
+    """Tiny limits: two sessions, two ranks on this machine across them. A refusal is a
+    409 that names the limit, the sessions holding it and the option to raise, and it
+    starts nothing."""
+    own = start_server(
+        tmp_path,
+        tmp_path / "config",
+        args=(
+            "--DistServerApp.max_sessions=2",
+            "--DistServerApp.max_ranks_per_node_all_sessions=2",
+        ),
+    )
+    try:
+        status, created = own.call("POST", f"{API}/sessions", {"name": "a", "procs": 1})
+        assert status == 201, created
+        ours = {p.pid for p in own.descendants()}
+
+        status, refused = own.call("POST", f"{API}/sessions", {"name": "b", "procs": 2})
+        assert (status, refused["reason"]) == (409, "LimitError"), refused
+        message = refused["message"]
+        assert "2 ranks on node" in message and "would make 3 there" in message, message
+        assert "DistServerApp.max_ranks_per_node_all_sessions = 2" in message, message
+        assert "1 run there already ('a': 1)" in message, message
+        assert {p.pid for p in own.descendants()} == ours  # nothing of b started
+
+        status, created = own.call("POST", f"{API}/sessions", {"name": "b", "procs": 1})
+        assert status == 201, created  # the refusal held no room
+        status, refused = own.call("POST", f"{API}/sessions", {"name": "c", "procs": 1})
+        assert (status, refused["reason"]) == (409, "LimitError"), refused
+        assert refused["message"].startswith(
+            "session 'c': this Jupyter server runs 2 sessions already ('a', 'b'), the most "
+            "it may (DistServerApp.max_sessions = 2)"
+        ), refused
+        assert [s["name"] for s in own.call("GET", f"{API}/sessions")[1]] == ["a", "b"]
+        # a running session's name is no new session: it is answered, not refused
+        assert own.call("POST", f"{API}/sessions", {"name": "a"})[0] == 200
+    finally:
+        stop_server(own)
+
+
 def test_openapi_file_describes_every_route() -> None:
     import yaml
 

@@ -5,7 +5,11 @@ Inside ``salloc``/``sbatch`` the agent of each node starts with ``srun`` (see
 resources and cleans up after it. The step overlaps every other step and takes all of the
 job's CPUs, memory and GPUs on its node, unbound, because the agent forks every rank of
 that node from itself. Its stdin and stdout carry the agent protocol through ``srun``,
-exactly like a local subprocess's pipes.
+exactly like a local subprocess's pipes. So what the agent is sent, its spawn commands with
+the session's HMAC key and each rank's environment, travels as Slurm carries a step's stdio
+(``srun`` to the node's ``slurmstepd``), not over SSH: MUNGE or ``auth/slurm`` authenticate
+Slurm's messages without encrypting them, and only a site that enabled Slurm's TLS
+(``TLSType``) encrypts them (README, "What travels over srun").
 
 Rank kernels listen on Unix sockets on their node: on this machine they are reached
 directly, on other nodes through an SSH connection like the ``ssh`` launcher's.
