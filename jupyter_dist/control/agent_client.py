@@ -264,7 +264,14 @@ class AgentClient:
         """Why the agent's stream ended: what the launcher knows (the link was lost, the
         agent's exit status), and the end of its stderr."""
         how = await self.launcher.describe_exit()
-        return f"node {self.host!r}: {how}{self._stray_note()}{self._stderr_note()}"
+        notes = f"{self._stray_note()}{self._stderr_note()}"
+        if self.launcher.link_lost():
+            return f"node {self.host!r} unreachable since {self._since()}: {how}{notes}"
+        return f"node {self.host!r}: {how}{notes}"
+
+    def _since(self) -> str:
+        """When the agent was last heard, as HH:MM:SS."""
+        return time.strftime("%H:%M:%S", time.localtime(self.last_heard))
 
     def _lose(self, reason: str) -> None:
         """The node is out of reach (once): everything waiting on it fails with
@@ -292,6 +299,10 @@ class AgentClient:
         beat = self.heartbeat
         seq = 0
         loop = asyncio.get_running_loop()
+        # at once: the agent's own deadline is armed from now on, not one beat later (a
+        # link lost in between would leave it running its ranks for ever)
+        with contextlib.suppress(AgentError):
+            await self._send({"op": "ping", "seq": seq, "deadline_s": beat.agent_deadline_s})
         while not self.lost:
             planned = loop.time() + beat.interval_s
             await asyncio.sleep(beat.interval_s)
@@ -302,9 +313,8 @@ class AgentClient:
                 await asyncio.sleep(0.1)  # lines already here are read first
                 silent = time.monotonic() - self._last_heard_mono
             if silent >= beat.deadline_s:
-                since = time.strftime("%H:%M:%S", time.localtime(self.last_heard))
                 self._lose(
-                    f"node {self.host!r} unreachable since {since}: its agent did not "
+                    f"node {self.host!r} unreachable since {self._since()}: its agent did not "
                     f"answer for {silent:.0f} s (the network link, or the node itself, "
                     "may be down, or the agent is stopped); its ranks are out of reach"
                 )

@@ -75,6 +75,9 @@ log = logging.getLogger(__name__)
 
 #: how long ranks get to answer an interrupt before a cell is given up on
 INTERRUPT_GRACE_S = 5.0
+#: seconds between a node's relay connection breaking and judging it a relay restart
+#: (a whole node stopping breaks it too, with its agent's end heard just after)
+RELAY_LOST_GRACE_S = 1.0
 #: how long push and pull wait for every rank's answer, unless told otherwise
 OBJECTS_TIMEOUT_S = 300.0
 #: how often a running cell is looked at (stragglers, ranks left waiting on a failed one)
@@ -267,9 +270,18 @@ class RankGroup:
             self._current.rank_died(rank, returncode, rec.pid, log_tail, how)
 
     def _relay_lost(self, ranks: list[int]) -> None:
-        """The connection to the relay of ``ranks``' node broke (the relay stopped; its
-        agent starts another, and the next requests go through that one): the answers
-        it held are lost, so nothing waits for them."""
+        """The connection to the relay of ``ranks``' node broke. A whole node that stops
+        (its agent and ranks too) breaks it first: judged `RELAY_LOST_GRACE_S` later, when
+        the agent's end has been heard, so that a crash is not told as a relay restart."""
+        asyncio.get_running_loop().call_later(RELAY_LOST_GRACE_S, self._relay_lost_now, list(ranks))
+
+    def _relay_lost_now(self, ranks: list[int]) -> None:
+        """The relay of ``ranks``' node stopped (its agent starts another, and the next
+        requests go through that one): the answers it held are lost, so nothing waits for
+        them. Ranks already dead or out of reach are not its to tell of."""
+        ranks = [r for r in ranks if r in self.ranks and self.ranks[r].state != RankState.DEAD]
+        if not ranks:
+            return
         why = (
             "its node's relay, which carries its answers to this notebook, stopped while "
             "the cell ran (a new one is started); the rank keeps its state and may still "

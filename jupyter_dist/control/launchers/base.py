@@ -105,6 +105,11 @@ class Launcher(abc.ABC):
         the status)."""
         return "the agent exited"
 
+    def link_lost(self) -> bool:
+        """Whether the link to the node broke (the agent may still run there), rather
+        than the agent ending."""
+        return False
+
     def peer_address(self) -> str | None:
         """The node's address as this side reached it (None: this machine)."""
         return None

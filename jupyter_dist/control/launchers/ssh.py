@@ -336,6 +336,9 @@ class SSHLauncher(Launcher):
     def alive(self) -> bool:
         return self.process is not None and self.process.exit_status is None
 
+    def link_lost(self) -> bool:
+        return self.link.closed
+
     async def describe_exit(self) -> str:
         if self.process is None:
             return "the agent was never started"

@@ -1,0 +1,102 @@
+"""Faults of the link to a node and of a whole node, across two real sshd nodes: a link
+that goes down without a reset (no RST, as after a power loss or a preemption) and a node
+whose jupyter_dist processes all die at once."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from jupyter_dist.errors import RanksFailed
+from tests.conftest import CellOutput, session_status
+
+from .test_ssh_faults import ours_on
+from .test_ssh_sessions import flags, netns_pids
+
+pytestmark = pytest.mark.slow
+Run = Callable[[str], CellOutput]
+#: seconds into the cell at which the link goes down
+CUT_AT_S = 3.0
+
+
+def set_link(cluster: Any, node: int, state: str) -> None:
+    """Node ``node``'s cable, as the bridge sees it: ``down`` drops every packet both ways
+    with nothing sent back."""
+    subprocess.run(
+        ["ip", "link", "set", "dev", f"{cluster.prefix}-h{node}", state],
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_ranks_go(
+    run: Run, cluster: Any
+) -> None:
+    out = run(f"%%distributed --session cut {flags(cluster)} --procs 1\nimport os, time")
+    assert out.ok, out.stdout + out.stderr
+    node1 = {r["pid"] for r in session_status("cut")["ranks"] if r["node_rank"] == 1}
+    assert node1 and node1 <= netns_pids(cluster, 1)
+    cut = threading.Timer(CUT_AT_S, set_link, (cluster, 1, "down"))
+    try:
+        began = time.monotonic()
+        cut.start()
+        out = run("%%distributed --session cut\ntime.sleep(300)")
+        took = time.monotonic() - began - CUT_AT_S
+        assert isinstance(out.error, RanksFailed), out.stdout + out.stderr
+        assert took <= 30, f"the cell failed {took:.0f} s after the link went down"
+        text = f"{out.error}\n{out.stdout}"
+        assert re.search(r"node 'node1' unreachable since \d\d:\d\d:\d\d", text), text
+        assert {f.rank: f.ename for f in out.error.failures}[1] == "NodeLost"
+        status = session_status("cut")
+        assert [n["lost"] for n in status["nodes"]] == [False, True]
+        assert status["state"] == "broken"
+        # the node's agent stops its ranks once the notebook side has gone quiet
+        deadline = began + CUT_AT_S + 60
+        while node1 & netns_pids(cluster, 1) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not node1 & netns_pids(cluster, 1), "ranks left running on node1: " + "\n".join(
+            subprocess.run(
+                ["ps", "-o", "pid,ppid,stat,wchan:20,etime,args", "-p", str(p)],
+                capture_output=True,
+                text=True,
+            ).stdout
+            for p in netns_pids(cluster, 1)
+        )
+    finally:
+        cut.cancel()
+        set_link(cluster, 1, "up")
+    # the link is back: the session restarts on both nodes
+    again = run("%dist restart --session cut")
+    assert again.ok, again.stdout + again.stderr
+    after = run(
+        "%%distributed --session cut\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t); print(t.item())"
+    )
+    assert after.ok and "[ranks 0-1] 2.0" in after.stdout, after.stdout + after.stderr
+    assert run("%dist shutdown --session cut").ok
+
+
+def test_a_node_whose_processes_all_die_is_told_as_lost_not_as_a_relay_restart(
+    run: Run, cluster: Any
+) -> None:
+    out = run(f"%%distributed --session crash {flags(cluster)} --procs 1\nimport os, time")
+    assert out.ok, out.stdout + out.stderr
+    procs = ours_on(cluster, 1)  # its agent, its relay and its rank
+    assert len(procs) == 3, procs
+    killer = threading.Timer(2.0, lambda: [p.kill() for p in procs])
+    try:
+        killer.start()
+        out = run("%%distributed --session crash\ntime.sleep(120)")
+    finally:
+        killer.cancel()
+    assert isinstance(out.error, RanksFailed), out.stdout + out.stderr
+    text = f"{out.error}\n{out.stdout}"
+    assert "node 'node1': the agent was killed by signal SIGKILL" in text, text
+    assert "keeps its state" not in text and "relay" not in text, text
+    assert run("%dist shutdown --session crash").ok
