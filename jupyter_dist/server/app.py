@@ -5,7 +5,8 @@ Enabled on install (``jupyter_server_config.d/jupyter_dist.json``). It runs the 
 session when the server stops.
 
 It keeps a record of its sessions' processes in the Jupyter runtime folder
-(`server.process_records`), and on start stops what a dead predecessor's sessions left running.
+(`server.process_records`), and on start stops what a dead predecessor's sessions left running
+and removes its rank consoles (`server.rank_consoles`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from jupyter_dist.server.process_records import (
     find_orphaned,
     reap,
 )
-from jupyter_dist.server.rank_consoles import RankConsoles
+from jupyter_dist.server.rank_consoles import RankConsoles, reap_dead_folders
 from jupyter_dist.server.routes import API_HANDLERS
 from jupyter_dist.settings import MAX_RANKS_VAR
 
@@ -141,7 +142,10 @@ class DistServerApp(ExtensionApp):
                 found.path.unlink(missing_ok=True)
         self.manager.add_listener(self._session_event)
         assert self.serverapp is not None
-        self.consoles = RankConsoles(self.serverapp.kernel_manager, runtime_dir)
+        reap_dead_folders(runtime_dir, self.log)  # dead servers' rank consoles (and keys)
+        self.consoles = RankConsoles(
+            self.serverapp.kernel_manager, runtime_dir, self.records.record()
+        )
         self.settings["jupyter_dist_consoles"] = self.consoles
         self.manager.add_listener(self.consoles.observe)
         # in a thread: the event loop need not run yet, nor wait for the grace
@@ -175,5 +179,6 @@ class DistServerApp(ExtensionApp):
             await self.manager.shutdown_all()
         finally:
             self.records.remove()
+            self.consoles.close()
         if self._reaper.is_alive():  # a predecessor's leftovers: let the SIGKILLs go out
             await asyncio.to_thread(self._reaper.join, self.reap_grace + 10)
