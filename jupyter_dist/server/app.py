@@ -19,6 +19,7 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.extension.application import ExtensionApp
+from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Int, TraitError, Unicode, validate
 
 from jupyter_dist.common.hosts import check_ssh_config, parse_hosts
@@ -28,6 +29,7 @@ from jupyter_dist.control.manager import SessionDefaults, SessionManager
 from jupyter_dist.control.session import SessionTimeouts
 from jupyter_dist.errors import SpecError
 from jupyter_dist.server.log_files import LOG_HANDLERS
+from jupyter_dist.server.notebook_kernels import prune
 from jupyter_dist.server.process_records import (
     REAP_GRACE_S,
     Orphaned,
@@ -38,6 +40,9 @@ from jupyter_dist.server.process_records import (
 from jupyter_dist.server.rank_consoles import RankConsoles, reap_dead_folders
 from jupyter_dist.server.routes import API_HANDLERS
 from jupyter_dist.settings import MAX_RANKS_VAR
+
+#: seconds between looks for notebook kernels that went away (`server.notebook_kernels`)
+PRUNE_S = 10.0
 
 
 class DistServerApp(ExtensionApp):
@@ -81,6 +86,8 @@ class DistServerApp(ExtensionApp):
         f"before anything starts. 0: {MAX_RANKS_VAR} if set, else twice this machine's CPU "
         "count (at least 8).",
     )
+
+    _pruner: PeriodicCallback | None = None
 
     @validate("start_timeout", "process_group_timeout", "reap_grace")
     def _check_seconds(self, proposal: dict[str, Any]) -> float:
@@ -155,6 +162,18 @@ class DistServerApp(ExtensionApp):
         if orphaned:
             self._reaper.start()
 
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Once the loop runs: forget, now and then, the notebook kernels that went away."""
+        self._pruner = PeriodicCallback(self._prune, PRUNE_S * 1000)
+        self._pruner.start()
+
+    async def _prune(self) -> None:
+        assert self.serverapp is not None
+        try:
+            await prune(self.manager, self.serverapp.kernel_manager)
+        except Exception:
+            self.log.exception("jupyter_dist: cannot forget the notebook kernels that went away")
+
     def initialize_handlers(self) -> None:
         self.handlers.extend(API_HANDLERS)
         self.handlers.extend(LOG_HANDLERS)
@@ -174,6 +193,8 @@ class DistServerApp(ExtensionApp):
                 self.log.exception("jupyter_dist: cannot reap the sessions in %s", found.path)
 
     async def stop_extension(self) -> None:
+        if self._pruner is not None:
+            self._pruner.stop()
         self.log.info("jupyter_dist: stopping %d session(s)", len(self.manager.sessions))
         try:
             await self.manager.shutdown_all()

@@ -11,6 +11,7 @@ import pytest
 
 from jupyter_dist.control.cell_queue import (
     MAX_WAITING,
+    MAX_WAITING_PER_SENDER,
     CellQueue,
     Sender,
     Turn,
@@ -124,9 +125,22 @@ def test_the_queue_is_bounded() -> None:
     queue = CellQueue()
     queue.enqueue(Turn("running", A))
     for i in range(MAX_WAITING):
-        queue.enqueue(Turn(str(i), B))
+        queue.enqueue(Turn(str(i), Sender("", f"k{i}")))
     with pytest.raises(SessionError, match=f"at most {MAX_WAITING}"):
         queue.enqueue(Turn("one-more", B))
+
+
+def test_one_sender_holds_a_few_waiting_turns_only() -> None:
+    queue = CellQueue()
+    queue.enqueue(Turn("running", A))
+    for i in range(MAX_WAITING_PER_SENDER):
+        queue.enqueue(Turn(str(i), B))
+    with pytest.raises(SessionError, match=f"at most {MAX_WAITING_PER_SENDER} from one sender"):
+        queue.enqueue(Turn("one-more", B))
+    assert queue.enqueue(Turn("0", B)) is queue.waiting[0]  # asking again is no new turn
+    queue.enqueue(Turn("from-a", A))  # another sender still may
+    queue.end("0")
+    queue.enqueue(Turn("now-there-is-room", B))
 
 
 def test_senders_from_requests_are_checked() -> None:
