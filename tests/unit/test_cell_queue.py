@@ -163,3 +163,32 @@ def test_waiting_text_names_the_sender() -> None:
     )
     assert waiting_text(None) == "waiting for the session's ranks"
     assert Sender().label == "another client"
+
+
+@in_loop
+async def test_the_manager_forgets_kernels_that_are_gone_and_notebooks_without_a_stream() -> None:
+    from jupyter_dist.control.manager import SessionManager
+
+    class Stub:
+        def __init__(self) -> None:
+            self.notebooks: dict[str, Any] = {}
+            self.turns = CellQueue()
+            self.name = "s"
+            self.state = None
+
+    manager = SessionManager()
+    session: Any = Stub()
+    manager.sessions["s"] = session
+    session.notebooks = {
+        "ka": {**A.to_json(), "since": 0.0},
+        "kb": {**B.to_json(), "since": 0.0},
+        "kc": {"path": "c.ipynb", "kernel_id": "kc", "since": 0.0},
+    }
+    session.turns.enqueue(Turn("1", A))
+    session.turns.enqueue(Turn("2", B))
+    manager.client_came("ka")  # a held stream does not keep a gone kernel
+    manager.client_came("kb")
+    await manager.prune_senders(lambda k: k != "ka", stream_grace=60.0)
+    assert session.turns.running is not None and session.turns.running.turn_id == "2"
+    assert "ka" not in manager.clients
+    assert sorted(session.notebooks) == ["kb"]  # kc: no stream for more than 60 s
