@@ -28,6 +28,10 @@ TurnKind = Literal["cell", "pull", "push"]
 TURN_KINDS: tuple[TurnKind, ...] = ("cell", "pull", "push")
 #: waiting turns a session holds at most (each is a request someone made by hand)
 MAX_WAITING = 256
+#: waiting turns of one sender (a notebook kernel waits for one turn at a time; the
+#: clients that name no kernel count as one sender): what a session's status lists stays
+#: small, and one sender cannot fill the queue
+MAX_WAITING_PER_SENDER = 8
 #: characters kept of a sender's notebook path and of an error line
 MAX_PATH_CHARS = 1024
 MAX_ERROR_CHARS = 300
@@ -141,6 +145,13 @@ class CellQueue:
             raise SessionError(
                 f"{len(self.waiting)} requests already wait for this session's ranks "
                 f"(at most {MAX_WAITING}); wait for them or withdraw some"
+            )
+        mine = sum(t.sender.kernel_id == turn.sender.kernel_id for t in self.waiting)
+        if mine >= MAX_WAITING_PER_SENDER:
+            raise SessionError(
+                f"{mine} requests from {turn.sender.label} already wait for this session's "
+                f"ranks (at most {MAX_WAITING_PER_SENDER} from one sender); wait for them or "
+                "withdraw some"
             )
         self.waiting.append(turn)
         self._grant_next()

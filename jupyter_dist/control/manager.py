@@ -250,6 +250,11 @@ class SessionManager:
         if self.clients[kernel_id] > 0:
             return
         del self.clients[kernel_id]
+        await self.forget_sender(kernel_id)
+
+    async def forget_sender(self, kernel_id: str) -> None:
+        """Notebook kernel ``kernel_id`` is gone: its waiting requests are withdrawn, its
+        running cell interrupted, the others told, and it is no longer listed."""
         for session in list(self.sessions.values()):
             left = session.notebooks.pop(kernel_id, None)
             running, _withdrawn = session.turns.drop_sender(kernel_id)
@@ -264,6 +269,31 @@ class SessionManager:
                 if session.state == SessionState.READY:
                     await session.interrupt(list(running.ranks) or None)
             if left is not None:
+                self._session_changed(session)
+
+    async def prune_senders(self, alive: Callable[[str], bool], stream_grace: float) -> None:
+        """Forget the notebook kernels that are not ``alive`` (whatever event streams name
+        them), and stop listing as attached those without an event stream for more than
+        ``stream_grace`` seconds since they attached."""
+        named = set(self.clients)
+        for session in self.sessions.values():
+            named.update(session.notebooks)
+            turns = [session.turns.running, *session.turns.waiting]
+            named.update(t.sender.kernel_id for t in turns if t is not None)
+        named.discard("")
+        for kernel_id in sorted(k for k in named if not alive(k)):
+            self.clients.pop(kernel_id, None)
+            await self.forget_sender(kernel_id)
+        now = time.time()
+        for session in list(self.sessions.values()):
+            quiet = [
+                k
+                for k, entry in session.notebooks.items()
+                if k not in self.clients and now - entry["since"] > stream_grace
+            ]
+            for kernel_id in quiet:
+                del session.notebooks[kernel_id]
+            if quiet:
                 self._session_changed(session)
 
     def tell(self, name: str, action: str, by: Sender, text: str) -> None:

@@ -5,7 +5,8 @@ Enabled on install (``jupyter_server_config.d/jupyter_dist.json``). It runs the 
 session when the server stops.
 
 It keeps a record of its sessions' processes in the Jupyter runtime folder
-(`server.process_records`), and on start stops what a dead predecessor's sessions left running.
+(`server.process_records`), and on start stops what a dead predecessor's sessions left running
+and removes its rank consoles (`server.rank_consoles`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.extension.application import ExtensionApp
+from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Int, TraitError, Unicode, validate
 
 from jupyter_dist.common.hosts import check_ssh_config, parse_hosts
@@ -28,6 +30,7 @@ from jupyter_dist.control.manager import SessionDefaults, SessionManager
 from jupyter_dist.control.session import SessionTimeouts
 from jupyter_dist.errors import SpecError
 from jupyter_dist.server.log_files import LOG_HANDLERS
+from jupyter_dist.server.notebook_kernels import prune
 from jupyter_dist.server.process_records import (
     REAP_GRACE_S,
     Orphaned,
@@ -35,9 +38,12 @@ from jupyter_dist.server.process_records import (
     find_orphaned,
     reap,
 )
-from jupyter_dist.server.rank_consoles import RankConsoles
+from jupyter_dist.server.rank_consoles import RankConsoles, reap_dead_folders
 from jupyter_dist.server.routes import API_HANDLERS
 from jupyter_dist.settings import MAX_RANKS_VAR
+
+#: seconds between looks for notebook kernels that went away (`server.notebook_kernels`)
+PRUNE_S = 10.0
 
 
 class DistServerApp(ExtensionApp):
@@ -95,6 +101,8 @@ class DistServerApp(ExtensionApp):
         "together); a session that would pass it is refused (409) before anything of it "
         "starts. 0: as many as max_ranks_per_node allows one session.",
     )
+
+    _pruner: PeriodicCallback | None = None
 
     @validate("start_timeout", "process_group_timeout", "reap_grace")
     def _check_seconds(self, proposal: dict[str, Any]) -> float:
@@ -165,7 +173,10 @@ class DistServerApp(ExtensionApp):
                 found.path.unlink(missing_ok=True)
         self.manager.add_listener(self._session_event)
         assert self.serverapp is not None
-        self.consoles = RankConsoles(self.serverapp.kernel_manager, runtime_dir)
+        reap_dead_folders(runtime_dir, self.log)  # dead servers' rank consoles (and keys)
+        self.consoles = RankConsoles(
+            self.serverapp.kernel_manager, runtime_dir, self.records.record()
+        )
         self.settings["jupyter_dist_consoles"] = self.consoles
         self.manager.add_listener(self.consoles.observe)
         # in a thread: the event loop need not run yet, nor wait for the grace
@@ -174,6 +185,18 @@ class DistServerApp(ExtensionApp):
         )
         if orphaned:
             self._reaper.start()
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Once the loop runs: forget, now and then, the notebook kernels that went away."""
+        self._pruner = PeriodicCallback(self._prune, PRUNE_S * 1000)
+        self._pruner.start()
+
+    async def _prune(self) -> None:
+        assert self.serverapp is not None
+        try:
+            await prune(self.manager, self.serverapp.kernel_manager)
+        except Exception:
+            self.log.exception("jupyter_dist: cannot forget the notebook kernels that went away")
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(API_HANDLERS)
@@ -194,10 +217,13 @@ class DistServerApp(ExtensionApp):
                 self.log.exception("jupyter_dist: cannot reap the sessions in %s", found.path)
 
     async def stop_extension(self) -> None:
+        if self._pruner is not None:
+            self._pruner.stop()
         self.log.info("jupyter_dist: stopping %d session(s)", len(self.manager.sessions))
         try:
             await self.manager.shutdown_all()
         finally:
             self.records.remove()
+            self.consoles.close()
         if self._reaper.is_alive():  # a predecessor's leftovers: let the SIGKILLs go out
             await asyncio.to_thread(self._reaper.join, self.reap_grace + 10)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from http.client import responses
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
@@ -29,7 +30,7 @@ from jupyter_dist.common.hosts import (
     check_ssh_config,
     parse_hosts,
 )
-from jupyter_dist.common.payloads import ServerEvent, StacksReply
+from jupyter_dist.common.payloads import ServerEvent, SessionStatus, StacksReply
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_session_name, parse_ranks
 from jupyter_dist.common.wire_names import API_PREFIX
 from jupyter_dist.control.cell_queue import Sender
@@ -43,6 +44,7 @@ from jupyter_dist.errors import (
     SpecError,
     UnknownSession,
 )
+from jupyter_dist.server.notebook_kernels import check_sender, prune
 
 AUTH_RESOURCE = "jupyter_dist"
 
@@ -153,6 +155,39 @@ def _cwd(value: str | None) -> str | None:
     return value
 
 
+def without_output(status: SessionStatus) -> SessionStatus:
+    """``status`` without what the ranks printed (the end of a dead rank's log), for a
+    user who may not run code: reading the ranks' output needs what running code needs."""
+    return {**status, "ranks": [{**r, "exit_tail": ""} for r in status["ranks"]]}
+
+
+def event_without_output(event: ServerEvent) -> ServerEvent:
+    """``event``, its session statuses `without_output`."""
+    if event["type"] == "snapshot":
+        return {**event, "sessions": [without_output(s) for s in event["sessions"]]}
+    if event["type"] == "session":
+        return {**event, "session": without_output(event["session"])}
+    return event
+
+
+def decode_json_body(raw: bytes) -> Any:
+    """A request body -> its JSON value (None when empty); SpecError naming what is wrong
+    when it is not UTF-8 JSON."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            f"the request body is not UTF-8 text (byte {err.start} is "
+            f"{raw[err.start : err.start + 1]!r}); expected a JSON object in UTF-8"
+        ) from None
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise SpecError(f"the request body is not JSON ({err}); expected a JSON object") from None
+
+
 def shape_from_json(body: Any) -> CreateRequest:
     """A POST body -> what to start, and where; refuses unknown or mistyped fields, and
     checks each value before anything is built from it (nothing here touches a file)."""
@@ -243,21 +278,44 @@ class DistHandler(APIHandler):
 
     def sender(self) -> Sender:
         """Who sends this request: the ``path`` and ``kernel_id`` query arguments a
-        notebook kernel adds (the sidebar says ``path=JupyterLab``)."""
-        return Sender.from_json(
+        notebook kernel adds (the sidebar says ``path=JupyterLab``); a kernel id must be
+        one of this server's notebook kernels (`server.notebook_kernels`)."""
+        sender = Sender.from_json(
             {
                 "path": self.get_query_argument("path", ""),
                 "kernel_id": self.get_query_argument("kernel_id", ""),
             },
             "query",
         )
+        return self.checked(sender, "query: ")
+
+    def checked(self, sender: Sender, where: str) -> Sender:
+        """``sender``, when the kernel it names is one of this server's."""
+        return check_sender(self.kernel_manager, sender, where)
+
+    async def prune(self) -> None:
+        """Forget the notebook kernels that are no longer this server's."""
+        await prune(self.manager, self.kernel_manager)
+
+    async def may_execute(self) -> bool:
+        """Whether this request's user may run code (what ``@authorized("execute")``
+        asks), and so read what the ranks printed."""
+        allowed = await ensure_async(
+            self.authorizer.is_authorized(self, self.current_user, "execute", AUTH_RESOURCE)
+        )
+        return bool(allowed)
+
+    async def shown(self, status: SessionStatus) -> SessionStatus:
+        """``status`` as this request's user may see it."""
+        return status if await self.may_execute() else without_output(status)
 
     def json_body(self) -> Any:
-        """The request's JSON body, refused unread past `MAX_BODY_BYTES`."""
+        """The request's JSON body, refused unread past `MAX_BODY_BYTES`, and refused
+        (400) when it is not UTF-8 JSON."""
         size = len(self.request.body or b"")
         if size > MAX_BODY_BYTES:
             raise SpecError(f"the request body has {size} bytes; expected at most {MAX_BODY_BYTES}")
-        return self.get_json_body()
+        return decode_json_body(self.request.body or b"")
 
 
 H = TypeVar("H", bound=DistHandler)
@@ -286,7 +344,11 @@ class SessionsHandler(DistHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.reply(self.manager.status())
+        await self.prune()
+        statuses = self.manager.status()
+        if not await self.may_execute():
+            statuses = [without_output(s) for s in statuses]
+        self.reply(statuses)
 
     @web.authenticated
     @authorized("execute")  # type: ignore[untyped-decorator]
@@ -309,7 +371,7 @@ class SessionHandler(DistHandler):
     @authorized
     @maps_errors
     async def get(self, name: str) -> None:
-        self.reply(self.manager.get(name).status())
+        self.reply(await self.shown(self.manager.get(name).status()))
 
     @web.authenticated
     @authorized
@@ -383,7 +445,7 @@ class SessionActionHandler(DistHandler):
             self.finish()
             return
         await self.manager.restart(name)
-        self.reply(session.status())
+        self.reply(await self.shown(session.status()))
 
 
 class EventsHandler(DistHandler):
@@ -392,14 +454,26 @@ class EventsHandler(DistHandler):
     keepalive_s = 15.0
 
     closed: asyncio.Event | None = None
+    full = False  # whether the user may see what the ranks printed
 
     @web.authenticated
     @authorized
     @maps_errors
     async def get(self) -> None:
         """A notebook kernel names itself (``?kernel_id=...&path=...``): while its stream
-        is open it is alive; when the last one closes, its requests are withdrawn."""
+        is open it is alive; when the last one closes, its requests are withdrawn. Naming
+        a kernel keeps its turns alive: it needs the permission turns need (``execute``),
+        and a kernel of this server."""
         sender = self.sender()
+        may_execute = await self.may_execute()
+        if sender.kernel_id and not may_execute:
+            raise web.HTTPError(
+                403,
+                f"kernel_id {sender.kernel_id[:80]!r}: naming a notebook kernel on the event "
+                "stream keeps its turns on the ranks; it needs the permission to execute",
+                reason="Forbidden",
+            )
+        await self.prune()
         self.closed = asyncio.Event()
         self.set_header("Content-Type", "text/event-stream")
         self.set_header("Cache-Control", "no-cache")
@@ -407,6 +481,7 @@ class EventsHandler(DistHandler):
         if sender.kernel_id:
             self.manager.client_came(sender.kernel_id)
         try:
+            self.full = may_execute
             await self._send({"type": "snapshot", "sessions": self.manager.status()})
             closed = asyncio.ensure_future(self.closed.wait())
             while not self.closed.is_set():
@@ -435,6 +510,8 @@ class EventsHandler(DistHandler):
             self.closed.set()
 
     async def _send(self, event: ServerEvent) -> None:
+        if not self.full:
+            event = event_without_output(event)
         self.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n")
         await self.flush()
 

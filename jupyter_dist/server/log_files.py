@@ -9,7 +9,8 @@ in chunks off the event loop.
 
 Only those folders are served, and only what they were made with: each path part must have
 the shape the notebook side gives it (no ``..``, no other names), every part must be this
-user's and no symbolic link, and the user must be logged in and allowed to read.
+user's and no symbolic link, and the user must be logged in and allowed to execute (what
+the ranks printed is as much the code's as its output in the notebook).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class LogsHandler(JupyterHandler):
     auth_resource = AUTH_RESOURCE
 
     @web.authenticated
-    @authorized("read")  # type: ignore[untyped-decorator]
+    @authorized("execute")  # type: ignore[untyped-decorator]
     async def get(self, path: str) -> None:
         target = await asyncio.to_thread(resolve, path)
         if target.is_dir():

@@ -35,7 +35,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -57,11 +57,17 @@ BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 
-def record_path(runtime_dir: Path, pid: int, host: str | None = None) -> Path:
-    """The record file of the server with ``pid`` on ``host`` (this machine by default):
-    servers on machines that share the runtime folder may have the same pid."""
+def server_tag(pid: int, host: str | None = None) -> str:
+    """``HOST-PID``, what names the files of the server with ``pid`` on ``host`` (this
+    machine by default): servers on machines that share the runtime folder may have the
+    same pid."""
     name = _UNSAFE.sub("_", socket.gethostname() if host is None else host)[:64] or "_"
-    return runtime_dir / f"{RECORD_PREFIX}{name}-{pid}.json"
+    return f"{name}-{pid}"
+
+
+def record_path(runtime_dir: Path, pid: int, host: str | None = None) -> Path:
+    """The record file of the server with ``pid`` on ``host`` (this machine by default)."""
+    return runtime_dir / f"{RECORD_PREFIX}{server_tag(pid, host)}.json"
 
 
 # -- the machine ----------------------------------------------------------------------------
@@ -301,14 +307,14 @@ def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def write_record(path: Path, record: ServerRecord) -> None:
-    """Write ``record`` to ``path`` atomically, readable by this user only (in a folder
-    only this user can enter, where it makes one)."""
+def write_record(path: Path, record: ServerRecord, extra: Mapping[str, Any] | None = None) -> None:
+    """Write ``record`` (with the ``extra`` keys beside its own) to ``path`` atomically,
+    readable by this user only (in a folder only this user can enter, where it makes one)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:  # mkstemp: mode 0600
-            json.dump(record.to_json(), out, indent=1)
+            json.dump({**(extra or {}), **record.to_json()}, out, indent=1)
             out.write("\n")
         os.replace(tmp, path)
     except BaseException:
@@ -320,12 +326,18 @@ def write_record(path: Path, record: ServerRecord) -> None:
 def read_record(path: Path) -> ServerRecord:
     """The record in ``path``; ValueError when it is not one (or not a regular file of
     this user's), OSError when unreadable."""
+    return read_record_with_extra(path)[0]
+
+
+def read_record_with_extra(path: Path) -> tuple[ServerRecord, dict[str, Any]]:
+    """The record in ``path`` and the whole JSON object it is in (where `write_record`
+    put its ``extra`` keys); raises as `read_record`."""
     raw = read_private_file(path, MAX_RECORD_BYTES)
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise ValueError(f"not text: {err}") from err
-    return ServerRecord.from_json(data)  # json.JSONDecodeError is a ValueError
+    return ServerRecord.from_json(data), data  # json.JSONDecodeError is a ValueError
 
 
 @dataclass(frozen=True)
@@ -620,9 +632,11 @@ __all__ = [
     "find_orphaned",
     "identify",
     "read_record",
+    "read_record_with_extra",
     "reap",
     "reap_processes",
     "record_path",
+    "server_tag",
     "session_record",
     "still_ours",
     "write_record",

@@ -5,9 +5,27 @@ jupyter_server adopts kernels it did not start through an external-kernels folde
 kernel manager's ``external_connection_dir``, from ``ServerApp.allow_external_kernels``): a
 connection file written there becomes a kernel of the server, listed with the others, that
 the server does not own. So a console's "shut down kernel" leaves the rank alone, and the
-rank stays the session's. When the server has no such folder, the extension gives its
-kernel manager one of its own in the runtime folder, where only it writes. The file is
-removed when its session restarts or stops, and the server then drops the kernel.
+rank stays the session's. The file is removed when its session restarts or stops, and the
+server then drops the kernel.
+
+A connection file holds its session's key: whoever can use the kernel it names runs code
+on the rank. So the rank consoles of a server are that server's alone. Every server keeps
+its own folder, ``jupyter_dist-rank-kernels-HOST-PID`` in the runtime folder (mode 0700;
+several servers of one user share the runtime folder, and a server adopts every file of
+its external-kernels folder), with a marker, `MARKER`, naming the server as
+`server.process_records` names it (pid, start time, machine). When the server has no
+external-kernels folder, that folder becomes it. The folder goes when the server stops;
+a starting server removes those of dead servers of this machine (`reap_dead_folders`),
+so a killed server's session keys do not stay behind, nor its dead kernels in a list.
+
+When the user gave the server an external-kernels folder, that folder is theirs, and
+whatever is in it is meant for every server given it (that is what the option does): the
+rank consoles go there, since no other folder is adopted, and every server sharing that
+folder lists them. Their files carry this server's ``HOST-PID``, so that a server only
+ever removes its own (a session of the same name on another server keeps its consoles),
+and the marker of our own folder names the user's folder, so that a dead server's files
+there are removed too. Not to share rank consoles, give each server its own folder (or
+none: the extension then makes its own).
 """
 
 from __future__ import annotations
@@ -16,29 +34,135 @@ import json
 import logging
 import os
 import re
+import shutil
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
 from jupyter_dist.common.payloads import ManagerEvent
 from jupyter_dist.control.session import Session
 from jupyter_dist.errors import SessionError
+from jupyter_dist.server.process_records import (
+    Machine,
+    ServerRecord,
+    read_record_with_extra,
+    server_tag,
+    write_record,
+)
 
 log = logging.getLogger(__name__)
-#: the external-kernels folder the extension gives a server that has none
-FOLDER = "jupyter_dist-rank-kernels"
+#: a server's own folder, in the runtime folder: this, then ``HOST-PID``
+FOLDER_PREFIX = "jupyter_dist-rank-kernels-"
+#: in a server's own folder: who made it (a `ServerRecord`) and where its consoles are
+MARKER = "server.json"
+#: seconds a folder without a marker is left alone (its server may be writing it now)
+UNMARKED_GRACE_S = 120.0
 #: the kernel spec name the adopted kernels carry (their language and display name)
 KERNEL_NAME = "python3"
-_FILE = re.compile(r"jupyter-dist-(?P<name>.+)-rank-(?P<rank>\d+)\.json")
+_REST = re.compile(r"(?P<name>.+)-rank-(?P<rank>\d+)\.json")
+
+
+def file_prefix(tag: str) -> str:
+    """How the connection files of the server ``tag`` (``HOST-PID``) begin."""
+    return f"jupyter-dist-{tag}--"
+
+
+def _own_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder of this user's, not a link to one."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+
+
+def _remove_files(folder: Path, tag: str) -> int:
+    """Remove the connection files of server ``tag`` from ``folder``; how many."""
+    removed = 0
+    prefix = file_prefix(tag)
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        if entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError as err:
+                log.warning("jupyter_dist: cannot remove %s: %s", entry.path, err)
+    return removed
+
+
+def reap_dead_folders(runtime_dir: Path, logger: logging.Logger) -> list[Path]:
+    """Remove the rank-console folders in ``runtime_dir`` of servers of this machine that
+    are gone (and their files in the external-kernels folder their marker names); returns
+    the folders removed. Those of live servers, of other machines, or that cannot be read
+    are left alone."""
+    removed: list[Path] = []
+    here = Machine.here()
+    if not here.boot_id:
+        return removed
+    try:
+        folders = sorted(runtime_dir.glob(f"{FOLDER_PREFIX}*"))
+    except OSError as err:
+        logger.warning("jupyter_dist: cannot list %s: %s", runtime_dir, err)
+        return removed
+    for folder in folders:
+        if not _own_folder(folder):
+            continue
+        try:
+            record, data = read_record_with_extra(folder / MARKER)
+        except FileNotFoundError:
+            try:
+                age = time.time() - folder.stat().st_mtime
+            except OSError:
+                continue
+            if age < UNMARKED_GRACE_S:
+                continue  # a server starting now: it writes the marker next
+            record, data = None, {}
+        except (OSError, ValueError) as err:
+            logger.warning("jupyter_dist: skipping %s: %s", folder / MARKER, err)
+            continue
+        if record is not None:
+            if record.machine != here or record.alive():
+                continue
+            where = data.get("connection_dir")
+            if isinstance(where, str) and where and Path(where) != folder:
+                _remove_files(Path(where), server_tag(record.pid, record.machine.host))
+        shutil.rmtree(folder, ignore_errors=True)
+        if record is not None:
+            logger.info(
+                "jupyter_dist: removed the rank consoles of dead server pid %d (%s)",
+                record.pid,
+                folder,
+            )
+        removed.append(folder)
+    return removed
 
 
 class RankConsoles:
-    """Connection files of rank kernels in the server's external-kernels folder."""
+    """Connection files of this server's rank kernels in its external-kernels folder."""
 
-    def __init__(self, kernel_manager: Any, runtime_dir: Path) -> None:
+    def __init__(self, kernel_manager: Any, runtime_dir: Path, server: ServerRecord) -> None:
         self.kernel_manager = kernel_manager
-        adopts = hasattr(kernel_manager, "kernel_id_to_connection_file")  # jupyter_client >= 8.4
-        if adopts and getattr(kernel_manager, "external_connection_dir", None) is None:
-            kernel_manager.external_connection_dir = str(runtime_dir / FOLDER)
+        self.tag = server_tag(server.pid, server.machine.host)
+        self.own = runtime_dir / f"{FOLDER_PREFIX}{self.tag}"
+        #: whether the user gave the server its external-kernels folder (shared, see above)
+        self.users_folder = False
+        if not hasattr(kernel_manager, "kernel_id_to_connection_file"):  # jupyter_client < 8.4
+            return
+        found = getattr(kernel_manager, "external_connection_dir", None)
+        self.users_folder = found is not None
+        connection_dir = Path(found) if found is not None else self.own
+        if _own_folder(self.own):  # a dead server's with our pid: not yet reaped
+            shutil.rmtree(self.own, ignore_errors=True)
+        self.own.mkdir(mode=0o700, parents=True)
+        os.chmod(self.own, 0o700)
+        write_record(self.own / MARKER, server, {"connection_dir": str(connection_dir)})
+        if not self.users_folder:
+            kernel_manager.external_connection_dir = str(self.own)
 
     @property
     def folder(self) -> Path:
@@ -51,7 +175,7 @@ class RankConsoles:
         return Path(found)
 
     def path_of(self, session: str, rank: int) -> Path:
-        return self.folder / f"jupyter-dist-{session}-rank-{rank}.json"
+        return self.folder / f"{file_prefix(self.tag)}{session}-rank-{rank}.json"
 
     def adopt(self, session: Session, rank: int) -> str:
         """The server's kernel id of ``rank``'s kernel, adopted now if it is not yet."""
@@ -86,12 +210,30 @@ class RankConsoles:
             return
         if not folder.is_dir():
             return
+        prefix = file_prefix(self.tag)
         for path in folder.iterdir():
-            found = _FILE.fullmatch(path.name)
+            if not path.name.startswith(prefix):
+                continue  # another server's (in a folder the user shares between them)
+            found = _REST.fullmatch(path.name[len(prefix) :])
             if found and found.group("name") == session:
                 path.unlink(missing_ok=True)
         self._drop_stale()
         self.kernel_manager.list_kernel_ids()
+
+    def close(self) -> None:
+        """The server stops: its rank consoles go, and its folder with them."""
+        if not hasattr(self.kernel_manager, "kernel_id_to_connection_file"):
+            return
+        if self.users_folder:
+            _remove_files(self.folder, self.tag)
+        else:
+            _remove_files(self.own, self.tag)
+        try:
+            self._drop_stale()
+            self.kernel_manager.list_kernel_ids()  # while the folder is there to look at
+        except Exception:
+            log.exception("jupyter_dist: cannot drop the rank kernels from the server's list")
+        shutil.rmtree(self.own, ignore_errors=True)
 
     def _drop_stale(self) -> None:
         """Forget files whose kernel the server already let go of (a console shut it

@@ -47,10 +47,11 @@ def check_offset(text: str) -> int:
 
 class RankLogHandler(DistHandler):
     """``GET /sessions/NAME/ranks/R/log?offset=N``: the rank's log from byte N (at most
-    256 KiB, cut at a line's end) and the offset to ask for next."""
+    256 KiB, cut at a line's end) and the offset to ask for next. Needs ``execute``:
+    what the rank printed is the code's (as the cells' output is)."""
 
     @web.authenticated
-    @authorized
+    @authorized("execute")  # type: ignore[untyped-decorator]
     @maps_errors
     async def get(self, name: str, rank: str) -> None:
         session = self.manager.get(name)

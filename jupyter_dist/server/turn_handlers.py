@@ -6,6 +6,9 @@ runs before it. A notebook kernel still talks to the ranks itself; it only asks 
 first. Asking is a long poll (`POLL_S`), repeated with the same ``turn_id`` until the
 turn runs: no request is held longer than a proxy would allow, and a turn granted to a
 sender that no longer asks (its kernel stopped) is given up after `CLAIM_S`.
+
+A sender that names a kernel must name one of this server's notebook kernels
+(`server.notebook_kernels`); the turns of a kernel that is gone are dropped.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class TurnsHandler(DistHandler):
     @maps_errors
     async def post(self, name: str) -> None:
         session = self.manager.get(name)
+        await self.prune()  # a dead notebook's turn does not hold up the others
         body: Any = self.json_body()
         if not isinstance(body, dict):
             raise SpecError("expected a JSON object with turn_id, kind, ranks, sender")
@@ -81,7 +85,7 @@ class TurnsHandler(DistHandler):
                 raise SpecError(f"ranks: {str(ranks)[:80]!r} is not a list of rank numbers")
             if ranks:
                 ranks = parse_ranks(",".join(map(str, ranks)), session.spec.world_size)
-            sender = Sender.from_json(body.get("sender"))
+            sender = self.checked(Sender.from_json(body.get("sender")), "sender.")
             if sender.kernel_id:
                 self.manager.attach(name, sender)
             turn = session.turns.enqueue(

@@ -343,6 +343,7 @@ def test_every_handler_method_is_authenticated_and_authorized() -> None:
         ("TurnsHandler", "post"),  # the order of the cells others run
         ("TurnEndHandler", "post"),
         ("RankKernelHandler", "post"),  # a console runs code on the rank
+        ("RankLogHandler", "get"),  # what the rank printed is the code's
     }
     for pattern, handler in API_HANDLERS:
         methods = own_methods(handler)

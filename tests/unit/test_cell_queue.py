@@ -11,6 +11,7 @@ import pytest
 
 from jupyter_dist.control.cell_queue import (
     MAX_WAITING,
+    MAX_WAITING_PER_SENDER,
     CellQueue,
     Sender,
     Turn,
@@ -124,9 +125,22 @@ def test_the_queue_is_bounded() -> None:
     queue = CellQueue()
     queue.enqueue(Turn("running", A))
     for i in range(MAX_WAITING):
-        queue.enqueue(Turn(str(i), B))
+        queue.enqueue(Turn(str(i), Sender("", f"k{i}")))
     with pytest.raises(SessionError, match=f"at most {MAX_WAITING}"):
         queue.enqueue(Turn("one-more", B))
+
+
+def test_one_sender_holds_a_few_waiting_turns_only() -> None:
+    queue = CellQueue()
+    queue.enqueue(Turn("running", A))
+    for i in range(MAX_WAITING_PER_SENDER):
+        queue.enqueue(Turn(str(i), B))
+    with pytest.raises(SessionError, match=f"at most {MAX_WAITING_PER_SENDER} from one sender"):
+        queue.enqueue(Turn("one-more", B))
+    assert queue.enqueue(Turn("0", B)) is queue.waiting[0]  # asking again is no new turn
+    queue.enqueue(Turn("from-a", A))  # another sender still may
+    queue.end("0")
+    queue.enqueue(Turn("now-there-is-room", B))
 
 
 def test_senders_from_requests_are_checked() -> None:
@@ -149,3 +163,32 @@ def test_waiting_text_names_the_sender() -> None:
     )
     assert waiting_text(None) == "waiting for the session's ranks"
     assert Sender().label == "another client"
+
+
+@in_loop
+async def test_the_manager_forgets_kernels_that_are_gone_and_notebooks_without_a_stream() -> None:
+    from jupyter_dist.control.manager import SessionManager
+
+    class Stub:
+        def __init__(self) -> None:
+            self.notebooks: dict[str, Any] = {}
+            self.turns = CellQueue()
+            self.name = "s"
+            self.state = None
+
+    manager = SessionManager()
+    session: Any = Stub()
+    manager.sessions["s"] = session
+    session.notebooks = {
+        "ka": {**A.to_json(), "since": 0.0},
+        "kb": {**B.to_json(), "since": 0.0},
+        "kc": {"path": "c.ipynb", "kernel_id": "kc", "since": 0.0},
+    }
+    session.turns.enqueue(Turn("1", A))
+    session.turns.enqueue(Turn("2", B))
+    manager.client_came("ka")  # a held stream does not keep a gone kernel
+    manager.client_came("kb")
+    await manager.prune_senders(lambda k: k != "ka", stream_grace=60.0)
+    assert session.turns.running is not None and session.turns.running.turn_id == "2"
+    assert "ka" not in manager.clients
+    assert sorted(session.notebooks) == ["kb"]  # kc: no stream for more than 60 s
