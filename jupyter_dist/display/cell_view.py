@@ -49,7 +49,8 @@ from jupyter_dist.common.events import (
     WidgetComm,
 )
 from jupyter_dist.display.metrics_charts import MetricsView
-from jupyter_dist.display.output_store import LineWriter, RankLogs, ViewOutput, output_limit
+from jupyter_dist.display.output_store import LineWriter, ViewOutput, output_limit
+from jupyter_dist.display.rank_logs import RankLogs
 from jupyter_dist.display.render_text import TextRenderer
 from jupyter_dist.display.snapshot import snapshot_html
 from jupyter_dist.display.stacks_panel import StacksPanel
@@ -138,7 +139,7 @@ class CellView:
     ) -> None:
         self.ranks = sorted(places)
         self.statuses = {r: RankStatus(r, places[r][0], places[r][1]) for r in self.ranks}
-        self.logs = RankLogs(session, cell)
+        self.logs = RankLogs(session, cell, on_failure=self._notice)  # a full disk: a notice
         self.log_url = log_url(self.logs.folder) if log_url is not None else None
         self.limit = output_limit()
         self.printed = dict.fromkeys(self.ranks, 0)  # characters each rank printed
@@ -409,7 +410,7 @@ class CellView:
         self.logs.close()
         summary = cell_summary(list(self.statuses.values()))
         lines = [_escape(line) for line in (summary, *self.metrics.summary())]
-        if self.logs.written:  # a silent cell has no logs to point to
+        if self.logs.kept:  # a silent cell has no logs to point to, nor one whose logs failed
             lines.append(self._logs_html())
         footer = self._notes_html(self.notices) + "<br>".join(lines)
         self._set_footer(footer)
@@ -441,11 +442,11 @@ class CellView:
         return (self._display or display)(bundle, raw=True, display_id=display_id)
 
     def _log_folder(self) -> str:
-        return str(self.logs.folder)
+        return self.logs.folder_hint()
 
     def _rank_log(self, rank: int) -> Callable[[], str]:
         """Where ``rank``'s log is, said only where it is shown (few cells need it)."""
-        return lambda: str(self.logs.path(rank))
+        return lambda: self.logs.hint(rank)
 
     def _quiet(self) -> bool:
         """A cell that never went live, ran fine on every rank and had nothing to show (no

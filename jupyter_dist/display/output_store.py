@@ -4,8 +4,8 @@ A view (one rank, one node, or every rank interleaved) keeps at most `LINE_LIMIT
 (and `CHAR_LIMIT` characters of them) plus its rich outputs, in the order they came; older
 ones are dropped and counted, and a line longer than `LINE_CHARS` is cut, so the
 notebook's memory stays bounded however much a rank prints, in lines or in one line that
-never ends. Each rank's full output also goes to a log file (`RankLogs`) whose path the
-view shows. `output_limit` is how much of each rank's output a cell passes on as text
+never ends. Each rank's full output also goes to a log file (`display.rank_logs`) whose
+path the view shows. `output_limit` is how much of each rank's output a cell passes on as text
 (``JUPYTER_DIST_OUTPUT_LIMIT``); the rest is only in the log.
 """
 
@@ -14,14 +14,10 @@ from __future__ import annotations
 import collections
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from jupyter_dist.common import process_folders
-from jupyter_dist.common.wire_names import LOGS_FOLDER_PREFIX
 from jupyter_dist.display.rich_text import readable_text
 from jupyter_dist.errors import SpecError
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
@@ -212,61 +208,6 @@ class LineWriter:
     def flush(self) -> None:
         if self._partial or self._extra:
             self.view.add_line(self.stream, self._take())
-
-
-class RankLogs:
-    """Every line each rank printed in a cell, in ``<folder>/rank-N.log`` (0600 files in a
-    0700 folder of this user's). The folder is made with the first line: a silent cell,
-    most cells, leaves none."""
-
-    def __init__(self, session: str, cell: int, base: str | None = None) -> None:
-        self.folder = Path(base or _logs_root()) / session / f"cell-{cell}"
-        self._files: dict[int, TextIO] = {}
-        self._begun: set[int] = set()  # ranks whose file was made: later opens append
-
-    @property
-    def written(self) -> bool:
-        """Whether any rank's output went into the folder."""
-        return bool(self._begun)
-
-    def path(self, rank: int) -> Path:
-        return self.folder / f"rank-{rank}.log"
-
-    def write(self, rank: int, text: str) -> None:
-        f = self._files.get(rank)
-        if f is None:
-            if not self._begun:
-                self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            how = os.O_APPEND if rank in self._begun else os.O_TRUNC
-            fd = os.open(self.path(rank), os.O_WRONLY | os.O_CREAT | how, 0o600)
-            f = self._files[rank] = open(fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
-            self._begun.add(rank)
-        f.write(text)
-
-    def close(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
-
-
-_root: str | None = None
-
-
-LOGS_PREFIX = LOGS_FOLDER_PREFIX
-
-
-def _logs_root() -> str:
-    """One private folder per notebook process for every cell's logs. The folders of
-    processes that are gone are removed then: their logs outlive a crash until the next
-    notebook process starts."""
-    global _root
-    if _root is None:
-        _root = str(process_folders.make(Path(tempfile.gettempdir()), LOGS_PREFIX))
-    return _root
-
-
-def _prune(base: Path) -> None:
-    process_folders.prune(base, LOGS_PREFIX)
 
 
 def _stream(name: str, lines: list[str]) -> dict[str, Any]:

@@ -27,7 +27,8 @@ from jupyter_dist.common.events import (
     RichOut,
     StreamOut,
 )
-from jupyter_dist.display.output_store import RankLogs, format_size, output_limit
+from jupyter_dist.display.output_store import format_size, output_limit
+from jupyter_dist.display.rank_logs import RankLogs
 from jupyter_dist.display.rich_text import is_bare_repr, readable_text
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
@@ -74,7 +75,8 @@ class TextRenderer:
 
     ``limit``: characters of each rank's output passed on (default `output_limit()`; 0:
     all). ``logs``: where each rank's full output is, written there unless ``write_logs``
-    is false (someone else writes it); by default a `RankLogs` made at the first output.
+    is false (someone else writes it); by default a `RankLogs` made at the first output,
+    whose failure (a full disk) is one notice in the cell's output.
     """
 
     def __init__(
@@ -217,13 +219,17 @@ class TextRenderer:
 
     def _logs(self) -> RankLogs:
         if self.logs is None:
-            self.logs = RankLogs("text", next(_cells))
+            self.logs = RankLogs("text", next(_cells), on_failure=self._logs_failed)
         return self.logs
+
+    def _logs_failed(self, notice: str) -> None:
+        """The cell's logs stopped (a full disk): said once, the output goes on."""
+        self.handle(Notice(notice))
 
     def _log_path(self, rank: int) -> str:
         if self.logs is None and not self.write_logs:
             return "not kept"
-        return str(self._logs().path(rank))
+        return self._logs().hint(rank)
 
     def _end_partial(self, rank: int) -> None:
         for name in STREAMS:

@@ -79,6 +79,7 @@ from jupyter_dist.common.proc_titles import (
     set_title,
 )
 from jupyter_dist.common.process_folders import pid_alive
+from jupyter_dist.common.temp_space import unwritable
 from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
 
 if TYPE_CHECKING:
@@ -195,9 +196,13 @@ class Agent:
         self.node = node
         self.title = (agent_title(session, node), agent_short_name(node))
         self.base_env = dict(os.environ)
-        prune_dead_agent_dirs(tempfile.gettempdir())
-        # short: Unix socket paths inside it must stay under ~100 bytes
-        self.dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{self.pid}-{session[:16]}-")
+        try:  # a full or read-only temporary folder is said as such, not as a traceback
+            prune_dead_agent_dirs(tempfile.gettempdir())
+            # short: Unix socket paths inside it must stay under ~100 bytes
+            self.dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{self.pid}-{session[:16]}-")
+        except OSError as err:
+            where = os.path.dirname(err.filename or "")
+            raise SystemExit(f"agent: cannot make its folder: {unwritable(where, err)}") from None
         self._lock_fd = hold_lock(self.dir)
         self.children: dict[int, RankChild] = {}  # by pid
         self.relay: RelayChild | None = None  # forked with the first rank (its key)

@@ -19,16 +19,24 @@ parent in a context variable that threads do not inherit, so a background thread
 would otherwise go to whichever cell runs when it prints (another notebook's, on a shared
 session). `attribute_threads` records the parent on each thread as it starts.
 
+What is written to the rank's file descriptors 1 and 2 (C code, subprocesses) reaches
+the notebook through a pipe ipykernel reads on a thread, which also copies it to the rank's
+log. ipykernel's thread stops at the first error, so a full disk under the log would stop
+that output for good, and the rank would then block on its next write once the pipe is
+full: here a failed copy to the log costs the log only (`_watch_pipe_fd`).
+
 Rank kernels use it through ``--IPKernelApp.outstream_class``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 from typing import Any
 
-from ipykernel.iostream import OutStream
+from ipykernel.iostream import PIPE_BUFFER_SIZE, OutStream
 
 MESSAGE_CHARS = 1 << 18
 #: the thread attribute holding the parent header of the cell that started the thread
@@ -89,6 +97,23 @@ class RankOutStream(OutStream):
             super()._flush()  # type: ignore[no-untyped-call]
         finally:
             self._flushing = False
+
+    def _watch_pipe_fd(self) -> None:
+        """ipykernel's reader of the pipe behind fds 1 and 2 (on its own thread): each
+        chunk goes to the notebook, then to the rank's log (the fd it replaced). A copy to
+        the log that fails (no space left, a quota) is skipped, and the next one tried."""
+        fid = self._fid
+        if fid is None:
+            return
+        try:
+            data = os.read(fid, PIPE_BUFFER_SIZE)
+            while data and self._should_watch:
+                self.write(data.decode(errors="replace"))
+                with contextlib.suppress(OSError):
+                    os.write(self._original_stdstream_copy, data)
+                data = os.read(fid, PIPE_BUFFER_SIZE)
+        except Exception:
+            self._exc = sys.exc_info()
 
     def write(self, string: str) -> int:
         size = len(string)

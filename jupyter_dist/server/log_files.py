@@ -1,7 +1,7 @@
 """The rank logs of notebook cells, served to the browser: the cell view's "logs" link.
 
 A notebook kernel writes every line each rank printed in a cell to
-``<tmp>/jupyter_dist-logs-<pid>-<x>/<session>/cell-<n>/rank-<r>.log`` (`display.output_store`),
+``<tmp>/jupyter_dist-logs-<pid>-<x>/<session>/cell-<n>/rank-<r>.log`` (`display.rank_logs`),
 on the machine of the Jupyter server that launched it. That folder is outside the server's
 root, so JupyterLab's file browser cannot open it; this handler serves it under
 ``<base URL>/jupyter-dist/logs/...``: a folder as a list of links, a log as plain text, read

@@ -83,7 +83,7 @@ def test_log_folders_of_gone_processes_are_pruned(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from jupyter_dist.display.output_store import LOGS_PREFIX, _prune
+    from jupyter_dist.display.rank_logs import LOGS_PREFIX, _prune
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip

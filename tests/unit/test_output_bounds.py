@@ -19,10 +19,10 @@ from jupyter_dist.display.output_store import (
     DEFAULT_OUTPUT_LIMIT,
     LINE_CHARS,
     LineWriter,
-    RankLogs,
     ViewOutput,
     output_limit,
 )
+from jupyter_dist.display.rank_logs import RankLogs
 from jupyter_dist.display.render_text import TextRenderer
 from jupyter_dist.errors import SpecError
 

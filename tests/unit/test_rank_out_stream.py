@@ -4,6 +4,8 @@ before the flush returns (a real ipykernel IO thread and PUB socket)."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -153,3 +155,35 @@ def test_a_flush_waits_for_one_the_io_thread_is_running(
         if received[-1] == b"reply":
             break
     assert received == [b"stream.stdout", b"reply"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_log_costs_the_log_not_the_output_of_fds_1_and_2(
+    stream: tuple[RankOutStream, IOPubThread, zmq.Socket[bytes]],
+) -> None:
+    """What C code writes to fd 1 goes through a pipe to the notebook and to the rank's
+    log: a log on a full disk (``/dev/full`` fails every write with ENOSPC) must not stop
+    the pipe's reader, or the rank would block once the pipe is full."""
+    out, _thread, _sub = stream
+    got: list[str] = []
+    out.write = got.append  # type: ignore[method-assign,assignment]
+    read_fd, write_fd = os.pipe()
+    log_fd = os.open("/dev/full", os.O_WRONLY)
+    out._fid, out._original_stdstream_copy, out._should_watch = read_fd, log_fd, True
+    reader = threading.Thread(target=out._watch_pipe_fd, daemon=True)
+    reader.start()
+    data = b"".join(b"line %d from C\n" % n for n in range(20_000))  # more than a pipe holds
+    try:
+        view = memoryview(data)
+        while view:
+            ready = select.select([], [write_fd], [], 10)[1]
+            assert ready, "the pipe's reader stopped: the writer would block for good"
+            view = view[os.write(write_fd, view[: 1 << 12]) :]
+    finally:
+        os.close(write_fd)
+        reader.join(10)
+        os.close(read_fd)
+        os.close(log_fd)
+        out._fid, out._should_watch = None, False
+    assert not reader.is_alive() and out._exc is None
+    assert "".join(got) == data.decode()
