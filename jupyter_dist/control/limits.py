@@ -28,8 +28,8 @@ class SessionLimits:
     """The owner's limits, and how a refusal tells the user to raise them."""
 
     max_sessions: int | None = None  # None: any number
-    #: ranks of all sessions together on one node; None: as many as one session may have
-    #: there (`SessionDefaults.max_ranks_per_node`, else `settings.max_ranks_per_node`)
+    #: ranks of all sessions together on one node; None: no cap across sessions (each
+    #: session alone is held to `SessionDefaults.max_ranks_per_node`)
     max_node_ranks: int | None = None
     owner: str = "this process"  # who holds the sessions, as a refusal names it
     sessions_setting: str = "max_sessions"  # what raises `max_sessions`
@@ -72,7 +72,7 @@ def check_room(
 ) -> None:
     """Raise `LimitError` if session ``spec`` would pass ``limits`` beside the sessions
     ``running`` and ``starting`` (by name; neither holds ``spec``'s own); ``node_max``:
-    the ranks a node takes when ``limits.max_node_ranks`` is None."""
+    unused when ``limits.max_node_ranks`` is None (no cap across sessions)."""
     held = {**running, **starting}
     if limits.max_sessions is not None and len(held) >= limits.max_sessions:
         setting = limits.sessions_setting
@@ -82,7 +82,9 @@ def check_room(
             f"may ({setting} = {limits.max_sessions}); shut one down (`%dist shutdown "
             f"--session NAME`) or raise {setting}"
         )
-    most = limits.max_node_ranks or node_max
+    if limits.max_node_ranks is None:  # no cap across sessions: each has its own
+        return
+    most = limits.max_node_ranks
     usage = {name: ranks_by_node(other, here) for name, other in held.items()}
     for node, count in sorted(ranks_by_node(spec, here).items()):
         holders = {name: ranks[node] for name, ranks in usage.items() if ranks[node]}

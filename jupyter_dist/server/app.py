@@ -99,7 +99,7 @@ class DistServerApp(ExtensionApp):
         help="The most ranks all of this server's sessions together may run on one node "
         "(known by its host name; this machine's sessions and those naming localhost count "
         "together); a session that would pass it is refused (409) before anything of it "
-        "starts. 0: as many as max_ranks_per_node allows one session.",
+        "starts. 0: no cap across sessions (each is held to max_ranks_per_node).",
     )
 
     _pruner: PeriodicCallback | None = None
