@@ -190,7 +190,7 @@ def test_an_agent_without_a_temporary_folder_says_so() -> None:
     assert "Traceback" not in shown, shown
     assert "AgentError: node " in strip_ansi(shown)
     assert (
-        "the agent exited; its last output:\n"
+        "the agent exited (exit code 1); its last output:\n"
         "agent: cannot make its folder: No usable temporary directory found in "
         "['/tmp', '/var/tmp'"
     ) in shown
