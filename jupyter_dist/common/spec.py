@@ -347,6 +347,12 @@ def _resolve_local(name: str, req: ShapeRequest, local_gpus: int, host: str) -> 
                 f"{flag} {_show(counts)}: one count per node needs the nodes, --hosts a,b or "
                 "--hostfile FILE; on this machine give one count"
             )
+
+    def spec(per_node: int, device: Device, backend: Backend) -> SessionSpec:
+        return SessionSpec(
+            name, nodes, per_node, device, backend, init, framework=framework, python=req.python
+        )
+
     if gpus is not None:
         if gpus[0] > local_gpus:
             raise NoGPUError(
@@ -354,53 +360,17 @@ def _resolve_local(name: str, req: ShapeRequest, local_gpus: int, host: str) -> 
                 f"{'s' if local_gpus != 1 else ''}; use --procs {gpus[0]} for "
                 f"{gpus[0]} CPU ranks with the gloo backend"
             )
-        return SessionSpec(
-            name,
-            nodes,
-            gpus[0],
-            "cuda",
-            _backend(req, "nccl"),
-            init,
-            framework=framework,
-            python=req.python,
-        )
+        return spec(gpus[0], "cuda", _backend(req, "nccl"))
     if procs is not None:
-        return SessionSpec(
-            name,
-            nodes,
-            procs[0],
-            "cpu",
-            _backend(req, "gloo"),
-            init,
-            framework=framework,
-            python=req.python,
-        )
+        return spec(procs[0], "cpu", _backend(req, "gloo"))
     if req.backend == "nccl" or (req.backend is None and local_gpus > 0):
         if local_gpus == 0:
             raise NoGPUError(
                 f"--backend nccl: node {host!r} has no CUDA device; use --procs N for CPU "
                 "ranks with the gloo backend"
             )
-        return SessionSpec(
-            name,
-            nodes,
-            local_gpus,
-            "cuda",
-            _backend(req, "nccl"),
-            init,
-            framework=framework,
-            python=req.python,
-        )
-    return SessionSpec(
-        name,
-        nodes,
-        DEFAULT_CPU_PROCS,
-        "cpu",
-        _backend(req, "gloo"),
-        init,
-        framework=framework,
-        python=req.python,
-    )
+        return spec(local_gpus, "cuda", _backend(req, "nccl"))
+    return spec(DEFAULT_CPU_PROCS, "cpu", _backend(req, "gloo"))
 
 
 def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:

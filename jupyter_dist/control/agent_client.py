@@ -211,7 +211,7 @@ class AgentClient:
 
     async def _read_events(self) -> None:
         assert self._streams is not None
-        reason = ""
+        summary = ""
         try:
             async for line in read_lines(self._streams.reader):
                 self._heard()
@@ -222,11 +222,12 @@ class AgentClient:
         finally:
             try:
                 if not self.lost and not self.stopping:
-                    reason = await asyncio.wait_for(self._exit_reason(), 2.0)
+                    summary = await asyncio.wait_for(self._exit_summary(), 2.0)
             except Exception as err:
                 log.debug("node %s: no exit status: %s", self.host, err)
             finally:
-                self._lose(reason or f"node {self.host!r}: the agent exited{self._stderr_note()}")
+                notes = f"{self._stray_note()}{self._stderr_note()}"
+                self._lose(summary or f"node {self.host!r}: the agent exited", notes)
 
     def _take(self, line: bytes) -> None:
         """One line from the node: an event, or something else, named with what it was."""
@@ -250,37 +251,39 @@ class AgentClient:
                     except (ValueError, KeyError, TypeError) as err:
                         kind = event["event"]
                         problem = f"a malformed {kind!r} event ({type(err).__name__}: {err})"
+                        if kind == "ready" and self._ready and not self._ready.done():
+                            self._ready.set_exception(
+                                AgentError(f"node {self.host!r} sent {problem}: {quote_line(line)}")
+                            )
+                            return
         if self._ready is not None and not self._ready.done():
             if len(self.stray_lines) < KEPT_STRAY_LINES:
                 self.stray_lines.append(line[:1000])
-            if problem.startswith("a malformed 'ready'"):
-                self._ready.set_exception(
-                    AgentError(f"node {self.host!r} sent {problem}: {quote_line(line)}")
-                )
             return
         log.warning("node %s sent %s: %s", self.host, problem, quote_line(line))
 
-    async def _exit_reason(self) -> str:
-        """Why the agent's stream ended: what the launcher knows (the link was lost, the
-        agent's exit status), and the end of its stderr."""
+    async def _exit_summary(self) -> str:
+        """Why the agent's stream ended, in a line: what the launcher knows (the link was
+        lost, the agent's exit status)."""
         how = await self.launcher.describe_exit()
-        notes = f"{self._stray_note()}{self._stderr_note()}"
         if self.launcher.link_lost():
-            return f"node {self.host!r} unreachable since {self._since()}: {how}{notes}"
-        return f"node {self.host!r}: {how}{notes}"
+            return f"node {self.host!r} unreachable since {self._since()}: {how}"
+        return f"node {self.host!r}: {how}"
 
     def _since(self) -> str:
         """When the agent was last heard, as HH:MM:SS."""
         return time.strftime("%H:%M:%S", time.localtime(self.last_heard))
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, summary: str, notes: str = "") -> None:
         """The node is out of reach (once): everything waiting on it fails with
-        ``reason``, the session hears of it, and the launcher is stopped."""
+        ``summary`` (a line) and ``notes`` (what the node wrote), the session hears of it,
+        and the launcher is stopped."""
         if self.lost:
             return
+        reason = summary + notes
         self.lost = True
         self.lost_reason = reason
-        self.lost_summary = reason.split("; before that it wrote", 1)[0].split("; its last", 1)[0]
+        self.lost_summary = summary
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         gone = AgentError(reason)
@@ -297,13 +300,14 @@ class AgentClient:
         nothing for `Heartbeat.deadline_s`. A loop held up past a beat (a busy notebook)
         first lets what arrived meanwhile be read."""
         beat = self.heartbeat
-        seq = 0
         loop = asyncio.get_running_loop()
-        # at once: the agent's own deadline is armed from now on, not one beat later (a
-        # link lost in between would leave it running its ranks for ever)
-        with contextlib.suppress(AgentError):
-            await self._send({"op": "ping", "seq": seq, "deadline_s": beat.agent_deadline_s})
+        seq = 0
         while not self.lost:
+            # the first at once: the agent's own deadline is armed from now on, not one beat
+            # later (a link lost in between would leave it running its ranks for ever)
+            with contextlib.suppress(AgentError):
+                await self._send({"op": "ping", "seq": seq, "deadline_s": beat.agent_deadline_s})
+            seq += 1
             planned = loop.time() + beat.interval_s
             await asyncio.sleep(beat.interval_s)
             if loop.time() - planned > beat.interval_s:
@@ -319,9 +323,6 @@ class AgentClient:
                     "may be down, or the agent is stopped); its ranks are out of reach"
                 )
                 return
-            seq += 1
-            with contextlib.suppress(AgentError):
-                await self._send({"op": "ping", "seq": seq, "deadline_s": beat.agent_deadline_s})
 
     def _dispatch(self, event: AgentEvent) -> None:
         if event["event"] == "ready":

@@ -174,6 +174,7 @@ class RankRecord:
     client: RankClient | None = None
     exit_code: int | None = None
     exit_tail: str = ""  # the end of its log when it died
+    lost: str = ""  # why it is out of reach, when its node is (it has no exit status)
     log: str = ""
     connection: KernelConnection | None = None  # reachable from this process (tunnelled)
     busy_since: float | None = None  # epoch s its current cell began
@@ -254,6 +255,7 @@ class RankGroup:
         rec.state = RankState.DEAD
         rec.exit_code = returncode
         rec.exit_tail = log_tail
+        rec.lost = how or ""
         self._changed()
         what = how or describe_returncode(returncode)
         if rec.client:
@@ -414,8 +416,7 @@ class RankGroup:
             for r in ranks:
                 rec = self.ranks[r]
                 if rec.state == RankState.DEAD or rec.client is None:
-                    lost = rec.exit_tail.split("\n", 1)[0] if rec.exit_code is None else None
-                    run.rank_died(r, rec.exit_code, rec.pid, "", lost or None)
+                    run.rank_died(r, rec.exit_code, rec.pid, "", rec.lost or None)
                     continue
                 rec.state = RankState.BUSY
                 rec.busy_since = time.time()

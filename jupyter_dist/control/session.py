@@ -525,9 +525,7 @@ def _exit_summary(rec: RankRecord) -> str | None:
     """How a dead rank ended, in a line: its exit status, or why it is out of reach."""
     if rec.exit_code is not None:
         return describe_returncode(rec.exit_code)
-    if rec.state == RankState.DEAD:
-        return rec.node.lost_summary if rec.node and rec.node.lost_summary else "out of reach"
-    return None
+    return rec.lost or None
 
 
 __all__ = [

@@ -304,11 +304,11 @@ class Agent:
 
     def _next_timeout(self) -> int | None:
         deadlines = [*self.kill_deadlines.values()]
+        # a waiting spawn goes on when its rank's old process is reaped (SIGCHLD wakes
+        # the loop), or gives up at its deadline
         deadlines.extend(when for _, when in self.waiting_spawns.values())
         if self.owner_deadline_s and not self.stopping:
             deadlines.append(self.last_heard + self.owner_deadline_s)
-        if self.waiting_spawns:
-            deadlines.append(time.monotonic() + 0.05)  # a reaped rank frees its spawn
         if not deadlines:
             return 1000 if self.stopping else None
         wait = min(deadlines) - time.monotonic()

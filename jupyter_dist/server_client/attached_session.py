@@ -91,8 +91,8 @@ class AttachedSession(RankGroup):
         for rank, entry in current.items():
             if entry.get("state") == RankState.DEAD.value:
                 code, tail = entry.get("returncode"), str(entry.get("exit_tail") or "")
-                if code is None:  # out of reach, not dead of its own: the tail says why
-                    lost = tail.split("\n", 1)[0] or "its node is out of reach"
+                if code is None:  # out of reach, not dead of its own: "exit" says why
+                    lost = str(entry.get("exit") or "its node is out of reach")
                     self._rank_died(rank, None, tail, how=lost)
                 else:
                     self._rank_died(rank, int(code), tail)
