@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -156,9 +157,36 @@ result = ip.run_cell("%%distributed --procs 1\\nprint('never')")
 print("CELL", "ok" if result.success else "failed")
 """
 
-#: /tmp and /var/tmp of the namespace are one small tmpfs, the working folder too: the
-#: agent finds no temporary folder where it could make its own
-NAMESPACE = "mount -t tmpfs -o size=1m tmpfs /tmp && mount --bind /tmp /var/tmp && cd /tmp"
+#: folders below /tmp or /var/tmp that the namespace keeps: the project (its checkout may
+#: live in a temporary folder, a fresh clone's often does) and its virtual environment
+TEMP_ROOTS = (Path("/tmp"), Path("/var/tmp"))
+
+
+def namespace_script() -> str:
+    """Shell lines that make /tmp and /var/tmp of the namespace one small tmpfs, the working
+    folder too, so that the agent finds no temporary folder where it could make its own;
+    the project and the interpreter running it stay where they are (bound back in through
+    a stash on another tmpfs, mounted before the real /tmp is covered)."""
+    project = Path(__file__).resolve().parents[2]
+    keep = sorted(
+        {
+            p
+            for p in (project, Path(sys.prefix).resolve())
+            if any(p.is_relative_to(t) for t in TEMP_ROOTS)
+        }
+    )
+    steps = []
+    if keep:
+        steps.append("mount -t tmpfs tmpfs /mnt")
+        for i, path in enumerate(keep):
+            steps += [f"mkdir /mnt/{i}", f"mount --bind {shlex.quote(str(path))} /mnt/{i}"]
+    steps += ["mount -t tmpfs -o size=1m tmpfs /tmp", "mount --bind /tmp /var/tmp"]
+    for i, path in enumerate(keep):
+        steps += [
+            f"mkdir -p {shlex.quote(str(path))}",
+            f"mount --bind /mnt/{i} {shlex.quote(str(path))}",
+        ]
+    return " && ".join([*steps, "cd /tmp"])
 
 
 def test_an_agent_without_a_temporary_folder_says_so() -> None:
@@ -172,7 +200,7 @@ def test_an_agent_without_a_temporary_folder_says_so() -> None:
             "private",
             "sh",
             "-c",
-            f'{NAMESPACE} && exec "$0" -c "$1"',
+            f'{namespace_script()} && exec "$0" -c "$1"',
             sys.executable,
             textwrap.dedent(NOTEBOOK),
         ],

@@ -1,0 +1,74 @@
+"""A full temporary folder as a person sees it in JupyterLab: the cell's output arrives
+while it runs, with one notice that the rank logs are off, and the finished cell keeps
+every line; the browser console stays clean.
+
+The notebook kernel's temporary folder is a real tmpfs filled to the last page (set in a
+plain cell before the first ``%%distributed`` cell, as ``TMPDIR`` would)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_full_temp_folder import NOTICE, fill, small_tmpfs
+
+from .lab import RENDER_TIMEOUT_MS, OpenNotebook
+
+__all__ = ["small_tmpfs"]  # the fixture, used by name
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+LINES = 40
+
+
+@pytest.fixture
+def full_folder(small_tmpfs: Path) -> Iterator[Path]:
+    fill(small_tmpfs)
+    yield small_tmpfs
+
+
+def test_a_full_disk_shows_one_notice_and_every_line_while_the_cell_runs(
+    open_lab_notebook: OpenNotebook, full_folder: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook(
+        "full_disk",
+        [
+            "%load_ext jupyter_dist",
+            f"import tempfile\ntempfile.tempdir = {str(full_folder)!r}",
+            "%%distributed --procs 2\nimport time\n"
+            f"for i in range({LINES}):\n"
+            "    print(f'line {i}', flush=True)\n"
+            "    time.sleep(0.1)\n"
+            "print('finished')",
+        ],
+    )
+    nb.start_all()
+    out = nb.output(2)
+    expect(out).to_contain_text("line 1", timeout=RENDER_TIMEOUT_MS)
+    # sampled while the ranks still print: lines arrive, and the notice is there once
+    samples: list[tuple[bool, int]] = []
+    deadline = time.monotonic() + LINES * 0.1 + 60
+    while time.monotonic() < deadline:
+        text = out.inner_text()
+        if "finished" in text:
+            break
+        samples.append(("line " in text, text.count(NOTICE)))
+        if len(samples) == 3:
+            nb.screenshot("full-disk-running", nb.cell(2))
+        time.sleep(0.3)
+    assert any(lines and notices == 1 for lines, notices in samples), samples
+    assert all(notices <= 1 for _, notices in samples), samples
+    assert nb.wait_all()
+    done = out.inner_text()
+    nb.screenshot("full-disk-done", nb.cell(2))
+    assert done.count(NOTICE) == 1, done
+    assert str(full_folder) in done
+    assert "logs:" not in done  # no link to logs that were not kept
+    for rank in (0, 1):
+        nb.output(2).get_by_text(f"rank {rank}", exact=False).first.click()
+    text = out.inner_text()
+    assert f"line {LINES - 1}" in text and "finished" in text, text
+    assert nb.console_errors == [], nb.console_errors
