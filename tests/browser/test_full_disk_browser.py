@@ -40,12 +40,12 @@ def test_a_full_disk_shows_one_notice_and_every_line_while_the_cell_runs(
             f"import tempfile\ntempfile.tempdir = {str(full_folder)!r}",
             "%%distributed --procs 2\nimport time\n"
             f"for i in range({LINES}):\n"
-            "    print(f'line {i}', flush=True)\n"
+            "    print(f'line {i} ' + 'x' * 500, flush=True)\n"
             "    time.sleep(0.1)\n"
             "print('finished')",
         ],
     )
-    nb.start_all()
+    nb.start_all()  # lines of 500 characters: the log's first write to the disk is mid-cell
     out = nb.output(2)
     expect(out).to_contain_text("line 1", timeout=RENDER_TIMEOUT_MS)
     # sampled while the ranks still print: lines arrive, and the notice is there once
@@ -56,14 +56,20 @@ def test_a_full_disk_shows_one_notice_and_every_line_while_the_cell_runs(
         if "finished" in text:
             break
         samples.append(("line " in text, text.count(NOTICE)))
-        if len(samples) == 3:
-            nb.screenshot("full-disk-running", nb.cell(2))
+        if samples[-1][1] and not any(n for _, n in samples[:-1]):  # as it appears
+            notice = out.get_by_text(NOTICE).filter(visible=True)
+            notice.scroll_into_view_if_needed()
+            expect(notice).to_be_visible()
+            nb.screenshot("full-disk-running-notice", notice.locator("xpath=.."))
         time.sleep(0.3)
     assert any(lines and notices == 1 for lines, notices in samples), samples
     assert all(notices <= 1 for _, notices in samples), samples
     assert nb.wait_all()
     done = out.inner_text()
-    nb.screenshot("full-disk-done", nb.cell(2))
+    notice = out.get_by_text(NOTICE).filter(visible=True)
+    notice.scroll_into_view_if_needed()
+    expect(notice).to_be_visible()
+    nb.screenshot("full-disk-done-notice", notice.locator("xpath=.."))
     assert done.count(NOTICE) == 1, done
     assert str(full_folder) in done
     assert "logs:" not in done  # no link to logs that were not kept
