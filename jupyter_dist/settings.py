@@ -14,10 +14,9 @@ seconds is read from one.
 * ``JUPYTER_DIST_MASTER_PORTS`` (control plane, node agent): ``lo-hi``, the ports
   MASTER_PORT may take.
 * ``JUPYTER_DIST_MAX_RANKS_PER_NODE`` (control plane): the most ranks a session may start
-  on one node, and all of the kernel's sessions together (default: twice this machine's CPU
-  count, at least 8; under a Jupyter server, the server's settings,
-  ``DistServerApp.max_ranks_per_node`` and ``max_ranks_per_node_all_sessions``, come
-  first).
+  on one node (default: twice this machine's CPU count, at least 8; under a Jupyter
+  server, its ``DistServerApp.max_ranks_per_node`` comes first, and its
+  ``max_ranks_per_node_all_sessions``, when set, caps all its sessions together).
 * ``JUPYTER_DIST_NODE_RELAY`` (control plane): ``on`` (the default) talks to a node's
   ranks through its relay (`node.relay`); ``off`` to each rank on its own sockets, to
   compare or to rule the relay out.
