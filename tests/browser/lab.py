@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import nbformat
 import psutil
 
+import jupyter_dist
 from jupyter_dist.common.ports import free_port
 
 if TYPE_CHECKING:
@@ -196,6 +197,19 @@ def _server_url(runtime_dir: Path, pid: int) -> str | None:
     return url.rstrip("/")
 
 
+def _link_labextension(data_dir: Path) -> None:
+    """Put the sidebar built in the checkout under test first on JupyterLab's list: the
+    user's data folder comes before the environment's, whose link may name another
+    checkout (``jupyter labextension develop`` links one)."""
+    built = Path(jupyter_dist.__file__).parent / "labextension"
+    if not (built / "package.json").is_file():
+        return  # not built here: the environment's copy is what there is
+    name = json.loads((built / "package.json").read_text())["name"]
+    link = data_dir / "labextensions" / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(built, target_is_directory=True)
+
+
 def start_lab(workdir: Path, args: Sequence[str] = (), timeout: float = LOAD_TIMEOUT_S) -> Lab:
     """Start ``jupyter lab`` with everything under ``workdir``; notebooks go in
     ``workdir/notebooks``. Returns once ``/api/status`` answers."""
@@ -206,6 +220,7 @@ def start_lab(workdir: Path, args: Sequence[str] = (), timeout: float = LOAD_TIM
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
     _write_settings(dirs["settings"])
+    _link_labextension(dirs["data"])
     env = {
         **os.environ,
         # the user's config, data (kernelspecs, labextensions), settings and workspaces are
