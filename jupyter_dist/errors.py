@@ -19,15 +19,17 @@ Hierarchy::
 
 `RanksFailed` renders itself for IPython through `_render_traceback_`: the root cause
 first (rank, host, exception, traceback), identical tracebacks merged with their rank
-list, then "... and N more". Ranks that were stopped rather than failed of their own
-(timed out, interrupted, stuck behind a failed rank) get one line each group, saying where
-they were, without the traceback of the KeyboardInterrupt jupyter_dist itself sent.
+list, then "... and N more". A traceback the cell's output already shows, with the rest of
+its rank's output (`RanksFailed.shown`), is named there, not printed again. Ranks that were
+stopped rather than failed of their own (timed out, interrupted, stuck behind a failed
+rank) get one line each group, saying where they were, without the traceback of the
+KeyboardInterrupt jupyter_dist itself sent.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -175,6 +177,8 @@ class RanksFailed(DistError):
     ``failures`` holds one `RankFailure` per failed rank; ``groups`` the same merged by
     identical traceback, root cause first. ``note`` says what happened to the session
     afterwards when that matters (it was restarted and the ranks' variables are gone).
+    ``shown``: the ranks whose traceback the cell's output already shows (`shown_above`);
+    the rendering names their failure and leaves the traceback where it is.
     """
 
     shown_groups = 3
@@ -191,7 +195,14 @@ class RanksFailed(DistError):
         self.failures = list(failures)
         self.groups = group_failures(self.failures)
         self.note = note
+        self.shown: frozenset[int] = frozenset()
         super().__init__(str(self))
+
+    def shown_above(self, ranks: Iterable[int]) -> RanksFailed:
+        """Say that the cell's output shows the tracebacks of ``ranks`` (with the rest of
+        their output): the rendering points there instead of printing them again."""
+        self.shown = frozenset(ranks)
+        return self
 
     @property
     def failed_ranks(self) -> list[int]:
@@ -225,12 +236,16 @@ class RanksFailed(DistError):
         red, bold, reset = "\x1b[31m", "\x1b[1m", "\x1b[0m"
         lines = [f"{red}{bold}{type(self).__name__}{reset}: {self._summary()}"]
         own = [g for g in self.groups if g.first.kind not in STOPPED_KINDS]
+        above = [g for g in own if set(g.ranks) <= self.shown]
         for group in own[: self.shown_groups]:
             first = group.first
+            if group in above and len(own) == 1:
+                break  # the summary line named it; the traceback is in the output above
             label = ranks_label(group.ranks)
             lines.append("")
             lines.append(f"{bold}--- {label} ({group.where()}): {first.headline()}{reset}")
-            lines.extend(first.traceback or ())
+            if group not in above:
+                lines.extend(first.traceback or ())
         rest = own[self.shown_groups :]
         if rest:
             more = sum(len(g.ranks) for g in rest)
@@ -243,6 +258,8 @@ class RanksFailed(DistError):
             lines.append("")
             lines.append("where the stopped ranks were:" if own else "where each rank was:")
             lines.extend(f"  {line}" for line in stops)
+        if above:
+            lines.append(_where_shown(above))
         if self.note:
             lines += ["", f"{bold}{self.note}{reset}"]
         return lines
@@ -269,6 +286,15 @@ class RanksFailed(DistError):
 
     def __str__(self) -> str:
         return f"{self._summary()}\n{self.note}" if self.note else self._summary()
+
+
+def _where_shown(groups: Sequence[FailureGroup]) -> str:
+    """Where the tracebacks the rendering leaves out are: in the cell's output, above."""
+    ranks = sorted(r for g in groups for r in g.ranks)
+    if len(groups) == 1:
+        whose = f"{ranks_label(ranks)}'s output" if len(ranks) == 1 else "the ranks' output"
+        return f"(the traceback is above, in {whose})"
+    return f"(the tracebacks of {ranks_label(ranks)} are above, in the ranks' output)"
 
 
 _STOP_WORDS: dict[str, str] = {

@@ -48,9 +48,10 @@ from jupyter_dist.common.events import (
     StreamOut,
     WidgetComm,
 )
+from jupyter_dist.display.failure_text import failure_log_text
 from jupyter_dist.display.metrics_charts import MetricsView
 from jupyter_dist.display.output_store import LineWriter, ViewOutput, output_limit
-from jupyter_dist.display.rank_logs import RankLogs
+from jupyter_dist.display.rank_logs import RankLogs, rich_log_text
 from jupyter_dist.display.render_text import TextRenderer
 from jupyter_dist.display.snapshot import snapshot_html
 from jupyter_dist.display.stacks_panel import StacksPanel
@@ -173,7 +174,9 @@ class CellView:
             *([self.all_view] if len(self.ranks) > 1 else []),
         ]
 
-        self.selected = 0  # the view shown (the selector's index once live)
+        # the view shown (the selector's index once live): every rank's output, each line
+        # with its rank, as in text output; one rank's own view for a cell on one rank
+        self.selected = self.views.index(self.all_view) if len(self.ranks) > 1 else 0
         self.footer_html = ""
         self._read_stacks = read_stacks
         self.live_after = live_after
@@ -248,6 +251,8 @@ class CellView:
             self._rank_writers[(event.rank, name)].write(event.text)
             self._to_text(event)
         elif isinstance(event, RichOut):
+            if event.msg_type != "update_display_data":
+                self.logs.write(event.rank, rich_log_text(event.data))
             output: dict[str, Any] = {
                 "output_type": "display_data",
                 "data": event.data,
@@ -320,6 +325,7 @@ class CellView:
         failure = event.failure
         if failure is None:
             return
+        self.logs.write(event.rank, failure_log_text(failure))
         if failure.kind in ("error", "died") and not self._culprit_shown:
             # the view turns to the first rank that failed of its own: the root cause, not
             # the ranks left waiting for it
@@ -407,6 +413,8 @@ class CellView:
         for status in self.statuses.values():
             if status.state in ("queued", "running"):
                 status.state = "error"
+        if not self._quiet():  # the footer's logs link leads to a log for every rank
+            self.logs.touch(self.ranks)
         self.logs.close()
         summary = cell_summary(list(self.statuses.values()))
         lines = [_escape(line) for line in (summary, *self.metrics.summary())]

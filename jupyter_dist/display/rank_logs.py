@@ -2,7 +2,10 @@
 
 ``<tmp>/jupyter_dist-logs-<pid>-<x>/<session>/cell-<n>/rank-<r>.log``: the views and the
 text renderer keep only the last lines of a rank and pass on only `output_limit` of it,
-and say that the rest is in its log.
+and say that the rest is in its log. A log holds everything its rank showed in the cell:
+what it printed, its rich output as text (`rich_log_text`) and its traceback, without
+colours; a cell that shows anything has a log for each of its ranks (`RankLogs.touch`),
+so the view's "logs" link is always there to follow.
 
 The logs are best effort. The temporary folder of a shared login node is small and often
 full: a write that fails there (no space left, a quota, a read-only disk, any `OSError`)
@@ -16,13 +19,15 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from jupyter_dist.common import process_folders
 from jupyter_dist.common.temp_space import unwritable
 from jupyter_dist.common.wire_names import LOGS_FOLDER_PREFIX
+from jupyter_dist.display.rich_text import readable_text
+from jupyter_dist.text import strip_ansi
 
 LOGS_PREFIX = LOGS_FOLDER_PREFIX
 #: what a view says instead of a log's path once the cell's logs are off
@@ -90,6 +95,14 @@ class RankLogs:
         except OSError as err:
             self._fail(err)
 
+    def touch(self, ranks: Iterable[int]) -> None:
+        """Make the log of each of ``ranks`` that has none yet (empty: the rank showed
+        nothing), so the folder the view names holds every rank's; nothing once the logs
+        of the cell are off."""
+        for rank in ranks:
+            if rank not in self._begun:
+                self.write(rank, "")
+
     def _open(self, rank: int) -> TextIO:
         if not self._begun:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -123,6 +136,12 @@ class RankLogs:
             self.on_failure(self.failure)
 
 
+def rich_log_text(data: Mapping[str, Any]) -> str:
+    """A rich output (a figure, a table, HTML) as its rank's log keeps it: its text."""
+    text = strip_ansi(readable_text(data))
+    return text if text.endswith("\n") else text + "\n"
+
+
 _root: Path | None = None
 
 
@@ -140,4 +159,4 @@ def _prune(base: Path) -> None:
     process_folders.prune(base, LOGS_PREFIX)
 
 
-__all__ = ["LOGS_PREFIX", "NOT_KEPT", "RankLogs"]
+__all__ = ["LOGS_PREFIX", "NOT_KEPT", "RankLogs", "rich_log_text"]

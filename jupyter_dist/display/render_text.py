@@ -1,8 +1,11 @@
 """Draw cell events as text: ``[rank N]`` prefixes, identical output folded.
 
-Used wherever widgets cannot render (terminal IPython, nbconvert, nbclient) and as the
-fallback of the widget view. Lines that every still-running rank printed identically are
-shown once as ``[ranks 0-3] line``; a line waits at most `HOLD_S` for its twins.
+Used wherever widgets cannot render (terminal IPython, nbconvert, nbclient) and for the
+widget view's node and all-ranks views. Every line carries its rank: lines that every
+still-running rank printed identically are shown once as ``[ranks 0-3] line``; a line waits
+at most `HOLD_S` for its twins. A rank that raised or died shows its traceback (on stderr,
+after what it printed), identical tracebacks of several ranks once with their rank list;
+the error the cell raises then only names it (`failure_text`).
 
 Each rank's output in a cell is passed on up to a limit (`output_limit`,
 ``JUPYTER_DIST_OUTPUT_LIMIT``); past it, a marker names the rank's full log, where all of
@@ -27,10 +30,16 @@ from jupyter_dist.common.events import (
     RichOut,
     StreamOut,
 )
+from jupyter_dist.display.failure_text import (
+    failed_of_its_own,
+    failure_lines,
+    failure_log_text,
+)
 from jupyter_dist.display.output_store import format_size, output_limit
-from jupyter_dist.display.rank_logs import RankLogs
+from jupyter_dist.display.rank_logs import RankLogs, rich_log_text
 from jupyter_dist.display.rich_text import is_bare_repr, readable_text
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary
+from jupyter_dist.errors import RankFailure, group_failures
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
 from jupyter_dist.text import ranks_label
 
@@ -114,12 +123,16 @@ class TextRenderer:
         self.write_logs = write_logs
         self.taken: dict[int, int] = {}  # characters of each rank's output passed on
         self.dropped: dict[int, int] = {}  # ... and past the limit, left out
+        #: failures of ranks that raised or died, not shown yet (twins wait `HOLD_S`)
+        self.failures: list[tuple[float, RankFailure]] = []
 
     # -- events -----------------------------------------------------------------------
     def handle(self, event: CellEvent) -> None:
         if isinstance(event, StreamOut):
             self._stream(event)
         elif isinstance(event, RichOut):
+            if self.write_logs and event.msg_type != "update_display_data":
+                self._logs().write(event.rank, rich_log_text(event.data))
             display_id = event.transient.get("display_id")
             if event.msg_type == "execute_result":
                 self.results.append(event)
@@ -131,6 +144,12 @@ class TextRenderer:
         elif isinstance(event, RankFinished):
             self._end_partial(event.rank)
             self.running.discard(event.rank)
+            failure = event.failure
+            if failure is not None:
+                if self.write_logs:
+                    self._logs().write(event.rank, failure_log_text(failure))
+                if failed_of_its_own(failure):
+                    self.failures.append((time.monotonic(), failure))
             state = STATE_OF_FINISH.get(event.status, "error")
             self.finished[event.rank] = RankStatus(event.rank, "", 0, state, elapsed=event.elapsed)
         elif isinstance(event, Notice):
@@ -241,11 +260,17 @@ class TextRenderer:
 
     def flush(self, final: bool = False) -> None:
         now = time.monotonic()
+        failures_due = bool(self.failures) and (
+            final or not self.running or now - self.failures[0][0] >= HOLD_S
+        )
         for name in STREAMS:
-            chunks = self._drain(self.pending[name], now, final)
+            # a rank's traceback comes after everything it printed
+            chunks = self._drain(self.pending[name], now, final or failures_due)
             if chunks:
                 self.files[name].write("".join(chunks))
                 self.lines_written += len(chunks)
+        if failures_due:
+            self._show_failures()
         if final:
             for f in self.files.values():
                 f.flush()
@@ -292,6 +317,24 @@ class TextRenderer:
                 for r, line in zip(ranks, row, strict=True):
                     groups.setdefault(line, []).append(r)
                 chunks.extend(f"[{ranks_label(rs)}] {text}\n" for text, rs in groups.items())
+
+    def _show_failures(self) -> None:
+        """The tracebacks of the ranks that raised or died, on stderr, each rank's line
+        prefixed as its output is; identical ones (but for cell counters and addresses) of
+        several ranks once, root cause first."""
+        failures = [failure for _at, failure in self.failures]
+        self.failures.clear()
+        groups = (
+            group_failures(failures)
+            if self.fold
+            else [g for f in failures for g in group_failures([f])]
+        )
+        chunks: list[str] = []
+        for group in groups:
+            prefix = f"[{ranks_label(group.ranks)}] "
+            chunks.extend(prefix + line + "\n" for line in failure_lines(group.first))
+        self.files["stderr"].write("".join(chunks))
+        self.lines_written += len(chunks)
 
     # -- rich output ----------------------------------------------------------------------
     def _show_rich(self, ranks: list[int], event: RichOut) -> None:

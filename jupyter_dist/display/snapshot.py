@@ -3,8 +3,9 @@
 The live widget view needs the kernel that drew it; a saved notebook reopened, a kernel
 restarted, nbconvert, nbviewer and GitHub have none, and show "model not found" where a
 widget was. So when a cell ends its view is replaced by this snapshot: the status chips,
-one ``<details>`` block per rank (open on the rank that failed first, else on the first
-rank), the folded all-ranks text, each metric as an inline SVG chart, and the summary.
+the folded all-ranks text (each line with its rank, tracebacks included; open unless a rank
+failed), one ``<details>`` block per rank (open on the rank that failed first; on the
+rank, for a cell on one rank), each metric as an inline SVG chart, and the summary.
 It uses plain HTML that sanitizers keep (``details``, ``pre``, ``svg``); the inline
 styles only make it look like the live view where they are allowed.
 """
@@ -46,19 +47,23 @@ def snapshot_html(
     """The whole finished view; ``widgets`` are the states of the widget models ranks
     made (comm id -> state), drawn as static HTML where their output was."""
     # the culprit's block is the open one: a rank that died or raised, else one that timed
-    # out; ranks only stopped after another failed come last
+    # out; ranks only stopped after another failed come last. Else every rank's output, as
+    # the live view shows it first
     failed = [s.rank for s in statuses if s.state in ("dead", "error")]
     failed += [s.rank for s in statuses if s.state in ("timeout", "stuck", "interrupted")]
-    opened = failed[0] if failed else (statuses[0].rank if statuses else None)
-    blocks = [
+    first = statuses[0].rank if statuses and all_text is None else None
+    opened = failed[0] if failed else first
+    blocks = []
+    if all_text is not None:
+        blocks.append(
+            f'<details class="jd-snap-all"{" open" if opened is None else ""}>'
+            "<summary>all ranks</summary>"
+            f'<pre style="{_PRE}">{html.escape(strip_ansi(all_text))}</pre></details>'
+        )
+    blocks += [
         _rank_block(s, rank_outputs[s.rank], opened, log_hint.get(s.rank, ""), widgets or {})
         for s in statuses
     ]
-    if all_text is not None:
-        blocks.append(
-            '<details class="jd-snap-all"><summary>all ranks</summary>'
-            f'<pre style="{_PRE}">{html.escape(strip_ansi(all_text))}</pre></details>'
-        )
     charts = "".join(chart_svg(name, per_rank) for name, per_rank in sorted(series.items()))
     return (
         '<div class="jd-cell-view jd-snapshot">'

@@ -15,10 +15,17 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from jupyter_dist.common.events import CallDone, CellEvent, CellFinished, CellResult, Notice
+from jupyter_dist.common.events import (
+    CallDone,
+    CellEvent,
+    CellFinished,
+    CellResult,
+    Notice,
+    RankFinished,
+)
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_group import RankGroup
-from jupyter_dist.errors import CellInterrupted
+from jupyter_dist.errors import CellInterrupted, RanksFailed
 from jupyter_dist.notebook.owners import SessionOwner
 from jupyter_dist.text import ranks_label
 
@@ -130,22 +137,30 @@ def run_cell(
     interrupted = drive(future, sink, finished, interrupt)
     if interrupted:
         renderer.finish()
-        raise interrupted_error(control, session, future, ranks)
+        raise interrupted_error(control, session, future, ranks).shown_above(finished.failed)
     result = finished.result if finished.result is not None else future.result()
-    session.raise_for(result, restart_stuck(control, session, result) if result.stuck else "")
+    try:
+        session.raise_for(result, restart_stuck(control, session, result) if result.stuck else "")
+    except RanksFailed as err:  # the renderer showed the tracebacks: the error names them
+        err.shown_above(finished.failed)
+        raise
     return result
 
 
 class _FinishNoted:
-    """A renderer that keeps the result its `CellFinished` event carried."""
+    """A renderer that keeps the result its `CellFinished` event carried, and which ranks'
+    failures it was given (both renderers show their tracebacks with the ranks' output)."""
 
     def __init__(self, renderer: Renderer) -> None:
         self.renderer = renderer
         self.result: CellResult | None = None
+        self.failed: set[int] = set()
 
     def handle(self, event: CellEvent) -> None:
         if isinstance(event, CellFinished):
             self.result = event.result
+        elif isinstance(event, RankFinished) and event.failure is not None:
+            self.failed.add(event.rank)
         self.renderer.handle(event)
 
     def tick(self) -> None:

@@ -51,16 +51,18 @@ CellViewKind = Literal["widget", "text"]
 OUTPUT_MODES: tuple[OutputMode, ...] = ("auto", "widget", "text")
 #: seconds the cell view's stacks button waits for the ranks' dumps
 STACKS_READ_S = 15.0
-DIST_COMMANDS = (
-    "status",
-    "stacks",
-    "attach",
-    "shutdown",
-    "restart",
-    "interrupt",
-    "push",
-    "pull",
-)
+#: each ``%dist`` command as it is typed, and what it does: ``%dist`` alone lists them
+DIST_HELP: dict[str, str] = {
+    "status": "the sessions, their ranks and what each is doing",
+    "stacks": "where every rank is right now (also while ranks hang in a collective)",
+    "attach NAME": "make session NAME this notebook's session",
+    "shutdown": "stop the session's ranks (--all: every session)",
+    "restart": "start the session's ranks afresh, same shape (their variables are lost)",
+    "interrupt": "stop the cell running on the ranks, as the stop button does",
+    "push NAMES": "copy notebook variables to the ranks",
+    "pull NAME": "return a variable of the ranks, one value per rank",
+}
+DIST_COMMANDS = tuple(usage.split()[0] for usage in DIST_HELP)
 
 
 def _display(data: dict[str, Any], metadata: dict[str, Any]) -> None:
@@ -421,11 +423,12 @@ class DistMagics(Magics):
         the ranks of this machine, large ones through shared memory that each rank maps
         copy-on-write, ``JUPYTER_DIST_SHARED_PUSH=off`` to send them by socket).
         """
+        if not line.strip():
+            print(dist_usage())
+            return None
         args = parse_argstring(self.dist, line)
         if args.command not in DIST_COMMANDS:
-            raise UsageError(
-                f"%dist {args.command}: unknown command; expected one of {', '.join(DIST_COMMANDS)}"
-            )
+            raise UsageError(f"%dist {args.command}: unknown command\n\n{dist_usage()}")
         try:
             return getattr(self, f"_dist_{args.command}")(args)
         except SpecError as err:
@@ -521,6 +524,18 @@ class DistMagics(Magics):
             session.pull(name, self._ranks_arg(args, session), args.timeout, _SaidOnce())
         )
         return values
+
+
+def dist_usage() -> str:
+    """What ``%dist`` alone prints: each command, a line each."""
+    width = max(map(len, DIST_HELP))
+    rows = "\n".join(f"  %dist {usage:<{width}}  {what}" for usage, what in DIST_HELP.items())
+    return (
+        "usage: %dist COMMAND [--session NAME] [--ranks 0,2-3] ...\n\n"
+        f"commands:\n{rows}\n\n"
+        "Without --session, a command acts on this notebook's session. "
+        "%dist? shows every option."
+    )
 
 
 class _SaidOnce(queue.SimpleQueue[CellEvent]):
