@@ -15,6 +15,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 from jupyter_dist.display.cell_view import LIVE_AFTER_S
+from jupyter_dist.text import strip_ansi
 from tests.conftest import rank_waits_for_file_cell, ready_client
 
 pytestmark = pytest.mark.slow
@@ -130,8 +131,84 @@ def test_a_quick_cell_shows_its_snapshot_and_sends_no_widgets(kernel: Kernel) ->
         assert WIDGET_MIME not in shown and "done on ranks 0-1" in shown["text/plain"]
         assert "[ranks 0-1] quick 42" in shown["text/plain"]
         assert 'class="jd-cell-view jd-snapshot"' in shown["text/html"]
+        # it opens on every rank's output, each line with its rank, as text output shows
+        assert '<details class="jd-snap-all" open>' in shown["text/html"]
+        assert 'class="jd-snap-rank" data-rank="0" data-state="done" open' not in shown["text/html"]
         state = kernel.state()
         assert state["live"] is False and state["chips"] == {"0": "done", "1": "done"}
+        assert state["shown"] == "all ranks"
+
+
+TRACEBACK = "Traceback (most recent call last)"
+
+
+@pytest.mark.parametrize("mode", ["text", "widget"])
+def test_a_raising_ranks_traceback_reaches_the_notebook_once(kernel: Kernel, mode: str) -> None:
+    """The traceback both ranks raised is shown once, with their output (after what they
+    printed, with their rank label; in the all-ranks view and each rank's own); the cell's
+    error names the failure and says where its traceback is, without printing it again."""
+    reply = kernel.run(
+        f"%%distributed --procs 2 --output {mode}\n"
+        "print('before it')\n"
+        "def f():\n"
+        "    raise ValueError('told once')\n"
+        "f()\n"
+    )
+    assert reply["status"] == "error" and reply["ename"] == "RanksFailed"
+    error = strip_ansi("\n".join(reply["traceback"]))
+    assert "ValueError: told once" in error and "(the traceback is above" in error
+    assert TRACEBACK not in error and "raise ValueError" not in error, error
+    if mode == "text":
+        streams = strip_ansi("".join(m["content"]["text"] for m in kernel.of_type("stream")))
+        assert streams.count(TRACEBACK) == 1, streams
+        assert "[ranks 0-1] ValueError: told once" in streams
+        assert streams.index("[ranks 0-1] before it") < streams.index(TRACEBACK)
+        return
+    snapshot = kernel.snapshot()
+    text = snapshot["text/plain"]
+    assert text.count(TRACEBACK) == 1, text
+    assert "[ranks 0-1] ValueError: told once" in text
+    # the HTML: once in the all-ranks block, once in each rank's own block
+    blocks = snapshot["text/html"].split("<details")[1:]
+    assert len(blocks) == 3 and 'class="jd-snap-all"' in blocks[0]
+    for block in blocks:
+        assert block.count(TRACEBACK) == 1, block
+    assert "[ranks 0-1] ValueError: told once" in blocks[0]
+    state = kernel.state()
+    assert state["all"].count(TRACEBACK) == 1 and "[ranks 0-1] ----> 4 f()" in state["all"]
+    for rank in ("0", "1"):
+        assert state["lines"][rank].count(TRACEBACK) == 1
+
+
+def test_a_rank_that_only_raised_has_its_traceback_in_its_log_after_a_restart(
+    kernel: Kernel,
+) -> None:
+    """After ``%dist restart`` the ranks' variables are gone: a cell using one raises a
+    NameError on every rank and prints nothing. Each rank's log holds its traceback, and
+    the footer names the logs."""
+    assert kernel.run("%%distributed --procs 2\nkept_here = 1")["status"] == "ok"
+    assert kernel.run("%dist restart")["status"] == "ok"
+    reply = kernel.run("%%distributed --procs 2\nkept_here")
+    assert reply["status"] == "error" and reply["ename"] == "RanksFailed"
+    state = kernel.state()
+    logs = Path(state["logs"])
+    assert f"logs: {logs}" in state["footer"], state["footer"]
+    for rank in (0, 1):
+        log = (logs / f"rank-{rank}.log").read_text()
+        assert TRACEBACK in log and "NameError: name 'kept_here' is not defined" in log, log
+        assert "\x1b[" not in log  # plain text, no colours
+    # a rank that showed nothing still has its (empty) log in the folder the footer names
+    assert (
+        kernel.run("%%distributed --procs 2\nif dist.get_rank() == 1:\n    print('one')")["status"]
+        == "error"
+    )  # the restart lost `dist` too
+    assert kernel.run("%%distributed --procs 2\nimport torch.distributed as dist")["status"] == "ok"
+    reply = kernel.run("%%distributed --procs 2\nif dist.get_rank() == 1:\n    print('one')")
+    assert reply["status"] == "ok"
+    state = kernel.state()
+    logs = Path(state["logs"])
+    assert f"logs: {logs}" in state["footer"]
+    assert (logs / "rank-0.log").read_text() == "" and (logs / "rank-1.log").read_text() == "one\n"
 
 
 def test_a_display_updated_step_after_step_shows_its_last_state(kernel: Kernel) -> None:

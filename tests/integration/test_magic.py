@@ -96,13 +96,21 @@ def test_pull_of_a_missing_name_names_it(shell: Any) -> None:
         shell.run_line_magic("dist", "pull nope")
 
 
-def test_identical_errors_merge(run: Run) -> None:
-    out = run("%%distributed\nraise ValueError('same on every rank')")
+def test_identical_errors_merge_and_each_traceback_is_shown_once(run: Run) -> None:
+    """Text output: the ranks' traceback is shown once, with their output and their rank
+    label, after what they printed; the cell's error names it and points there."""
+    out = run("%%distributed\nprint('first')\nraise ValueError('same on every rank')")
     assert not out.ok
     assert isinstance(out.error, RanksFailed)
     assert [g.ranks for g in out.error.groups] == [[0, 1]]
-    assert "--- ranks 0-1" in out.stdout
-    assert out.stdout.count("ValueError: same on every rank") >= 2  # headline + group
+    shown = strip_ansi(out.stdout + out.stderr)
+    assert shown.count("Traceback (most recent call last)") == 1, shown
+    assert "[ranks 0-1] ValueError: same on every rank" in strip_ansi(out.stderr)
+    assert "[ranks 0-1] ----> 2 raise ValueError('same on every rank')" in strip_ansi(out.stderr)
+    assert shown.index("[ranks 0-1] first") < shown.index("Traceback (most recent call last)")
+    said = strip_ansi("\n".join(out.error._render_traceback_()))
+    assert "root cause on rank 0" in said or "root cause on rank 1" in said
+    assert "(the traceback is above, in the ranks' output)" in said and "Traceback" not in said
 
 
 def test_one_failing_rank_is_the_root_cause(run: Run) -> None:
@@ -111,6 +119,7 @@ def test_one_failing_rank_is_the_root_cause(run: Run) -> None:
     assert out.error.failed_ranks == [1]
     assert "root cause on rank 1" in str(out.error)
     assert "ZeroDivisionError" in out.stdout
+    assert "[rank 1] ZeroDivisionError: division by zero" in strip_ansi(out.stderr)
     assert "[rank 0] fine" in out.stdout
     assert run("%%distributed\nprint('still', 'usable')").ok
 
@@ -249,6 +258,19 @@ def test_rich_display_from_a_rank(shell: Any, run: Run) -> None:
     assert out.ok
     assert "[rank 1]" in out.stdout
     assert published[0]["text/html"] == "<b>from rank one</b>"
+
+
+def test_dist_alone_lists_its_commands(run: Run) -> None:
+    out = run("%dist")
+    assert out.ok, out.stdout + out.stderr
+    assert out.stdout.startswith("usage: %dist COMMAND"), out.stdout
+    for command in ("status", "stacks", "attach NAME", "shutdown", "restart", "interrupt",
+                    "push NAMES", "pull NAME"):  # fmt: skip
+        assert f"  %dist {command} " in out.stdout, command
+    assert "required" not in out.stdout + out.stderr
+    wrong = run("%dist stauts")
+    assert "%dist stauts: unknown command" in wrong.stdout + wrong.stderr
+    assert "%dist status" in wrong.stdout + wrong.stderr
 
 
 def test_help_is_a_real_manual(shell: Any) -> None:

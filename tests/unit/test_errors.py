@@ -151,3 +151,24 @@ def test_a_failure_shows_its_traceback_and_the_stopped_ranks_one_line_each() -> 
         "line 2" in text
     )
     assert text.count("barrier") == 1
+
+
+def test_a_traceback_shown_above_is_named_not_printed_again() -> None:
+    """The cell's output already shows the ranks' tracebacks: the error points there."""
+    one = RanksFailed("s", 4, [fail(r) for r in range(4)]).shown_above(range(4))
+    text = strip_ansi("\n".join(one._render_traceback_()))
+    assert "tb line" not in text and "--- ranks" not in text
+    assert text.endswith("(the traceback is above, in the ranks' output)"), text
+    alone = RanksFailed("s", 4, [fail(2)]).shown_above([2])
+    assert strip_ansi(alone._render_traceback_()[-1]) == (
+        "(the traceback is above, in rank 2's output)"
+    )
+    two = RanksFailed("s", 4, [fail(0, evalue="a"), fail(1, evalue="b")]).shown_above([0, 1])
+    text = strip_ansi("\n".join(two._render_traceback_()))
+    assert "--- rank 0 (host host-a, local rank 0): ValueError: a" in text
+    assert "--- rank 1 (host host-a, local rank 1): ValueError: b" in text
+    assert "tb line" not in text
+    assert "(the tracebacks of ranks 0-1 are above, in the ranks' output)" in text
+    # a rank whose traceback was not shown (its end never reached the notebook) still is
+    partly = RanksFailed("s", 4, [fail(0, evalue="a"), fail(1, evalue="b")]).shown_above([0])
+    assert strip_ansi("\n".join(partly._render_traceback_())).count("tb line") == 1

@@ -140,3 +140,30 @@ def test_unwritable_without_any_temporary_folder() -> None:
         "No usable temporary directory found in ['/tmp', '/var/tmp']; "
         "free space in one of them or point TMPDIR at another folder"
     )
+
+
+def test_a_log_holds_what_its_rank_showed_tracebacks_and_rich_output_too(tmp_path: Path) -> None:
+    from jupyter_dist.common.events import RichOut
+    from jupyter_dist.errors import RankFailure
+
+    logs = RankLogs("s", 3, base=str(tmp_path))
+    out, err = io.StringIO(), io.StringIO()
+    text = TextRenderer([0, 1], out, err, logs=logs)
+    text.handle(RichOut(0, "display_data", {"text/plain": "a table"}, {}, {}))
+    traceback = ("\x1b[31mTraceback (most recent call last)\x1b[0m", "ValueError: only raised")
+    failure = RankFailure(1, "h", 1, "error", "ValueError", "only raised", traceback)
+    text.handle(RankFinished(0, "ok", 0.1))
+    text.handle(RankFinished(1, "error", 0.1, failure))
+    text.handle(CellFinished(CellResult((0, 1), (failure,), {})))
+    assert logs.path(0).read_text() == "a table\n"
+    expected = "Traceback (most recent call last)\nValueError: only raised\n"
+    assert logs.path(1).read_text() == expected  # without colours
+
+
+def test_touch_makes_an_empty_log_for_a_silent_rank(tmp_path: Path) -> None:
+    logs = RankLogs("s", 4, base=str(tmp_path))
+    logs.write(1, "one\n")
+    logs.touch([0, 1])
+    logs.close()
+    assert logs.path(0).read_text() == "" and logs.path(1).read_text() == "one\n"
+    assert logs.kept

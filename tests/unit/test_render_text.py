@@ -151,3 +151,40 @@ def test_written_output_is_flushed_once_where_it_went() -> None:
     flushed = out.flushes
     r.finish()  # nothing new: no further flush
     assert out.flushes == flushed
+
+
+def test_a_failed_ranks_traceback_follows_its_output_once_with_its_ranks() -> None:
+    from jupyter_dist.errors import RankFailure
+
+    def failure(rank: int, count: int) -> RankFailure:
+        traceback = (f"Cell In[{count}], line 1\n----> 1 raise ValueError('x')\n", "ValueError: x")
+        return RankFailure(rank, "h", rank, "error", "ValueError", "x", traceback)
+
+    r, out, err, _ = make([0, 1, 2])
+    for rank in (0, 1, 2):
+        r.handle(StreamOut(rank, "stdout", "before\n"))
+    r.handle(RankFinished(0, "error", 0.1, failure(0, 3)))
+    r.handle(RankFinished(1, "error", 0.1, failure(1, 4)))  # counters differ: still twins
+    stopped = RankFailure(2, "h", 2, "interrupted", "KeyboardInterrupt", "", ("KeyboardInterrupt",))
+    r.handle(RankFinished(2, "interrupted", 0.1, stopped))
+    r.handle(CellFinished(CellResult((0, 1, 2), (), {})))
+    assert out.getvalue().startswith("[ranks 0-2] before\n")
+    assert err.getvalue() == (
+        "[ranks 0-1] Cell In[3], line 1\n"
+        "[ranks 0-1] ----> 1 raise ValueError('x')\n"
+        "[ranks 0-1] \n"
+        "[ranks 0-1] ValueError: x\n"
+    )  # the interrupted rank's KeyboardInterrupt is the cell error's to say
+
+
+def test_a_failed_rank_does_not_wait_for_the_others_to_show_its_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jupyter_dist.errors import RankFailure
+
+    r, _out, err, _ = make([0, 1])
+    monkeypatch.setattr(render_text, "HOLD_S", 0.0)
+    died = RankFailure(1, "h", 1, "died", "RankDied", "killed by signal SIGKILL (9)")
+    r.handle(RankFinished(1, "died", 0.1, died))
+    r.tick()
+    assert err.getvalue() == "[rank 1] RankDied: killed by signal SIGKILL (9)\n"

@@ -71,3 +71,13 @@ def test_a_chart_is_an_svg_with_a_line_per_rank_on_round_ticks() -> None:
     band = chart_svg("acc", many)
     assert band.count("<polygon") == 1 and band.count('class="jd-snap-line"') == 1
     assert chart_svg("empty", {0: ([], [])}) == ""
+
+
+def test_without_a_failure_every_ranks_text_is_open_first() -> None:
+    """As the live view opens on all ranks: their text first and open, the ranks closed."""
+    page = snapshot_html(statuses("done", "done"), outputs(2), "[ranks 0-1] hi", {}, "", {}, 0.0)
+    assert page.index('<details class="jd-snap-all" open>') < page.index('class="jd-snap-rank"')
+    assert re.findall(r'data-rank="(\d)"[^>]*\bopen>', page) == []
+    failed = snapshot_html(statuses("done", "error"), outputs(2), "x", {}, "", {}, 0.0)
+    assert '<details class="jd-snap-all">' in failed  # the culprit's block is the open one
+    assert re.findall(r'data-rank="(\d)"[^>]*\bopen>', failed) == ["1"]
