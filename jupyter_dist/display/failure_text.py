@@ -15,7 +15,7 @@ from jupyter_dist.text import strip_ansi
 def failure_lines(failure: RankFailure) -> list[str]:
     """The lines ``failure`` shows in its rank's output (with their colours): the
     traceback of a rank that raised, else its headline and whatever traceback it has."""
-    traceback = "\n".join(failure.traceback).rstrip("\n")
+    traceback = "\n".join(failure.traceback).rstrip()
     lines = traceback.split("\n") if traceback else []
     if failure.traceback and failure.kind != "died":
         return lines

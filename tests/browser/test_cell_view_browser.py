@@ -1,6 +1,7 @@
-"""The cell view in a real JupyterLab: the snapshot a finished cell leaves (chips, each
-rank's output with the failing rank's open, the chart), as it is and reopened from the
-saved file with default settings, and the stacks button answering while the ranks hang."""
+"""The cell view in a real JupyterLab: the snapshot a finished cell leaves (chips, every
+rank's output, the failing rank's open with its traceback shown once, the chart, the logs
+link), as it is and reopened from the saved file with default settings, after a session
+restart, and the stacks button answering while the ranks hang."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def test_finished_cells_are_snapshots_that_survive_reopening(
     assert not nb.run_all(), "the last cell fails on rank 1, so the run must report a failure"
 
     check_snapshots(nb)
+    check_one_traceback(nb, 2, "rank 1's output")
     check_chip_opens_its_rank_and_logs_open(nb)
     nb.screenshot("cell-view-snapshot", nb.cell(1))
     nb.screenshot("cell-view-error-first", nb.cell(2))
@@ -95,11 +97,15 @@ def check_snapshots(nb: NotebookPage) -> None:
     for rank in (0, 1):
         chip = snap.locator(f'.jd-chip[data-rank="{rank}"]')
         expect(chip).to_have_attribute("data-state", "done")
-    # rank 0 is open; rank 1's output shows once its block is opened
+    # every rank's output is open, each line with its rank; a rank's own block opens on a
+    # click
+    every = snap.locator("details.jd-snap-all")
+    expect(every).to_have_attribute("open", "")
+    expect(every.get_by_text("[rank 0] hello from rank 0")).to_be_visible()
+    expect(every.get_by_text("[rank 1] hello from rank 1")).to_be_visible()
     rank0 = snap.locator('details.jd-snap-rank[data-rank="0"]')
     rank1 = snap.locator('details.jd-snap-rank[data-rank="1"]')
-    expect(rank0).to_have_attribute("open", "")
-    expect(rank0).to_contain_text("hello from rank 0")
+    expect(rank0).not_to_have_attribute("open", "")
     expect(rank1.get_by_text("hello from rank 1")).to_be_hidden()
     rank1.locator("summary").click()
     expect(rank1.get_by_text("hello from rank 1")).to_be_visible()
@@ -125,6 +131,21 @@ def check_snapshots(nb: NotebookPage) -> None:
     expect(failed.locator('details.jd-snap-rank[data-rank="0"]')).not_to_have_attribute("open", "")
 
 
+def check_one_traceback(nb: NotebookPage, cell: int, whose: str) -> None:
+    """What a person sees of a failed cell: the traceback once, in the open block of the
+    rank that failed; the cell's error below names the failure and points there."""
+    from playwright.sync_api import expect
+
+    out = nb.output(cell)
+    expect(out.locator(".jd-snapshot")).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(out).to_contain_text("RanksFailed")
+    seen = out.inner_text()  # what is shown: a closed block's text is not
+    assert seen.count("Traceback (most recent call last)") == 1, seen
+    error = out.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    expect(error.last).to_contain_text(f"(the traceback is above, in {whose})")
+    expect(error.last).not_to_contain_text("Traceback")
+
+
 def check_chip_opens_its_rank_and_logs_open(nb: NotebookPage) -> None:
     """In a cell run in this browser (trusted output), a chip opens its rank's block; the
     footer's log folder is a link the server serves, to each rank's whole output."""
@@ -148,6 +169,44 @@ def check_chip_opens_its_rank_and_logs_open(nb: NotebookPage) -> None:
         expect(logs.locator("body")).to_contain_text("hello from rank 1")
     finally:
         logs.close()
+
+
+def test_a_cell_after_a_restart_shows_its_traceback_once_and_links_its_logs(
+    open_lab_notebook: OpenNotebook,
+) -> None:
+    """After ``%dist restart`` the ranks' variables are gone, and a cell using one raises
+    on every rank without printing anything: the traceback is shown once, and the footer's
+    logs link opens each rank's log, which holds it."""
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook(
+        "after_restart",
+        [
+            "%load_ext jupyter_dist",
+            "%%distributed --procs 2\nkept = 1",
+            "%dist restart",
+            "%%distributed\nprint(kept)",
+        ],
+    )
+    assert not nb.run_all(), "the last cell raises a NameError on every rank"
+    check_one_traceback(nb, 3, "the ranks' output")
+    out = nb.output(3)
+    culprit = out.locator('details.jd-snap-rank[data-rank="0"]')
+    expect(culprit).to_have_attribute("open", "")
+    expect(culprit).to_contain_text("NameError: name 'kept' is not defined")
+    link = out.locator("a.jd-logs")
+    expect(link).to_be_visible()
+    nb.screenshot("cell-view-after-restart", nb.cell(3))
+    href = link.get_attribute("href")
+    assert href is not None and href.startswith("/jupyter-dist/logs/jupyter_dist-logs-"), href
+    logs = nb.page.context.new_page()
+    try:
+        logs.goto(nb.lab.url.rstrip("/") + href + "rank-1.log")
+        expect(logs.locator("body")).to_contain_text("NameError: name 'kept' is not defined")
+        expect(logs.locator("body")).to_contain_text("Traceback (most recent call last)")
+    finally:
+        logs.close()
+    assert nb.console_errors == [], nb.console_errors
 
 
 def nbconvert_html(path: Path) -> str:
@@ -204,6 +263,6 @@ def test_the_stacks_button_shows_where_hanging_ranks_are(
     finally:
         go.touch()
     assert nb.wait_all()
-    # the finished cell's snapshot: rank 0's block, open, has the line both ranks printed
+    # the finished cell's snapshot: rank 0's block has the line both ranks printed
     snap = nb.output(1).locator('.jd-snapshot details[data-rank="0"]')
     expect(snap).to_contain_text("joined", timeout=RENDER_TIMEOUT_MS)

@@ -43,6 +43,7 @@ def test_a_ranks_progress_bars_render_and_advance_while_the_cell_runs(
     nb.start_all()
     view = nb.output(1).locator(".jd-cell-view")
     expect(view).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    view.locator(".jd-select button").nth(0).click()  # rank 0's view (all ranks' is first)
     shown = view.locator(".jd-view:visible")
     bars = shown.locator(".widget-hprogress .progress-bar")
     # two bars in rank 0's view: the IntProgress and tqdm's; sample them while the cell runs

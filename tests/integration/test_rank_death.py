@@ -75,8 +75,10 @@ def test_segfault_shows_the_faulthandler_dump(run: Run, crash_session: str) -> N
         "def deep_frame():\n    import ctypes\n    ctypes.string_at(0)\ndeep_frame()"
     )
     assert isinstance(out.error, RanksFailed)
-    assert "Fatal Python error: Segmentation fault" in out.stdout
-    assert "deep_frame" in out.stdout
+    # the dump is shown once, with the rank's output; the cell's error names the death
+    assert "Fatal Python error: Segmentation fault" in out.stderr
+    assert "deep_frame" in out.stderr
+    assert "Fatal Python error" not in out.stdout
 
 
 def test_lost_agent_fails_the_cell_instead_of_hanging(run: Run, crash_session: str) -> None:
