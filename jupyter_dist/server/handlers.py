@@ -355,9 +355,15 @@ class SessionsHandler(DistHandler):
     @maps_errors
     async def post(self) -> None:
         """Starting ranks runs programs (``python``, ``env``): as for kernels, that needs
-        the ``execute`` permission."""
+        the ``execute`` permission. With ``?validate=true`` the request's fields are only
+        checked, as the new-session form does before it closes: 200 ``{"valid": true,
+        "name"}``, or the 400 a start would answer at once, its message beginning with the
+        bad field's name (what needs the nodes, a start finds out)."""
         req = shape_from_json(self.json_body())
         await check_files(req)
+        if self.get_query_argument("validate", "false") == "true":
+            self.reply({"valid": True, "name": req.name})
+            return
         session, started = await self.manager.get_or_start(
             req.name, req.shape, cwd=req.cwd, env=req.env
         )
