@@ -51,6 +51,10 @@ CellViewKind = Literal["widget", "text"]
 OUTPUT_MODES: tuple[OutputMode, ...] = ("auto", "widget", "text")
 #: seconds the cell view's stacks button waits for the ranks' dumps
 STACKS_READ_S = 15.0
+#: said under a notebook server when a cell starts a session: where to look at it
+SIDEBAR_POINTER = (
+    "sessions, ranks and their logs: the Distributed sidebar (View > Show distributed sessions)"
+)
 DIST_COMMANDS = (
     "status",
     "stacks",
@@ -278,6 +282,8 @@ class DistMagics(Magics):
             )
             if started:
                 sink.put(Notice(f"session {name!r} ready: {session.spec.describe()}"))
+                if isinstance(self.control, planes.ServerOwner):
+                    sink.put(Notice(SIDEBAR_POINTER))
             return session
 
         running = manager.sessions.get(name)
