@@ -87,17 +87,21 @@ class NewSessionDialog extends Dialog<ReturnType<NewSessionForm['getValue']>> {
       return false;
     }
     try {
-      await requestAPI('sessions', {
-        method: 'POST',
-        body: JSON.stringify(requestOf(value))
-      }, { validate: 'true' });
-      return true;
+      const reply = await requestAPI<{ valid: boolean; message?: string }>(
+        'sessions',
+        { method: 'POST', body: JSON.stringify(requestOf(value)) },
+        { validate: 'true' }
+      );
+      if (reply.valid) {
+        return true;
+      }
+      const message = reply.message ?? 'the server refused these values';
+      this.form.showErrors({ [fieldOfMessage(message) ?? 'form']: message });
     } catch (error) {
       const message = error instanceof ApiError ? error.message : `${error}`;
-      const field = error instanceof ApiError && error.status === 400 ? fieldOfMessage(message) : null;
-      this.form.showErrors({ [field ?? 'form']: message });
-      return false;
+      this.form.showErrors({ form: `The server could not check the form: ${message}` });
     }
+    return false;
   }
 
   private checking = false;

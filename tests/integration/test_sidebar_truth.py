@@ -159,18 +159,20 @@ def test_a_rank_left_busy_with_no_cell_waiting_is_seen_busy_with_the_threshold(
 
 
 def test_the_new_session_form_is_checked_without_starting_anything(server: Server) -> None:
-    status, reply = server.call(
-        "POST", f"{API}/sessions?validate=true", {"name": "formed", "procs": "abc"}
-    )
-    assert status == 400 and reply["message"].startswith("procs: 'abc'"), reply
-    status, reply = server.call(
-        "POST", f"{API}/sessions?validate=true", {"name": "bad name!", "procs": 2}
-    )
-    assert status == 400 and "bad name!" in reply["message"], reply
-    status, reply = server.call(
-        "POST", f"{API}/sessions?validate=true", {"name": "formed", "procs": 2, "nodes": 1}
-    )
-    assert status == 200 and reply == {"valid": True, "name": "formed"}, reply
+    def check(body: dict[str, Any]) -> dict[str, Any]:
+        status, reply = server.call("POST", f"{API}/sessions?validate=true", body)
+        assert status == 200, reply
+        return dict(reply)
+
+    reply = check({"name": "formed", "procs": "abc"})
+    assert not reply["valid"] and reply["message"].startswith("procs: 'abc'"), reply
+    reply = check({"name": "formed", "procs": 0})
+    assert not reply["valid"] and reply["message"].startswith("--procs 0: expected"), reply
+    reply = check({"name": "bad name!", "procs": 2})
+    assert not reply["valid"] and "bad name!" in reply["message"], reply
+    assert check({"name": "formed", "procs": 2, "nodes": 1}) == {"valid": True, "name": "formed"}
+    status, reply = server.call("POST", f"{API}/sessions?validate=yes", {"name": "formed"})
+    assert status == 400 and "validate: 'yes'" in reply["message"], reply
     status, listed = server.call("GET", f"{API}/sessions")
     assert status == 200 and "formed" not in [s["name"] for s in listed]
     assert not server.descendants()
