@@ -14,7 +14,8 @@ Commands (launcher -> agent)::
     {"op": "probe", "id": "r2", "addr": "10.0.0.1", "port": 29500, "timeout_s": 5}
     {"op": "stacks", "id": "r3", "ranks": [0, 1] | null, "fallback": false}
         (reply: offsets of the logs)
-    {"op": "read_log", "id": "r4", "rank": 0, "offset": 1234}   (reply: text, end)
+    {"op": "read_log", "id": "r4", "rank": 0, "offset": 1234, "kind": "output"}
+        (reply: text, start, end, path; kind "diagnostics", the default: the process log)
     {"op": "sample", "id": "r5"}   (reply: sample: the node's and its ranks' CPU, memory, GPUs)
     {"op": "shutdown"}
     {"op": "ping", "seq": 7, "deadline_s": 40}   (reply: pong)

@@ -161,6 +161,7 @@ class SessionStatus(TypedDict):
     nodes: list[NodeStatus]
     ranks: list[RankStatus]
     started_at: float  # epoch s it became ready (0 before)
+    straggler_s: float  # seconds a rank may run on beside finished ones before it is named
     notebooks: list[NotebookJSON]  # the notebook kernels attached to it
     running: TurnStatus | None  # the request its ranks run now, and its sender
     queue: list[TurnStatus]  # the requests waiting for its ranks, in order
@@ -280,11 +281,19 @@ class StacksReply(TypedDict):
     groups: list[StackGroup]
 
 
+#: a rank's two logs: what its cells showed, and its process's diagnostics
+LogKind = Literal["output", "diagnostics"]
+LOG_KINDS: tuple[LogKind, ...] = ("output", "diagnostics")
+
+
 class RankLog(TypedDict):
-    """``GET /sessions/NAME/ranks/R/log``: a piece of a rank's log from byte ``offset``;
-    ``end`` is where the next piece starts (poll with it to follow the log)."""
+    """``GET /sessions/NAME/ranks/R/log?kind=K``: a piece of a rank's log (``kind``
+    ``output``: what its cells showed; ``diagnostics``: its process log) from byte
+    ``offset`` (later than the one asked when the log dropped it, 0 when the log started
+    again); ``end`` is where the next piece starts (poll with it to follow the log)."""
 
     rank: int
+    kind: LogKind
     path: str
     offset: int
     end: int
@@ -342,11 +351,25 @@ class SampleCommand(TypedDict):
     id: str
 
 
-class ReadLogCommand(TypedDict):
+class _ReadLogOptions(TypedDict, total=False):
+    kind: LogKind  # "diagnostics" when left out
+
+
+class ReadLogCommand(_ReadLogOptions):
     op: Literal["read_log"]
     id: str
     rank: int
     offset: int
+
+
+class ReadLogReply(TypedDict):
+    """``read_log``'s answer: the text, the offset it starts at (the one asked, unless
+    the log dropped it or started again), the offset after it, and the log's path."""
+
+    text: str
+    start: int
+    end: int
+    path: str
 
 
 class ShutdownCommand(TypedDict):
@@ -468,9 +491,11 @@ class ReplyFields(TypedDict, total=False):
     ok: bool
     # stacks: rank (as a string) -> where its log ended before the dump
     offsets: dict[str, int]
-    # read_log: the text from the offset asked, and the byte offset after it
+    # read_log: the text, where it starts, the byte offset after it, the log's path
     text: str
+    start: int
     end: int
+    path: str
     # sample
     sample: NodeSample
 

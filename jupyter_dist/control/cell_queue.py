@@ -91,6 +91,8 @@ class Turn:
     granted: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     withdrawn: bool = False
     claimed: bool = False  # its sender learnt that it runs (see server.turn_handlers)
+    #: the ranks it was granted (`CellQueue.generation`): its errors are theirs only
+    generation: int = 0
 
     def to_json(self) -> TurnStatus:
         return {
@@ -126,6 +128,9 @@ class CellQueue:
         self.cells_run = 0
         #: rank -> its last error line, from the turns that reported one
         self.last_errors: dict[int, str] = {}
+        #: counts the restarts of the ranks: a turn granted before one ends with errors
+        #: of ranks that are gone, which the fresh ones do not inherit
+        self.generation = 0
         self._ids = itertools.count(1)
 
     def new_id(self) -> str:
@@ -188,7 +193,9 @@ class CellQueue:
         turn = self.find(turn_id)
         if turn is None:
             return None
-        if turn is self.running:
+        if turn is self.running and turn.generation != self.generation:
+            self.running = None  # it ran on ranks restarted since: their errors are gone
+        elif turn is self.running:
             self.running = None
             for rank in ran or turn.ranks:
                 self.last_errors.pop(rank, None)
@@ -201,6 +208,13 @@ class CellQueue:
         self._grant_next()
         self.on_change()
         return turn
+
+    def ranks_restarted(self) -> None:
+        """The ranks are (being) started again: what their cells failed with is forgotten,
+        and so is what the turns running now end with."""
+        self.generation += 1
+        self.last_errors.clear()
+        self.on_change()
 
     def drop_sender(self, kernel_id: str) -> tuple[Turn | None, list[Turn]]:
         """A sender went away: withdraw its waiting turns and end its running one, which
@@ -226,6 +240,7 @@ class CellQueue:
             if turn.withdrawn:
                 continue
             turn.started = time.time()
+            turn.generation = self.generation
             if turn.kind == "cell":
                 self.cells_run += 1
             self.running = turn

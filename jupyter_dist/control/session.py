@@ -20,6 +20,7 @@ from typing import Any, cast
 from jupyter_dist.common.agent_protocol import Heartbeat, describe_returncode
 from jupyter_dist.common.payloads import (
     KernelConnection,
+    LogKind,
     NodeMetrics,
     NodeSample,
     NotebookJSON,
@@ -343,19 +344,23 @@ class Session(RankGroup):
             "ranks": sorted(ranks, key=lambda r: r["rank"]),
         }
 
-    async def read_log(self, rank: int, offset: int = 0) -> RankLog:
+    async def read_log(self, rank: int, offset: int = 0, kind: LogKind = "diagnostics") -> RankLog:
         """A piece of rank ``rank``'s log from byte ``offset`` (at most 256 KiB), read by
-        its node's agent, wherever the node is."""
+        its node's agent, wherever the node is: its ``output`` (what its cells showed,
+        `rank.output_log`) or its ``diagnostics`` (the process log)."""
         (rank,) = self.check_ranks([rank])
         rec = self.ranks[rank]
         if rec.node is None:
             raise SessionError(f"rank {rank}: its node's agent is not this process's")
         reply = await asyncio.wait_for(
-            rec.node.request("read_log", rank=rank, offset=offset), LOG_READ_TIMEOUT_S
+            rec.node.request("read_log", rank=rank, offset=offset, kind=kind),
+            LOG_READ_TIMEOUT_S,
         )
         text = str(reply.get("text", ""))
-        end = int(reply.get("end", offset + len(text.encode())))
-        return {"rank": rank, "path": rec.log, "offset": offset, "end": end, "text": text}
+        start = int(reply.get("start", offset))
+        end = int(reply.get("end", start + len(text.encode())))
+        path = str(reply.get("path", rec.log))
+        return {"rank": rank, "kind": kind, "path": path, "offset": start, "end": end, "text": text}
 
     # -- rank deaths ------------------------------------------------------------------
     def _on_rank_exit(self, rank: int, returncode: int, log_tail: str) -> None:
@@ -403,6 +408,7 @@ class Session(RankGroup):
         if self.state == SessionState.STOPPED:
             raise SessionError(f"session {self.name!r} was shut down; start it again instead")
         self.state = SessionState.RESTARTING
+        self.turns.ranks_restarted()
         try:
             await asyncio.wait_for(self._restart(progress), self.timeouts.restart)
         except asyncio.TimeoutError:
@@ -422,7 +428,7 @@ class Session(RankGroup):
             raise
         self.state = SessionState.READY
         self.broken_reason = ""
-        self.turns.last_errors.clear()  # fresh ranks: no error of theirs yet
+        self.turns.ranks_restarted()  # fresh ranks: no error of theirs yet
         log.info("session %s restarted", self.name)
 
     async def _restart(self, progress: Progress) -> None:
@@ -516,6 +522,7 @@ class Session(RankGroup):
                 for r in sorted(self.ranks.values(), key=lambda r: r.rank)
             ],
             "started_at": self.started_at,
+            "straggler_s": self.straggler_s,
             "notebooks": sorted(self.notebooks.values(), key=lambda n: n["since"]),
             **self.turns.status(),
         }

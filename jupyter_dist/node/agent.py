@@ -65,6 +65,8 @@ from jupyter_dist.common.payloads import (
     AgentErrorEvent,
     AgentEvent,
     KernelConnection,
+    ReadLogCommand,
+    ReadLogReply,
     ReplyFields,
     SpawnCommand,
 )
@@ -81,6 +83,7 @@ from jupyter_dist.common.proc_titles import (
 from jupyter_dist.common.process_folders import pid_alive
 from jupyter_dist.common.temp_space import unwritable
 from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
+from jupyter_dist.rank.output_log import read_output, remove_parts
 
 if TYPE_CHECKING:
     from jupyter_dist.node.samples import Sampler
@@ -382,8 +385,17 @@ class Agent:
                 sample = self.sampler.sample(pids)
                 self.emit({"event": "reply", "id": cmd["id"], "sample": sample})
             elif cmd["op"] == "read_log":
-                text, end = _read_from(self._log_of(int(cmd["rank"])), int(cmd["offset"]))
-                self.emit({"event": "reply", "id": cmd["id"], "text": text, "end": end})
+                piece = self.read_log(cmd)
+                self.emit(
+                    {
+                        "event": "reply",
+                        "id": cmd["id"],
+                        "text": piece["text"],
+                        "start": piece["start"],
+                        "end": piece["end"],
+                        "path": piece["path"],
+                    }
+                )
             elif cmd["op"] == "ping":
                 self.owner_deadline_s = max(0.0, float(cmd.get("deadline_s", 0)))
                 self.emit({"event": "pong", "seq": int(cmd["seq"])})
@@ -452,6 +464,8 @@ class Agent:
         rank = int(cmd["rank"])
         conn_path = os.path.join(self.dir, f"rank-{rank}.json")
         log_path = os.path.join(self.dir, f"rank-{rank}.log")
+        output_base = self._output_of(rank)
+        remove_parts(output_base)  # a rank started again starts a new output log
         # Unix sockets in the agent's private (0700) folder: no TCP port is opened, and
         # only this user can connect (messages are HMAC-signed on top)
         _, cfg = write_connection_file(
@@ -472,7 +486,7 @@ class Agent:
                 rank_title(rank, int(world) if world.isdigit() else None, self.session),
                 rank_short_name(rank),
             ),
-            lambda ask_r: self._become_rank(conn_path, log_path, env, cwd, ask_r),
+            lambda ask_r: self._become_rank(conn_path, (log_path, output_base), env, cwd, ask_r),
         )
         os.set_blocking(ask_w, False)  # a rank that stopped reading never blocks the agent
         sockets = f"ipc://{cfg['ip']}-{cfg['iopub_port']} ipc://{cfg['ip']}-{cfg['shell_port']}"
@@ -494,8 +508,15 @@ class Agent:
         )
 
     def _become_rank(
-        self, conn_path: str, log_path: str, env: dict[str, str], cwd: str, stacks_fd: int
+        self,
+        conn_path: str,
+        logs: tuple[str, str],
+        env: dict[str, str],
+        cwd: str,
+        stacks_fd: int,
     ) -> int:
+        """``logs``: the rank's process log and its output log's base."""
+        log_path, output_base = logs
         os.setsid()  # own process group: interrupts reach the rank and its workers only
         log_fd = self._leave_agent(log_path, os.O_TRUNC, signal.default_int_handler)
         if log_fd < 0:
@@ -511,7 +532,7 @@ class Agent:
             sys.path.insert(0, cwd)
         from jupyter_dist.rank.kernel_app import run_rank_kernel
 
-        run_rank_kernel(conn_path, self.pid, log_fd, stacks_fd)
+        run_rank_kernel(conn_path, self.pid, log_fd, stacks_fd, output_base)
         return 0
 
     def _fork(self, title: tuple[str, str], become: Callable[[int], int]) -> tuple[int, int]:
@@ -607,6 +628,26 @@ class Agent:
         print(f"agent: the relay exited ({describe_returncode(code)})", file=sys.stderr)
         if not self.stopping:
             self.start_relay(key)
+
+    def _output_of(self, rank: int) -> str:
+        """The base of rank ``rank``'s output log (`rank.output_log`)."""
+        return os.path.join(self.dir, f"rank-{rank}.out")
+
+    def read_log(self, cmd: ReadLogCommand) -> ReadLogReply:
+        """A piece of a rank's log: its ``output`` (what its cells showed) or its
+        ``diagnostics`` (the process log: C-level output, thread dumps; the default)."""
+        rank, offset = int(cmd["rank"]), int(cmd["offset"])
+        kind = cmd.get("kind", "diagnostics")
+        if kind == "output":
+            self._log_of(rank)  # the rank runs here
+            base = self._output_of(rank)
+            text, start, end = read_output(base, offset, STACKS_READ_LIMIT)
+            return {"text": text, "start": start, "end": end, "path": base}
+        if kind != "diagnostics":
+            raise ValueError(f"kind {str(kind)[:40]!r} is not 'output' or 'diagnostics'")
+        path = self._log_of(rank)
+        text, end = _read_from(path, offset)
+        return {"text": text, "start": offset, "end": end, "path": path}
 
     def _log_of(self, rank: int) -> str:
         for child in self.children.values():

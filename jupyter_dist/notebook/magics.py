@@ -63,6 +63,10 @@ DIST_HELP: dict[str, str] = {
     "pull NAME": "return a variable of the ranks, one value per rank",
 }
 DIST_COMMANDS = tuple(usage.split()[0] for usage in DIST_HELP)
+#: said under a notebook server when a cell starts a session: where to look at it
+SIDEBAR_POINTER = (
+    "sessions, ranks and their logs: the Distributed sidebar (View > Show distributed sessions)"
+)
 
 
 def _display(data: dict[str, Any], metadata: dict[str, Any]) -> None:
@@ -280,6 +284,8 @@ class DistMagics(Magics):
             )
             if started:
                 sink.put(Notice(f"session {name!r} ready: {session.spec.describe()}"))
+                if isinstance(self.control, planes.ServerOwner):
+                    sink.put(Notice(SIDEBAR_POINTER))
             return session
 
         running = manager.sessions.get(name)

@@ -26,7 +26,7 @@ from traitlets import Float, Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
 from jupyter_dist.common.wire_names import ACK_MSG_TYPE, CREDIT_KEY, NOTEBOOK_COUNT_KEY
-from jupyter_dist.rank import stack_dumps
+from jupyter_dist.rank import output_log, stack_dumps
 from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
 from jupyter_dist.rank.iopub_reply import IopubReplies, iopub_reply_request
 from jupyter_dist.rank.out_stream import attribute_threads
@@ -88,6 +88,8 @@ class RankKernel(IPythonKernel):
                 shown(etype, evalue, stb)
 
             shell._showtraceback = showtraceback
+        if shell is not None:
+            _keep_rich_output(shell)
         self.control_handlers[ACK_MSG_TYPE] = self.credit_ack
         self._iopub_replies: IopubReplies | None = None
 
@@ -140,6 +142,9 @@ class RankKernel(IPythonKernel):
         count = (cell_meta or {}).get(NOTEBOOK_COUNT_KEY)
         if isinstance(count, int) and count > 0 and not silent and self.shell is not None:
             self.shell.execution_count = count
+        kept = output_log.current
+        if kept is not None and not silent:
+            kept.cell(self.shell.execution_count if self.shell is not None else None)
         return await super().do_execute(
             code,
             silent,
@@ -212,15 +217,44 @@ def _cache_signature_checks() -> None:
 
 
 def log_traceback(stb: list[str]) -> None:
-    """A traceback the rank shows goes to its log too (ipykernel sends it to the notebook
-    only): a crash under ``%run`` or a traceback a library shows stays on record."""
-    if _crash_log is None:
-        return
-    try:
-        _crash_log.write(strip_ansi("\n".join(stb)).rstrip("\n") + "\n")
-        _crash_log.flush()
-    except (OSError, ValueError):  # the log is gone: the notebook still has it
-        pass
+    """A traceback the rank shows (the ``error`` message ipykernel publishes) goes to its
+    output log too (`rank.output_log`): a rank that only raised has its traceback there,
+    as does a crash under ``%run`` or a traceback a library shows."""
+    kept = output_log.current
+    if kept is not None:
+        kept.write(strip_ansi("\n".join(stb)).rstrip("\n") + "\n")
+
+
+def _plain(data: Any) -> str:
+    text = data.get("text/plain") if isinstance(data, dict) else None
+    return text.rstrip("\n") + "\n" if isinstance(text, str) and text else ""
+
+
+def _keep_rich_output(shell: Any) -> None:
+    """Rich output (``display(...)``, a cell's ``Out[N]``) goes to the output log as its
+    plain text, beside what ipykernel publishes."""
+    pub = getattr(shell, "display_pub", None)
+    if pub is not None and hasattr(pub, "publish"):
+        publish = pub.publish
+
+        def kept_publish(data: Any, *args: Any, **kwargs: Any) -> Any:
+            if output_log.current is not None:
+                output_log.current.write(_plain(data))
+            return publish(data, *args, **kwargs)
+
+        pub.publish = kept_publish
+    hook = getattr(shell, "displayhook", None)
+    if hook is not None and hasattr(hook, "write_format_data"):
+        write_format_data = hook.write_format_data
+
+        def kept_result(format_dict: Any, *args: Any, **kwargs: Any) -> Any:
+            text = _plain(format_dict)
+            if output_log.current is not None and text:
+                count = getattr(shell, "execution_count", "")
+                output_log.current.write(f"Out[{count}]: {text}")
+            return write_format_data(format_dict, *args, **kwargs)
+
+        hook.write_format_data = kept_result
 
 
 def _write_log(text: str) -> None:
@@ -230,19 +264,27 @@ def _write_log(text: str) -> None:
 
 
 def run_rank_kernel(
-    connection_file: str, agent_pid: int, log_fd: int, stacks_fd: int | None = None
+    connection_file: str,
+    agent_pid: int,
+    log_fd: int,
+    stacks_fd: int | None = None,
+    output_base: str | None = None,
 ) -> None:
     """Initialise and run the kernel until it is shut down.
 
-    ``log_fd`` is the rank's log file. ipykernel swaps fds 1 and 2 for pipes it forwards
-    to the notebook, and those die with the process; so a fatal error (segfault, abort)
-    is dumped by faulthandler straight into the log, where the agent reads it back. A byte
-    on ``stacks_fd`` asks for every thread's stack in the log (`rank.stack_dumps`).
+    ``output_base`` names the rank's output log (`rank.output_log`): what its cells show.
+    ``log_fd`` is the rank's process log (its diagnostics). ipykernel swaps fds 1 and 2
+    for pipes it forwards to the notebook, and those die with the process; so a fatal
+    error (segfault, abort) is dumped by faulthandler straight into the log, where the
+    agent reads it back. A byte on ``stacks_fd`` asks for every thread's stack in the log
+    (`rank.stack_dumps`).
     """
     global _crash_log
     import faulthandler
 
     _crash_log = os.fdopen(log_fd, "w", buffering=1)
+    if output_base is not None:
+        output_log.open_log(output_base)
     faulthandler.enable(file=_crash_log, all_threads=False)
     # `%dist stacks`: a dump of every thread on demand, even with the main thread stuck
     # in a C++ collective: written by a thread of the rank when the agent asks on the

@@ -25,6 +25,8 @@ log. ipykernel's thread stops at the first error, so a full disk under the log w
 that output for good, and the rank would then block on its next write once the pipe is
 full: here a failed copy to the log costs the log only (`_watch_pipe_fd`).
 
+Everything written here also goes to the rank's output log (`rank.output_log`).
+
 Rank kernels use it through ``--IPKernelApp.outstream_class``.
 """
 
@@ -37,6 +39,8 @@ import threading
 from typing import Any
 
 from ipykernel.iostream import PIPE_BUFFER_SIZE, OutStream
+
+from jupyter_dist.rank import output_log
 
 MESSAGE_CHARS = 1 << 18
 #: the thread attribute holding the parent header of the cell that started the thread
@@ -122,6 +126,9 @@ class RankOutStream(OutStream):
                 self.write(string[start : start + MESSAGE_CHARS])
             return size
         if size:  # a print's text and its newline: the common case, kept short
+            kept = output_log.current
+            if kept is not None:
+                kept.write(string)
             super().write(string)
             self._unsent += size
             if self._unsent >= MESSAGE_CHARS:

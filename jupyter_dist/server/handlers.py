@@ -31,7 +31,13 @@ from jupyter_dist.common.hosts import (
     parse_hosts,
 )
 from jupyter_dist.common.payloads import ServerEvent, SessionStatus, StacksReply
-from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_session_name, parse_ranks
+from jupyter_dist.common.spec import (
+    DEFAULT_SESSION,
+    ShapeRequest,
+    check_session_name,
+    parse_ranks,
+    validate_request,
+)
 from jupyter_dist.common.wire_names import API_PREFIX
 from jupyter_dist.control.cell_queue import Sender
 from jupyter_dist.control.manager import SessionManager
@@ -355,7 +361,24 @@ class SessionsHandler(DistHandler):
     @maps_errors
     async def post(self) -> None:
         """Starting ranks runs programs (``python``, ``env``): as for kernels, that needs
-        the ``execute`` permission."""
+        the ``execute`` permission. With ``?validate=true`` nothing starts: the request's
+        fields are checked as a start checks them at once (what needs the nodes, a start
+        finds out), for the new-session form before it closes, and the answer is 200
+        ``{"valid": true, "name"}`` or ``{"valid": false, "message"}``, the message
+        beginning with the bad field's name."""
+        validate = self.get_query_argument("validate", "false")
+        if validate not in ("true", "false"):
+            raise SpecError(f"validate: {validate[:40]!r} is not 'true' or 'false'")
+        if validate == "true":
+            try:
+                req = shape_from_json(self.json_body())
+                await check_files(req)
+                validate_request(req.shape)
+            except SpecError as err:
+                self.reply({"valid": False, "message": str(err)})
+                return
+            self.reply({"valid": True, "name": req.name})
+            return
         req = shape_from_json(self.json_body())
         await check_files(req)
         session, started = await self.manager.get_or_start(

@@ -14,6 +14,7 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from jupyter_dist.common.payloads import LOG_KINDS, LogKind
 from jupyter_dist.common.wire_names import API_PREFIX
 from jupyter_dist.errors import SpecError
 from jupyter_dist.server.handlers import DistHandler, maps_errors
@@ -45,10 +46,19 @@ def check_offset(text: str) -> int:
     return int(text)
 
 
+def check_log_kind(text: str) -> LogKind:
+    for kind in LOG_KINDS:
+        if text == kind:
+            return kind
+    raise SpecError(f"kind: {text[:40]!r} is not one of {list(LOG_KINDS)}")
+
+
 class RankLogHandler(DistHandler):
-    """``GET /sessions/NAME/ranks/R/log?offset=N``: the rank's log from byte N (at most
-    256 KiB, cut at a line's end) and the offset to ask for next. Needs ``execute``:
-    what the rank printed is the code's (as the cells' output is)."""
+    """``GET /sessions/NAME/ranks/R/log?offset=N&kind=K``: the rank's log from byte N (at
+    most 256 KiB, cut at a line's end) and the offset to ask for next; ``kind`` is
+    ``output`` (what its cells showed: printed output, tracebacks, rich output as text)
+    or ``diagnostics`` (its process log: C-level output, thread dumps; the default).
+    Needs ``execute``: what the rank printed is the code's (as the cells' output is)."""
 
     @web.authenticated
     @authorized("execute")  # type: ignore[untyped-decorator]
@@ -60,7 +70,8 @@ class RankLogHandler(DistHandler):
                 f"rank {rank[:20]!r}: session {name!r} has ranks 0-{session.spec.world_size - 1}"
             )
         offset = check_offset(self.get_query_argument("offset", "0"))
-        self.reply(await session.read_log(int(rank), offset))
+        kind = check_log_kind(self.get_query_argument("kind", "diagnostics"))
+        self.reply(await session.read_log(int(rank), offset, kind))
 
 
 class MetricsHandler(DistHandler):

@@ -7,19 +7,21 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import { Dialog, ICommandPalette, Notification, showDialog } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { rankLogTab } from './logView';
 import { SessionsModel } from './model';
-import { NewSessionForm, requestOf } from './newSessionForm';
+import { NewSessionForm, checkForm, fieldOfMessage, requestOf } from './newSessionForm';
 import { DistPanel, IActions } from './panel';
 import { ApiError, requestAPI } from './request';
 import { IStackGroup, stacksBody } from './stacksView';
 
 const PLUGIN_ID = 'jupyter-dist-labextension:plugin';
+/** Opens the sidebar (the command palette and View menu show it; see schema/plugin.json). */
+export const OPEN_COMMAND = 'jupyter-dist:open-sidebar';
 
 export const distIcon = new LabIcon({
   name: 'jupyter-dist:ranks',
@@ -38,6 +40,71 @@ function report(error: unknown, what: string): void {
 
 function sessionPath(name: string, action = ''): string {
   return `sessions/${encodeURIComponent(name)}${action ? '/' + action : ''}`;
+}
+
+/**
+ * The new-session dialog: "Start" closes it only once the form passes its own check and
+ * the server's (``POST /sessions?validate=true``); until then each bad value is marked
+ * at its field and everything typed stays.
+ */
+class NewSessionDialog extends Dialog<ReturnType<NewSessionForm['getValue']>> {
+  constructor(private form: NewSessionForm) {
+    super({
+      title: 'New distributed session',
+      body: form,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Start' })],
+      defaultButton: 1,
+      focusNodeSelector: 'input'
+    });
+  }
+
+  resolve(index?: number): void {
+    if ((index ?? 1) !== 1) {
+      super.resolve(index);
+      return;
+    }
+    if (this.checking) {
+      return;
+    }
+    this.checking = true;
+    void this.check()
+      .then(ok => {
+        if (ok) {
+          super.resolve(1);
+        }
+      })
+      .finally(() => {
+        this.checking = false;
+      });
+  }
+
+  private async check(): Promise<boolean> {
+    const value = this.form.getValue();
+    this.form.clear();
+    const wrong = checkForm(value);
+    if (Object.keys(wrong).length) {
+      this.form.showErrors(wrong);
+      return false;
+    }
+    try {
+      const reply = await requestAPI<{ valid: boolean; message?: string }>(
+        'sessions',
+        { method: 'POST', body: JSON.stringify(requestOf(value)) },
+        { validate: 'true' }
+      );
+      if (reply.valid) {
+        return true;
+      }
+      const message = reply.message ?? 'the server refused these values';
+      this.form.showErrors({ [fieldOfMessage(message) ?? 'form']: message });
+    } catch (error) {
+      const message = error instanceof ApiError ? error.message : `${error}`;
+      this.form.showErrors({ form: `The server could not check the form: ${message}` });
+    }
+    return false;
+  }
+
+  private checking = false;
 }
 
 async function confirm(title: string, body: string, label: string): Promise<boolean> {
@@ -65,12 +132,7 @@ function actionsFor(
   return {
     newSession: async () => {
       const form = new NewSessionForm(settings.defaultLauncher);
-      const result = await showDialog({
-        title: 'New distributed session',
-        body: form,
-        buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Start' })],
-        focusNodeSelector: 'input'
-      });
+      const result = await new NewSessionDialog(form).launch();
       if (!result.button.accept || !result.value) {
         return;
       }
@@ -179,26 +241,32 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'A sidebar of the distributed sessions of the server, their nodes and ranks.',
   autoStart: true,
-  optional: [ILayoutRestorer, INotebookTracker, ISettingRegistry],
+  optional: [ILayoutRestorer, INotebookTracker, ISettingRegistry, ICommandPalette],
   activate: (
     app: JupyterFrontEnd,
     restorer: ILayoutRestorer | null,
     tracker: INotebookTracker | null,
-    registry: ISettingRegistry | null
+    registry: ISettingRegistry | null,
+    palette: ICommandPalette | null
   ) => {
     const model = new SessionsModel();
     const settings = { defaultLauncher: 'local', refreshRate: 1 };
     const panel = new DistPanel(model, actionsFor(app, model, tracker, settings));
     panel.title.icon = distIcon;
+    panel.title.label = 'Distributed';
+    panel.title.caption = 'Distributed sessions: their nodes, ranks and logs';
     model.noticed.connect((_, text) => Notification.info(text, { autoClose: 8000 }));
     app.shell.add(panel, 'left', { rank: 700 });
     if (restorer) {
       restorer.add(panel, 'jupyter-dist-sidebar');
     }
-    app.commands.addCommand('jupyter-dist:open-sidebar', {
+    app.commands.addCommand(OPEN_COMMAND, {
       label: 'Show distributed sessions',
+      caption: 'Open the Distributed sidebar: sessions, their nodes, ranks and logs',
+      icon: distIcon,
       execute: () => app.shell.activateById(panel.id)
     });
+    palette?.addItem({ command: OPEN_COMMAND, category: 'Distributed' });
     if (registry) {
       void registry.load(PLUGIN_ID).then(loaded => {
         const apply = () => {

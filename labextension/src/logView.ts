@@ -1,7 +1,11 @@
 /**
  * A rank's log in a main-area tab, following it as it grows: it asks the server for the
- * piece after the last one (``/sessions/NAME/ranks/R/log?offset=N``) every second while
- * the tab is open, and keeps at most `MAX_CHARS` on screen.
+ * piece after the last one (``/sessions/NAME/ranks/R/log?kind=K&offset=N``) every second
+ * while the tab is open, and keeps at most `MAX_CHARS` on screen.
+ *
+ * Two logs, one at a time: "Output", what the rank's cells showed (printed output,
+ * tracebacks, rich output as text), and "Diagnostics", the rank process's own log
+ * (C-level output, thread dumps of ``%dist stacks``).
  */
 import { MainAreaWidget } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
@@ -10,8 +14,24 @@ import { requestAPI } from './request';
 
 export const MAX_CHARS = 1_000_000;
 
+export type LogKind = 'output' | 'diagnostics';
+
+export const LOG_KINDS: { kind: LogKind; label: string; title: string }[] = [
+  {
+    kind: 'output',
+    label: 'Output',
+    title: "What the rank's cells showed: printed output, tracebacks, rich output as text"
+  },
+  {
+    kind: 'diagnostics',
+    label: 'Diagnostics',
+    title: "The rank process's log: C-level output, thread dumps (%dist stacks), crashes"
+  }
+];
+
 interface ILogPiece {
   rank: number;
+  kind?: LogKind;
   path: string;
   offset: number;
   end: number;
@@ -22,14 +42,56 @@ export class RankLog extends Widget {
   constructor(
     readonly session: string,
     readonly rank: number,
-    private interval = 1000
+    private interval = 1000,
+    kind: LogKind = 'output'
   ) {
     super();
     this.addClass('jp-DistLog');
+    const bar = document.createElement('div');
+    bar.className = 'jp-DistLog-kinds';
+    bar.setAttribute('role', 'tablist');
+    bar.setAttribute('aria-label', `Logs of rank ${rank}`);
+    for (const { kind: k, label, title } of LOG_KINDS) {
+      const tab = document.createElement('button');
+      tab.type = 'button';
+      tab.className = 'jp-DistButton jp-DistLog-kind';
+      tab.dataset.kind = k;
+      tab.textContent = label;
+      tab.title = title;
+      tab.setAttribute('role', 'tab');
+      tab.addEventListener('click', () => this.showKind(k));
+      this.tabs.set(k, tab);
+      bar.appendChild(tab);
+    }
     this.pre = document.createElement('pre');
     this.pre.setAttribute('aria-live', 'polite');
-    this.node.appendChild(this.pre);
+    this.pre.setAttribute('role', 'tabpanel');
+    this.node.append(bar, this.pre);
     this.title.label = `${session} rank ${rank} log`;
+    this._kind = kind;
+    this.markTabs();
+    void this.poll();
+  }
+
+  /** The log shown. */
+  get kind(): LogKind {
+    return this._kind;
+  }
+
+  /** Show the other log, from its beginning. */
+  showKind(kind: LogKind): void {
+    if (kind === this._kind) {
+      return;
+    }
+    this._kind = kind;
+    this.offset = 0;
+    this.pre.textContent = '';
+    this.markTabs();
+    if (this.timer !== null) {
+      clearTimeout(this.timer);
+      this.timer = null;
+    }
+    this.generation += 1;
     void this.poll();
   }
 
@@ -40,31 +102,53 @@ export class RankLog extends Widget {
     super.dispose();
   }
 
+  private markTabs(): void {
+    for (const [k, tab] of this.tabs) {
+      tab.setAttribute('aria-selected', String(k === this._kind));
+      tab.classList.toggle('jp-mod-active', k === this._kind);
+    }
+  }
+
   private async poll(): Promise<void> {
     if (this.isDisposed) {
       return;
     }
+    const generation = this.generation;
     let more = false;
     try {
       const piece = await requestAPI<ILogPiece>(
         `sessions/${encodeURIComponent(this.session)}/ranks/${this.rank}/log`,
         {},
-        { offset: String(this.offset) }
+        { offset: String(this.offset), kind: this._kind }
       );
+      if (generation !== this.generation) {
+        return; // the other log was chosen meanwhile
+      }
       this.title.caption = piece.path;
-      if (piece.text) {
+      let text = this.pre.textContent ?? '';
+      if (piece.offset < this.offset) {
+        text += '\n[the rank was started again: its log starts over]\n';
+      }
+      if (piece.text || text !== (this.pre.textContent ?? '')) {
         const atBottom =
           this.node.scrollTop + this.node.clientHeight >= this.node.scrollHeight - 4;
-        const text = (this.pre.textContent ?? '') + piece.text;
+        text += piece.text;
         this.pre.textContent = text.length > MAX_CHARS ? text.slice(-MAX_CHARS) : text;
         if (atBottom) {
           this.node.scrollTop = this.node.scrollHeight;
         }
       }
-      more = piece.end > this.offset && piece.text.length > 0;
+      if (!this.pre.textContent) {
+        this.pre.dataset.empty =
+          this._kind === 'output' ? 'Nothing shown by this rank yet.' : 'Nothing logged yet.';
+      }
+      more = piece.end > piece.offset && piece.text.length > 0;
       this.offset = piece.end;
       this.removeClass('jp-mod-error');
     } catch (error) {
+      if (generation !== this.generation) {
+        return;
+      }
       this.addClass('jp-mod-error');
       this.title.caption = `${error}`;
     }
@@ -74,7 +158,10 @@ export class RankLog extends Widget {
   }
 
   private pre: HTMLPreElement;
+  private tabs = new Map<LogKind, HTMLButtonElement>();
+  private _kind: LogKind;
   private offset = 0;
+  private generation = 0;
   private timer: ReturnType<typeof setTimeout> | null = null;
 }
 

@@ -32,6 +32,7 @@ export interface ITurn {
   path: string;
   kernel_id: string;
   started: number | null;
+  ranks?: number[];
 }
 
 export interface ISession {
@@ -47,6 +48,7 @@ export interface ISession {
   nodes: INode[];
   ranks: IRank[];
   started_at?: number;
+  straggler_s?: number;
   notebooks?: { path: string; kernel_id: string; since: number }[];
   running?: ITurn | null;
   queue?: ITurn[];
@@ -95,6 +97,63 @@ export function rankState(rank: IRank): string {
     return 'error';
   }
   return rank.state;
+}
+
+/** Seconds a rank may stay busy unwaited for before it is called stuck, when the
+ * server does not say (its ``JUPYTER_DIST_STRAGGLER_S`` default). */
+export const STUCK_AFTER_S = 30;
+
+/** What a session's badge says: its state, or, for a ready session, whether its ranks
+ * are idle, busy (with how long) or stuck (with which and how long). */
+export interface ISessionBadge {
+  state: string;
+  label: string;
+  title: string;
+  stuck: number[];
+}
+
+/**
+ * A ready session's badge from its ranks: "ready" while none is busy; "busy 12 s" while
+ * a cell runs; "stuck 2 min" once a rank has been busy ``straggler_s`` or longer with no
+ * request of a notebook waiting for it, or beside ranks of the same request already
+ * done. ``now`` in epoch seconds.
+ */
+export function sessionBadge(session: ISession, now: number): ISessionBadge {
+  if (session.state !== 'ready') {
+    return { state: session.state, label: session.state, title: session.broken_reason, stuck: [] };
+  }
+  const busy = session.ranks.filter(r => r.state === 'busy');
+  if (!busy.length) {
+    return { state: 'ready', label: 'ready', title: 'every rank is idle', stuck: [] };
+  }
+  const running = session.running ?? null;
+  const since = (r: IRank) => Math.max(0, now - (r.busy_since ?? running?.started ?? now));
+  const longest = Math.max(...busy.map(since));
+  const after = session.straggler_s ?? STUCK_AFTER_S;
+  const members = running?.ranks?.length ? new Set(running.ranks) : null;
+  const done = session.ranks.filter(
+    r => r.state === 'idle' && (members === null || members.has(r.rank))
+  );
+  const long = busy.filter(r => since(r) >= after).map(r => r.rank);
+  if (long.length && (running === null || done.length)) {
+    const why =
+      running === null
+        ? 'with no cell waiting for them (Interrupt, or Restart the session)'
+        : `while ${ranksLabel(done.map(r => r.rank))} finished`;
+    return {
+      state: 'stuck',
+      label: `stuck ${formatDuration(longest)}`,
+      title: `${ranksLabel(long)} busy for ${formatDuration(longest)} ${why}`,
+      stuck: long
+    };
+  }
+  const what = running ? `a ${running.kind} from ${running.path || 'a notebook'}` : 'a cell';
+  return {
+    state: 'busy',
+    label: `busy ${formatDuration(longest)}`,
+    title: `${ranksLabel(busy.map(r => r.rank))} running ${what}`,
+    stuck: []
+  };
 }
 
 /** A rank row, or several identical idle ranks folded into one. */

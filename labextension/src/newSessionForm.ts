@@ -1,23 +1,34 @@
 /**
  * The "new session" form: launcher, hosts, nodes, GPUs or CPU processes per node, backend.
- * The server checks every value (`POST /sessions`) and its message is shown as it is.
+ * It is checked in place before it closes (`checkForm`, then the server's own check,
+ * ``POST /sessions?validate=true``): a bad value is marked at its field with what is
+ * expected, and nothing typed is lost.
  */
 import { Widget } from '@lumino/widgets';
 
-import { INewSession } from './sessionRequest';
+import { FormField, INewSession } from './sessionRequest';
 
-export { INewSession, requestOf } from './sessionRequest';
+export { INewSession, checkForm, fieldOfMessage, requestOf } from './sessionRequest';
 
-function field(label: string, input: HTMLElement, hint = ''): HTMLElement {
+function field(label: string, input: HTMLElement, error: HTMLElement, hint = ''): HTMLElement {
   const row = document.createElement('label');
   row.className = 'jp-DistForm-row';
   const text = document.createElement('span');
   text.textContent = label;
-  row.append(text, input);
+  row.append(text, input, error);
   if (hint) {
     input.setAttribute('title', hint);
   }
   return row;
+}
+
+function errorLine(name: string): HTMLElement {
+  const element = document.createElement('span');
+  element.className = 'jp-DistForm-error';
+  element.id = `jp-DistForm-error-${name}`;
+  element.setAttribute('role', 'alert');
+  element.hidden = true;
+  return element;
 }
 
 function select(name: string, options: [string, string][], value: string): HTMLSelectElement {
@@ -78,15 +89,59 @@ export class NewSessionForm extends Widget {
       )
     };
     const i = this.inputs;
+    const e = (name: string) => {
+      const line = errorLine(name);
+      this.errors[name] = line;
+      i[name].setAttribute('aria-describedby', line.id);
+      return line;
+    };
+    this.general = errorLine('form');
     this.node.append(
-      field('Name', i.name, 'letters, digits, ".", "_" and "-"'),
-      field('Launcher', i.launcher),
-      field('Hosts', i.hosts, 'for SSH: comma-separated hosts, or leave empty'),
-      field('Nodes', i.nodes),
-      field('Ranks', i.kind),
-      field('Count', i.count, 'one count, or one per node: 4,2'),
-      field('Backend', i.backend)
+      field('Name', i.name, e('name'), 'letters, digits, ".", "_" and "-"'),
+      field('Launcher', i.launcher, e('launcher')),
+      field('Hosts', i.hosts, e('hosts'), 'for SSH: comma-separated hosts, or leave empty'),
+      field('Nodes', i.nodes, e('nodes')),
+      field('Ranks', i.kind, e('kind')),
+      field('Count', i.count, e('count'), 'one count, or one per node: 4,2'),
+      field('Backend', i.backend, e('backend')),
+      this.general
     );
+    for (const element of Object.values(i)) {
+      element.addEventListener('input', () => this.clear(element.name));
+    }
+  }
+
+  /** Mark each bad field with what is wrong and what is expected; ``form``: the rest. */
+  showErrors(errors: Partial<Record<FormField | 'form', string>>): void {
+    let first: HTMLElement | null = null;
+    for (const [name, message] of Object.entries(errors)) {
+      const line = name === 'form' ? this.general : this.errors[name];
+      if (!line || !message) {
+        continue;
+      }
+      line.textContent = message;
+      line.hidden = false;
+      const input = this.inputs[name];
+      if (input) {
+        input.classList.add('jp-mod-invalid');
+        input.setAttribute('aria-invalid', 'true');
+        first = first ?? input;
+      }
+    }
+    first?.focus();
+  }
+
+  /** Forget the marks (of one field, or all). */
+  clear(name?: string): void {
+    for (const [key, line] of Object.entries({ ...this.errors, form: this.general })) {
+      if (name !== undefined && key !== name && key !== 'form') {
+        continue;
+      }
+      line.textContent = '';
+      line.hidden = true;
+      this.inputs[key]?.classList.remove('jp-mod-invalid');
+      this.inputs[key]?.removeAttribute('aria-invalid');
+    }
   }
 
   getValue(): INewSession {
@@ -103,4 +158,6 @@ export class NewSessionForm extends Widget {
   }
 
   private inputs: Record<string, HTMLInputElement | HTMLSelectElement>;
+  private errors: Record<string, HTMLElement> = {};
+  private general: HTMLElement;
 }

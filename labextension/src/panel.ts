@@ -19,7 +19,8 @@ import {
   launcherOf,
   nodesOf,
   rankState,
-  ranksLabel
+  ranksLabel,
+  sessionBadge
 } from './model';
 
 /** What the panel's buttons do (given by the plugin, which has the app). */
@@ -254,8 +255,9 @@ export class DistPanel extends Widget {
 
   private sessionNode(session: ISession, now: number): HTMLElement {
     const open = this.expanded.has(session.name);
+    const badge = sessionBadge(session, now);
     const card = document.createElement('div');
-    card.className = `jp-DistSession jp-mod-${session.state}`;
+    card.className = `jp-DistSession jp-mod-${badge.state}`;
     card.setAttribute('role', 'treeitem');
     card.setAttribute('aria-expanded', String(open));
     card.dataset.session = session.name;
@@ -283,7 +285,7 @@ export class DistPanel extends Widget {
     head.append(
       toggle,
       span(session.name, 'jp-DistSession-name'),
-      span(session.state, `jp-DistBadge jp-mod-${session.state}`, session.broken_reason)
+      span(badge.label, `jp-DistBadge jp-DistSession-state jp-mod-${badge.state}`, badge.title)
     );
     const facts = document.createElement('div');
     facts.className = 'jp-DistSession-facts';
@@ -334,15 +336,17 @@ export class DistPanel extends Widget {
     }
     if (session.broken_reason) {
       card.append(span(session.broken_reason, 'jp-DistSession-error'));
+    } else if (badge.state === 'stuck') {
+      card.append(span(badge.title, 'jp-DistSession-error jp-mod-stuck'));
     }
     card.append(actions);
     if (open) {
-      card.append(this.nodesNode(session, now));
+      card.append(this.nodesNode(session, now, new Set(badge.stuck)));
     }
     return card;
   }
 
-  private nodesNode(session: ISession, now: number): HTMLElement {
+  private nodesNode(session: ISession, now: number, stuck: Set<number>): HTMLElement {
     const late = new Set(lateRanks(session, now));
     const group = document.createElement('div');
     group.className = 'jp-DistNodes';
@@ -370,7 +374,9 @@ export class DistPanel extends Widget {
         ? ranks.map(r => ({ ranks: [r], folded: false }))
         : foldRanks(ranks);
       for (const row of rows) {
-        table.appendChild(this.rankRow(session, row.ranks, row.folded, late, now, sample));
+        table.appendChild(
+          this.rankRow(session, row.ranks, row.folded, { late, stuck }, now, sample)
+        );
       }
       box.appendChild(table);
       group.appendChild(box);
@@ -382,14 +388,14 @@ export class DistPanel extends Widget {
     session: ISession,
     ranks: IRank[],
     folded: boolean,
-    late: Set<number>,
+    marks: { late: Set<number>; stuck: Set<number> },
     now: number,
     sample?: IMetrics
   ): HTMLElement {
     const first = ranks[0];
-    const state = rankState(first);
+    const state = !folded && marks.stuck.has(first.rank) ? 'stuck' : rankState(first);
     const row = document.createElement('div');
-    const isLate = !folded && late.has(first.rank);
+    const isLate = !folded && marks.late.has(first.rank) && state !== 'stuck';
     row.className = `jp-DistRank jp-mod-${state}${isLate ? ' jp-mod-late' : ''}`;
     row.setAttribute('role', 'treeitem');
     row.dataset.rank = String(first.rank);
@@ -409,7 +415,11 @@ export class DistPanel extends Widget {
           span(
             formatDuration(now - first.busy_since),
             'jp-DistRank-elapsed',
-            isLate ? 'still running while other ranks are done' : 'running its cell for'
+            state === 'stuck'
+              ? 'busy this long with no cell waiting for it, or beside finished ranks'
+              : isLate
+                ? 'still running while other ranks are done'
+                : 'running its cell for'
           )
         );
       }
@@ -431,7 +441,10 @@ export class DistPanel extends Widget {
           )
         );
       }
-      const log = button('log', `Open the log of rank ${first.rank}`, () =>
+      const log = button(
+        'log',
+        `Open the log of rank ${first.rank}: what it printed and raised (its process diagnostics on a second tab)`,
+        () =>
         this.actions.openLog(session.name, first.rank)
       );
       log.dataset.distKey = `log:${session.name}:${first.rank}`;

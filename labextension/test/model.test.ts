@@ -1,4 +1,5 @@
-import { IRank, ISession, SessionsModel, foldRanks, formatDuration, lateRanks, launcherOf, ranksLabel } from '../src/model';
+import { IRank, ISession, SessionsModel, foldRanks, formatDuration, lateRanks, launcherOf, ranksLabel, sessionBadge } from '../src/model';
+import { INewSession, checkForm, fieldOfMessage, requestOf } from '../src/sessionRequest';
 
 function rank(n: number, state = 'idle', extra: Partial<IRank> = {}): IRank {
   return { rank: n, local_rank: n, node_rank: 0, host: 'a', pid: 100 + n, state, exit: null, log: '', ...extra };
@@ -85,5 +86,77 @@ describe('nodes', () => {
       ['a', [0, 1]],
       ['b', [2, 3]]
     ]);
+  });
+});
+
+describe('a session badge', () => {
+  const now = 10_000;
+
+  it('says ready while every rank is idle, and the state of a session not ready', () => {
+    expect(sessionBadge(session([rank(0), rank(1)]), now)).toMatchObject({ state: 'ready', label: 'ready' });
+    const broken = session([rank(0)], { state: 'broken', broken_reason: 'its restart failed' });
+    expect(sessionBadge(broken, now)).toMatchObject({ state: 'broken', title: 'its restart failed' });
+  });
+
+  it('says busy, with how long, while a cell runs on every rank', () => {
+    const running = { turn_id: 't', kind: 'cell', path: 'train.ipynb', kernel_id: 'k', started: now - 600 };
+    const s = session([rank(0, 'busy', { busy_since: now - 600 }), rank(1, 'busy', { busy_since: now - 600 })], {
+      running,
+      straggler_s: 30
+    });
+    expect(sessionBadge(s, now)).toMatchObject({ state: 'busy', label: 'busy 10 min 0 s', stuck: [] });
+    expect(sessionBadge(s, now).title).toContain('train.ipynb');
+  });
+
+  it('says stuck once a rank is busy past the threshold with no cell waiting for it', () => {
+    const s = session([rank(0, 'busy', { busy_since: now - 125 }), rank(1)], { straggler_s: 30 });
+    const badge = sessionBadge(s, now);
+    expect(badge).toMatchObject({ state: 'stuck', label: 'stuck 2 min 5 s', stuck: [0] });
+    expect(badge.title).toContain('rank 0 busy for 2 min 5 s with no cell waiting');
+    // not yet past it: busy
+    const early = session([rank(0, 'busy', { busy_since: now - 10 }), rank(1)], { straggler_s: 30 });
+    expect(sessionBadge(early, now).state).toBe('busy');
+    // the server's threshold counts, not the default
+    const patient = session([rank(0, 'busy', { busy_since: now - 125 }), rank(1)], { straggler_s: 600 });
+    expect(sessionBadge(patient, now).state).toBe('busy');
+  });
+
+  it('says stuck for a rank long busy beside ranks of its cell that finished, not beside others', () => {
+    const running = { turn_id: 't', kind: 'cell', path: 'a.ipynb', kernel_id: 'k', started: now - 100 };
+    const s = session([rank(0, 'busy', { busy_since: now - 100 }), rank(1)], { running, straggler_s: 30 });
+    expect(sessionBadge(s, now)).toMatchObject({ state: 'stuck', stuck: [0] });
+    expect(sessionBadge(s, now).title).toContain('while rank 1 finished');
+    const alone = session([rank(0, 'busy', { busy_since: now - 100 }), rank(1)], {
+      running: { ...running, ranks: [0] },
+      straggler_s: 30
+    });
+    expect(sessionBadge(alone, now).state).toBe('busy');
+  });
+});
+
+describe('the new-session form', () => {
+  const form = (extra: Partial<INewSession> = {}): INewSession => ({
+    name: 'train', launcher: 'local', hosts: '', nodes: '', kind: 'procs', count: '2', backend: '', ...extra
+  });
+
+  it('marks each bad field with what it expects', () => {
+    expect(checkForm(form())).toEqual({});
+    const wrong = checkForm(form({ name: 'bad name', nodes: 'two', count: 'abc', launcher: 'ssh' }));
+    expect(Object.keys(wrong).sort()).toEqual(['count', 'hosts', 'name', 'nodes']);
+    expect(wrong.count).toContain("'abc': expected a number of processes per node");
+    expect(wrong.nodes).toContain("'two'");
+    expect(checkForm(form({ count: '4, 2', nodes: '2' }))).toEqual({});
+  });
+
+  it("finds the field a server's message is about", () => {
+    expect(fieldOfMessage("procs: 'abc' is not a int or list")).toBe('count');
+    expect(fieldOfMessage("--session 'a b': expected 1-64 letters")).toBe('name');
+    expect(fieldOfMessage('hosts: no such host')).toBe('hosts');
+    expect(fieldOfMessage('the server is gone')).toBeNull();
+  });
+
+  it('sends counts per node as a list', () => {
+    expect(requestOf(form({ count: '4,2', nodes: '2' }))).toEqual({ name: 'train', procs: [4, 2], nodes: 2 });
+    expect(requestOf(form({ count: '3' }))).toEqual({ name: 'train', procs: 3 });
   });
 });

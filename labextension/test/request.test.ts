@@ -37,6 +37,6 @@ describe('the new-session form', () => {
     expect(requestOf({ name: '', launcher: 'local', hosts: '', nodes: '', kind: 'procs', count: '2', backend: '' }))
       .toEqual({ name: 'default', procs: 2 });
     expect(requestOf({ name: 'x', launcher: 'ssh', hosts: 'a,b', nodes: '2', kind: 'gpus', count: '4,2', backend: 'nccl' }))
-      .toEqual({ name: 'x', launcher: 'ssh', hosts: 'a,b', nodes: 2, gpus: '4,2', backend: 'nccl' });
+      .toEqual({ name: 'x', launcher: 'ssh', hosts: 'a,b', nodes: 2, gpus: [4, 2], backend: 'nccl' });
   });
 });

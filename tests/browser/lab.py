@@ -231,6 +231,10 @@ def start_lab(workdir: Path, args: Sequence[str] = (), timeout: float = LOAD_TIM
         "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
         "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]),
         "IPYTHONDIR": str(dirs["ipython"]),
+        # in a virtual environment jupyter_core looks in the environment's folders first,
+        # where the labextension may be another checkout's build: ours (linked into the
+        # data folder above) comes first
+        "JUPYTER_PREFER_ENV_PATH": "0",
     }
     for var in ("JUPYTER_DIST_SERVER", "JUPYTERLAB_DIR", "JUPYTER_TOKEN"):
         env.pop(var, None)

@@ -127,6 +127,9 @@ def test_server_owns_the_session_and_it_survives_a_kernel_restart(
         "print('sum', t.item(), 'cwd', os.path.basename(os.getcwd()))\n"
     )
     assert "[ranks 0-1] sum 2.0 cwd exp" in out, out
+    # the cell that started it says where to look at it
+    pointer = "sessions, ranks and their logs: the Distributed sidebar (View > Show distributed"
+    assert out.count(pointer) == 1, out
     # the server owns it, named after the notebook; no rank is a child of the kernel
     (listed,) = sessions(server)
     assert (listed["name"], listed["state"], listed["world_size"]) == (NAME, "ready", 2)
@@ -142,6 +145,7 @@ def test_server_owns_the_session_and_it_survives_a_kernel_restart(
     notebook.ok("%load_ext jupyter_dist")
     out = notebook.ok("%%distributed\nprint('x is', x)")
     assert "[rank 0] x is 0" in out and "[rank 1] x is 10" in out, out
+    assert pointer not in out  # said when it starts only
     assert rank_pids(server, NAME) == pids
 
     # asking for another shape names the running one
