@@ -94,6 +94,8 @@ class Session(RankGroup):
         self._change_pending = False
         #: kernel id -> the notebook kernels attached to it (under a server)
         self.notebooks: dict[str, NotebookJSON] = {}
+        #: the notebook it is named after, its path now ("" for a name given by hand)
+        self.notebook = ""
 
     # -- start-up ---------------------------------------------------------------------
     async def start(self, progress: Progress = lambda _: None) -> None:
@@ -516,6 +518,7 @@ class Session(RankGroup):
                 for r in sorted(self.ranks.values(), key=lambda r: r.rank)
             ],
             "started_at": self.started_at,
+            "notebook": self.notebook,
             "notebooks": sorted(self.notebooks.values(), key=lambda n: n["since"]),
             **self.turns.status(),
         }
