@@ -40,14 +40,21 @@ class Notebook(ServerKernel):
     runs."""
 
     def _connect(self) -> BlockingKernelClient:
-        for _ in range(3):
+        kc = BlockingKernelClient(
+            connection_file=str(self.server.runtime_dir / f"kernel-{self.id}.json")
+        )
+        kc.load_connection_file()
+        kc.start_channels()
+        for attempt in range(3):
             try:
-                return super()._connect()
+                kc.wait_for_ready(timeout=60)
+                return kc
             except RuntimeError:
                 status, found = self.server.call("GET", f"/api/kernels/{self.id}")
-                if status != 200 or found["execution_state"] == "dead":
+                if attempt == 2 or status != 200 or found["execution_state"] == "dead":
+                    kc.stop_channels()
                     raise
-        return super()._connect()
+        raise AssertionError("unreachable")
 
 
 def root_of(server: Server) -> Path:

@@ -42,3 +42,17 @@ def test_what_became_of_a_session_moves_with_its_notebook_and_both_stay_bounded(
         paths.rename(f"n{i}.ipynb", f"m{i}.ipynb")
     assert len(paths.renamed) == MAX_RENAMES
     assert paths.current(f"n{MAX_RENAMES + 9}.ipynb") == f"m{MAX_RENAMES + 9}.ipynb"
+
+
+def test_a_session_request_names_its_notebook_or_is_refused_saying_why() -> None:
+    import pytest
+
+    from jupyter_dist.errors import SpecError
+    from jupyter_dist.server.handlers import shape_from_json
+
+    assert shape_from_json({"name": "a", "notebook": "/runs/a.ipynb"}).notebook == "runs/a.ipynb"
+    assert shape_from_json({"name": "a"}).notebook == ""
+    with pytest.raises(SpecError, match=r"notebook 'a\\nb': expected a notebook's path"):
+        shape_from_json({"name": "a", "notebook": "a\nb"})
+    with pytest.raises(SpecError, match="notebook: '3' is not a str"):
+        shape_from_json({"name": "a", "notebook": 3})
