@@ -162,6 +162,7 @@ class SessionStatus(TypedDict):
     ranks: list[RankStatus]
     started_at: float  # epoch s it became ready (0 before)
     straggler_s: float  # seconds a rank may run on beside finished ones before it is named
+    notebook: str  # the notebook it is named after, its path now ("" if named by hand)
     notebooks: list[NotebookJSON]  # the notebook kernels attached to it
     running: TurnStatus | None  # the request its ranks run now, and its sender
     queue: list[TurnStatus]  # the requests waiting for its ranks, in order
@@ -263,6 +264,15 @@ class SessionRequest(TypedDict, total=False):
     launcher: str
     cwd: str
     env: dict[str, str]
+    notebook: str  # the session is named after this notebook (the sender's path)
+
+
+class NotebookSession(TypedDict):
+    """``GET /notebook``: the session named after the asking notebook."""
+
+    path: str  # the notebook's path now (renames followed)
+    session: str | None  # the name of its session, if one runs
+    lost: str  # what became of its last session, when none runs ("" if nothing is known)
 
 
 class StackGroup(TypedDict):

@@ -30,6 +30,7 @@ from jupyter_dist.common.spec import (
 from jupyter_dist.control.cell_queue import Sender
 from jupyter_dist.control.launchers import launcher_for
 from jupyter_dist.control.limits import SessionLimits, check_room
+from jupyter_dist.control.notebook_paths import NotebookPaths, moved
 from jupyter_dist.control.rank_group import RankGroup
 from jupyter_dist.control.session import (
     LauncherFactory,
@@ -94,6 +95,8 @@ class SessionManager:
         self._listeners: list[Callable[[ManagerEvent], None]] = []
         #: kernel id -> how many event streams that notebook kernel holds open
         self.clients: Counter[str] = Counter()
+        #: notebooks renamed, and what became of the sessions named after them
+        self.paths = NotebookPaths()
 
     # -- change events, for UIs ------------------------------------------------------
     def subscribe(self, maxsize: int = 1000) -> asyncio.Queue[ManagerEvent]:
@@ -164,11 +167,14 @@ class SessionManager:
         progress: Progress = lambda _: None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        notebook: str = "",
     ) -> tuple[Session, bool]:
         """The session ``name``, started with ``request`` if it does not exist; its ranks
         run in ``cwd`` (default: this process's folder) with ``env`` on top of their node's
         environment. The session's knobs (OMP_NUM_THREADS, GLOO_SOCKET_IFNAME, ...) are
-        read from ``env``, then from this process's environment.
+        read from ``env``, then from this process's environment. ``notebook``: the path of
+        the notebook the session is named after, if it is (its next kernels find it by
+        that path, whatever the notebook is renamed to).
 
         Returns the session and whether it was started now.
         """
@@ -206,6 +212,8 @@ class SessionManager:
                     rank_vars=rank_vars,
                 )
                 session.on_change = self._session_changed
+                session.notebook = self.paths.current(notebook)
+                self.paths.lost.pop(session.notebook, None)  # its successor: nothing to say
                 progress(f"starting session {name!r}: {spec.describe()}")
                 await session.start(progress)
                 self.sessions[name] = session
@@ -216,12 +224,19 @@ class SessionManager:
     async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None:
         await self.get(name).interrupt(ranks)
 
-    async def shutdown(self, name: str) -> None:
+    async def shutdown(self, name: str, why: str = "") -> None:
+        """Stop session ``name``; ``why`` (who asked, what is lost) is kept for the
+        notebook it is named after, whose next kernel says it."""
         session = self.get(name)
         try:
             await session.shutdown()
         finally:
             self.sessions.pop(name, None)
+            if session.notebook:
+                when = time.strftime("%H:%M:%S")
+                self.paths.note_lost(
+                    session.notebook, f"{why or f'session {name!r} was shut down'} (at {when})"
+                )
             self._publish({"type": "removed", "name": name})
 
     async def shutdown_all(self) -> None:
@@ -296,15 +311,50 @@ class SessionManager:
             if quiet:
                 self._session_changed(session)
 
+    # -- notebooks renamed ----------------------------------------------------------------
+    def notebook_renamed(self, old: str, new: str) -> None:
+        """Notebook (or folder) ``old`` is ``new`` now: every session, notebook listed as
+        attached and queued request that names it names the new path, at once (a cell
+        running meanwhile goes on: a session keeps its name)."""
+        self.paths.rename(old, new)
+        old, new = old.strip("/"), new.strip("/")
+        for session in self.sessions.values():
+            changed = False
+            now = moved(session.notebook, old, new)
+            if now is not None:
+                session.notebook, changed = now, True
+            for entry in session.notebooks.values():
+                now = moved(entry["path"], old, new)
+                if now is not None:
+                    entry["path"], changed = now, True
+            for turn in [session.turns.running, *session.turns.waiting]:
+                now = None if turn is None else moved(turn.sender.path, old, new)
+                if turn is not None and now is not None:
+                    turn.sender, changed = Sender(now, turn.sender.kernel_id), True
+            if changed:
+                self._session_changed(session)
+
+    def notebook_session(self, path: str) -> tuple[Session | None, str]:
+        """The session named after notebook ``path`` (its path now), and, if there is none,
+        what became of the last one ("" if nothing is known)."""
+        path = self.paths.current(path)
+        if not path:
+            return None, ""
+        for name in self.names():
+            session = self.sessions[name]
+            if session.notebook == path and session.state != SessionState.STOPPED:
+                return session, ""
+        return None, self.paths.lost.get(path, "")
+
     def tell(self, name: str, action: str, by: Sender, text: str) -> None:
         """Tell every notebook attached to session ``name`` (and the sidebar)."""
         self._publish(
             {"type": "notice", "name": name, "action": action, "by": by.to_json(), "text": text}
         )
 
-    def tell_action(self, name: str, action: str, by: Sender) -> None:
+    def tell_action(self, name: str, action: str, by: Sender) -> str:
         """Before ``action`` (interrupt, restart, shutdown) is done to session ``name``
-        on ``by``'s request: say who asked, and what is lost."""
+        on ``by``'s request: say who asked, and what is lost (returns what was said)."""
         session = self.get(name)
         running = session.turns.running
         if action == "interrupt":
@@ -316,6 +366,7 @@ class SessionManager:
         else:
             text = f"session {name!r} was shut down from {by.label}; its variables are gone"
         self.tell(name, action, by, text)
+        return text
 
     def status(self) -> list[SessionStatus]:
         return [self.sessions[n].status() for n in self.names()]

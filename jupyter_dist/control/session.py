@@ -95,6 +95,8 @@ class Session(RankGroup):
         self._change_pending = False
         #: kernel id -> the notebook kernels attached to it (under a server)
         self.notebooks: dict[str, NotebookJSON] = {}
+        #: the notebook it is named after, its path now ("" for a name given by hand)
+        self.notebook = ""
 
     # -- start-up ---------------------------------------------------------------------
     async def start(self, progress: Progress = lambda _: None) -> None:
@@ -523,6 +525,7 @@ class Session(RankGroup):
             ],
             "started_at": self.started_at,
             "straggler_s": self.straggler_s,
+            "notebook": self.notebook,
             "notebooks": sorted(self.notebooks.values(), key=lambda n: n["since"]),
             **self.turns.status(),
         }

@@ -146,7 +146,7 @@ def choose(env: Mapping[str, str]) -> SessionOwner:
         return embedded_owner()
     plane = ServerOwner(server)
     try:
-        plane.run(plane.manager.list_status(), PROBE_TIMEOUT_S)
+        plane.run(plane.manager.probe(), PROBE_TIMEOUT_S)
     except Exception as err:
         fallback_reason = f"the Jupyter server at {server.url} does not serve them ({err})"
         log.warning("jupyter_dist: sessions run in this kernel: %s", fallback_reason)

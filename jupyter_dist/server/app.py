@@ -44,6 +44,8 @@ from jupyter_dist.settings import MAX_RANKS_VAR
 
 #: seconds between looks for notebook kernels that went away (`server.notebook_kernels`)
 PRUNE_S = 10.0
+#: the events jupyter_server's contents manager emits (a rename names both paths)
+CONTENTS_EVENTS = "https://events.jupyter.org/jupyter_server/contents_service/v1"
 
 
 class DistServerApp(ExtensionApp):
@@ -179,6 +181,11 @@ class DistServerApp(ExtensionApp):
         )
         self.settings["jupyter_dist_consoles"] = self.consoles
         self.manager.add_listener(self.consoles.observe)
+        # a renamed notebook (or folder), whoever renamed it: its sessions follow
+        if self.serverapp.event_logger is not None:
+            self.serverapp.event_logger.add_listener(
+                schema_id=CONTENTS_EVENTS, listener=self._contents_event
+            )
         # in a thread: the event loop need not run yet, nor wait for the grace
         self._reaper = threading.Thread(
             target=self._reap, args=(orphaned,), name="jupyter_dist-reaper", daemon=True
@@ -197,6 +204,16 @@ class DistServerApp(ExtensionApp):
             await prune(self.manager, self.serverapp.kernel_manager)
         except Exception:
             self.log.exception("jupyter_dist: cannot forget the notebook kernels that went away")
+
+    async def _contents_event(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        """A file was renamed: the sessions, notebooks and requests that name it follow."""
+        if data.get("action") != "rename":
+            return
+        old, new = str(data.get("source_path") or ""), str(data.get("path") or "")
+        try:
+            self.manager.notebook_renamed(old, new)
+        except Exception:  # a rename must never fail for our sake
+            self.log.exception("jupyter_dist: cannot follow the rename of %s to %s", old, new)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(API_HANDLERS)
@@ -219,6 +236,10 @@ class DistServerApp(ExtensionApp):
     async def stop_extension(self) -> None:
         if self._pruner is not None:
             self._pruner.stop()
+        if self.serverapp is not None and self.serverapp.event_logger is not None:
+            self.serverapp.event_logger.remove_listener(
+                schema_id=CONTENTS_EVENTS, listener=self._contents_event
+            )
         self.log.info("jupyter_dist: stopping %d session(s)", len(self.manager.sessions))
         try:
             await self.manager.shutdown_all()

@@ -39,7 +39,7 @@ from jupyter_dist.common.spec import (
     validate_request,
 )
 from jupyter_dist.common.wire_names import API_PREFIX
-from jupyter_dist.control.cell_queue import Sender
+from jupyter_dist.control.cell_queue import MAX_PATH_CHARS, Sender
 from jupyter_dist.control.manager import SessionManager
 from jupyter_dist.errors import (
     AgentError,
@@ -81,6 +81,7 @@ REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "framework": (str,),  # torch (default), jax or none
     "cwd": (str,),  # where the ranks run (default: the server's folder)
     "env": (dict,),  # variables the ranks get on top of the server's environment
+    "notebook": (str,),  # the session is named after this notebook (its path)
 }
 #: the fields of a host given as an object
 HOST_FIELDS = ("name", "user", "port", "slots", "python")
@@ -97,6 +98,7 @@ class CreateRequest:
     shape: ShapeRequest
     cwd: str | None
     env: dict[str, str] | None
+    notebook: str = ""
 
 
 def _counts(key: str, value: Any) -> int | tuple[int, ...] | None:
@@ -151,6 +153,17 @@ def _env(value: dict[str, Any] | None) -> dict[str, str] | None:
         if "\0" in val:
             raise SpecError(f"env: {name}: its value holds a NUL character")
     return dict(value)
+
+
+def _notebook(value: str | None) -> str:
+    if value is None:
+        return ""
+    if len(value) > MAX_PATH_CHARS or any(ord(c) < 32 for c in value):
+        raise SpecError(
+            f"notebook {value[:80]!r}: expected a notebook's path on the server, of at most "
+            f"{MAX_PATH_CHARS} characters"
+        )
+    return value.strip("/")
 
 
 def _cwd(value: str | None) -> str | None:
@@ -223,7 +236,9 @@ def shape_from_json(body: Any) -> CreateRequest:
         launcher=body.get("launcher"),
     )
     name = check_session_name(body.get("name") or DEFAULT_SESSION)
-    return CreateRequest(name, shape, _cwd(body.get("cwd")), _env(body.get("env")))
+    return CreateRequest(
+        name, shape, _cwd(body.get("cwd")), _env(body.get("env")), _notebook(body.get("notebook"))
+    )
 
 
 async def check_files(req: CreateRequest) -> None:
@@ -296,8 +311,11 @@ class DistHandler(APIHandler):
         return self.checked(sender, "query: ")
 
     def checked(self, sender: Sender, where: str) -> Sender:
-        """``sender``, when the kernel it names is one of this server's."""
-        return check_sender(self.kernel_manager, sender, where)
+        """``sender``, when the kernel it names is one of this server's, with the path its
+        notebook has now (a kernel started before a rename still names the old one)."""
+        sender = check_sender(self.kernel_manager, sender, where)
+        current = self.manager.paths.current(sender.path)
+        return sender if current == sender.path else Sender(current, sender.kernel_id)
 
     async def prune(self) -> None:
         """Forget the notebook kernels that are no longer this server's."""
@@ -382,7 +400,7 @@ class SessionsHandler(DistHandler):
         req = shape_from_json(self.json_body())
         await check_files(req)
         session, started = await self.manager.get_or_start(
-            req.name, req.shape, cwd=req.cwd, env=req.env
+            req.name, req.shape, cwd=req.cwd, env=req.env, notebook=req.notebook
         )
         self.reply(session.status(), 201 if started else 200)
 
@@ -400,8 +418,8 @@ class SessionHandler(DistHandler):
     @authorized
     @maps_errors
     async def delete(self, name: str) -> None:
-        self.manager.tell_action(name, "shutdown", self.sender())
-        await self.manager.shutdown(name)
+        why = self.manager.tell_action(name, "shutdown", self.sender())
+        await self.manager.shutdown(name, why)
         self.set_status(204)
         self.finish()
 

@@ -19,6 +19,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from jupyter_dist import errors
 from jupyter_dist.common.payloads import (
+    NotebookSession,
     ServerEvent,
     SessionConnection,
     SessionRequest,
@@ -130,6 +131,12 @@ class ServerClient:
             raise _as_error(err, "POST", "sessions") from None
         status: SessionStatus = json.loads(response.body)
         return status, response.code == 201
+
+    async def notebook(self) -> NotebookSession:
+        """The session named after this client's notebook (``sender.path``), found by the
+        path the notebook has now; what became of it when none runs."""
+        found: NotebookSession = await self.call("GET", "notebook")
+        return found
 
     async def status(self, name: str) -> SessionStatus:
         found: SessionStatus = await self.call("GET", f"sessions/{quote(name)}")

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import cast
 
@@ -31,7 +32,7 @@ from jupyter_dist.control.cell_queue import Sender
 from jupyter_dist.control.rank_group import SessionState
 from jupyter_dist.control.rendezvous import IFNAME_VARS
 from jupyter_dist.control.session import Progress
-from jupyter_dist.errors import SessionError, UnknownSession
+from jupyter_dist.errors import DistError, SessionError, UnknownSession
 from jupyter_dist.server_client.attached_session import AttachedSession
 from jupyter_dist.server_client.discovery import kernel_id, notebook_path, notebook_session_name
 from jupyter_dist.server_client.rest_client import ServerClient
@@ -61,6 +62,10 @@ class ServerSessions:
         if not client.sender.kernel_id:
             client.sender = Sender(notebook_path(env, root), kernel_id(os.getpid()))
         self.sender = client.sender
+        #: what became of the session this notebook used before, said by its first cell
+        self.lost_before = ""
+        #: the sessions this kernel has attached to (the first time, it says what it found)
+        self._attached_once: set[str] = set()
         #: sessions this notebook used that someone else shut down -> who, in words: a
         #: bare cell does not quietly start a new one under the same name
         self.shut_down_elsewhere: dict[str, str] = {}
@@ -132,6 +137,46 @@ class ServerSessions:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._subscribed.wait(), SUBSCRIBE_WAIT_S)
 
+    # -- the notebook's own session --------------------------------------------------------
+    async def probe(self) -> None:
+        """Whether the server serves jupyter_dist (raises if not); then, once, the session
+        named after this notebook, found by the notebook's path now: a kernel started after
+        the notebook was renamed finds the session it used under its old name, and learns
+        what became of it if it is gone."""
+        await self.list_status()
+        if not self.sender.path:
+            return
+        try:
+            found = await self.client.notebook()
+        except DistError as err:  # the sessions still work, named after the path
+            log.warning("jupyter_dist: cannot ask for this notebook's session: %s", err)
+            return
+        if found.get("session"):
+            self.default_name = str(found["session"])
+        else:
+            self.lost_before = str(found.get("lost") or "")
+
+    def _said_on_attach(self, name: str, started: bool, progress: Progress) -> None:
+        """The first time this kernel uses session ``name``: say that its ranks kept their
+        variables (a kernel restart leaves them be), or what became of the one before."""
+        if name in self._attached_once:
+            return
+        self._attached_once.add(name)
+        session = self.sessions.get(name)
+        if started or session is None:
+            return
+        status = session.status_data
+        cells = int(status.get("cells_run") or 0)
+        if not cells:
+            progress(f"attached to session {name!r}, which was already running")
+            return
+        since = time.strftime("%H:%M", time.localtime(float(status.get("started_at") or 0)))
+        progress(
+            f"attached to session {name!r}, which was already running: its ranks kept "
+            f"their variables ({cells} cell{'s' * (cells != 1)} run there since {since}); "
+            f"`%dist restart --session {name}` starts them afresh"
+        )
+
     # -- attaching ----------------------------------------------------------------------
     def _usable(self, name: str) -> AttachedSession | None:
         session = self.sessions.get(name)
@@ -183,12 +228,19 @@ class ServerSessions:
             "cwd": os.getcwd(),
             "env": {k: self._environ[k] for k in FORWARDED_ENV if k in self._environ},
         }
+        if name == self.default_name and self.sender.path:
+            body["notebook"] = self.sender.path  # its next kernels find it by the notebook
         self._progress[name] = progress
         try:
             _status, started = await self.client.create(body)
         finally:
             self._progress.pop(name, None)
-        return await self._attach(name), started
+        if started and name == self.default_name and self.lost_before:
+            progress(f"{self.lost_before}; this notebook's new session is {name!r}")
+            self.lost_before = ""
+        session = await self._attach(name)
+        self._said_on_attach(name, started, progress)
+        return session, started
 
     async def restart(self, name: str, progress: Progress = lambda _: None) -> AttachedSession:
         await self._ensure_events()

@@ -1,0 +1,198 @@
+"""A session follows its notebook through a real Jupyter server with auth: renamed (the
+contents API, then the session's path, as JupyterLab does), even while a cell runs, it is
+named by the new path everywhere, and the notebook's kernel, restarted, finds it again
+with the ranks' variables; a session the notebook used that was shut down is said."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import psutil
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+
+from jupyter_dist.server_client.discovery import notebook_session_name
+
+from .server_process import API, Server, start_server, stop_server
+from .test_server_kernels import CELL_TIMEOUT, ServerKernel
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("renames")
+    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
+    yield running
+    ours = running.descendants()
+    stop_server(running)
+    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+class Notebook(ServerKernel):
+    """A notebook's kernel; on a loaded machine, a heartbeat missed while the kernel starts
+    (jupyter_client then says it "died") is asked about again while the server says it
+    runs."""
+
+    def _connect(self) -> BlockingKernelClient:
+        kc = BlockingKernelClient(
+            connection_file=str(self.server.runtime_dir / f"kernel-{self.id}.json")
+        )
+        kc.load_connection_file()
+        kc.start_channels()
+        for attempt in range(3):
+            try:
+                kc.wait_for_ready(timeout=60)
+                return kc
+            except RuntimeError:
+                status, found = self.server.call("GET", f"/api/kernels/{self.id}")
+                if attempt == 2 or status != 200 or found["execution_state"] == "dead":
+                    kc.stop_channels()
+                    raise
+        raise AssertionError("unreachable")
+
+
+def root_of(server: Server) -> Path:
+    return server.runtime_dir.parent
+
+
+def new_notebook(server: Server, path: str, kernel_name: str) -> ServerKernel:
+    """A notebook file at ``path`` and its kernel, as the Launcher makes them."""
+    nbformat.write(nbformat.v4.new_notebook(), root_of(server) / path)
+    kernel = Notebook(server, path, kernel_name)
+    kernel.ok("%load_ext jupyter_dist")
+    return kernel
+
+
+def rename(server: Server, kernel: ServerKernel, old: str, new: str) -> None:
+    """What JupyterLab does for File > Rename: the file, then the notebook's session."""
+    status, reply = server.call("PATCH", f"/api/contents/{old}", {"path": new})
+    assert status == 200, reply
+    status, found = server.call("GET", "/api/sessions")
+    assert status == 200
+    (session_id,) = [s["id"] for s in found if s["kernel"]["id"] == kernel.id]
+    status, reply = server.call("PATCH", f"/api/sessions/{session_id}", {"path": new})
+    assert status == 200, reply
+
+
+def session(server: Server, name: str) -> dict[str, Any]:
+    status, found = server.call("GET", f"{API}/sessions/{name}")
+    assert status == 200, found
+    return dict(found)
+
+
+def names(server: Server) -> list[str]:
+    status, found = server.call("GET", f"{API}/sessions")
+    assert status == 200
+    return [s["name"] for s in found]
+
+
+def test_a_renamed_notebook_finds_its_session_after_a_kernel_restart(
+    server: Server, kernel_name: str
+) -> None:
+    notebook = new_notebook(server, "Untitled.ipynb", kernel_name)
+    try:
+        notebook.ok("%%distributed --procs 2\nimport os\nx = int(os.environ['RANK']) * 10")
+        name = notebook_session_name({"JPY_SESSION_NAME": "Untitled.ipynb"})
+        assert names(server) == [name]
+        before = session(server, name)
+        assert before["notebook"] == "Untitled.ipynb"
+        pids = [r["pid"] for r in before["ranks"]]
+
+        # renamed while a cell runs: the cell goes on, everything names the new path
+        go = root_of(server) / "go"
+        msg_id = notebook.kc.execute(
+            "%%distributed\nimport os, time\n"
+            f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\nprint('went')"
+        )
+        deadline = time.monotonic() + CELL_TIMEOUT
+        while session(server, name)["running"] is None:
+            assert time.monotonic() < deadline, "the cell never took its turn"
+            time.sleep(0.1)
+        rename(server, notebook, "Untitled.ipynb", "train.ipynb")
+        during = session(server, name)
+        assert during["notebook"] == "train.ipynb"
+        assert during["running"]["path"] == "train.ipynb", during["running"]
+        assert [n["path"] for n in during["notebooks"]] == ["train.ipynb"]
+        go.touch()
+        while True:
+            reply = notebook.kc.get_shell_msg(timeout=CELL_TIMEOUT)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        assert reply["content"]["status"] == "ok", reply["content"]
+        # the kernel still names its old path; the server knows the notebook's new one
+        notebook.ok("%%distributed\nprint('still', x)")
+        assert [n["path"] for n in session(server, name)["notebooks"]] == ["train.ipynb"]
+
+        notebook.restart()  # JPY_SESSION_NAME is train.ipynb now
+        notebook.ok("%load_ext jupyter_dist")
+        out = notebook.ok("%%distributed\nprint('x is', x)")
+        assert "[rank 0] x is 0" in out and "[rank 1] x is 10" in out, out
+        assert f"attached to session {name!r}, which was already running" in out, out
+        assert "its ranks kept their variables" in out, out
+        assert names(server) == [name]  # no second session beside it
+        after = session(server, name)
+        assert [r["pid"] for r in after["ranks"]] == pids
+        assert after["notebook"] == "train.ipynb"
+        assert f"this notebook's session: {name!r}" in notebook.ok("%dist status")
+        # said once: the next cell is a plain cell
+        out = notebook.ok("%%distributed\nprint('again')")
+        assert "already running" not in out, out
+        notebook.ok("%dist shutdown")
+        assert names(server) == []
+    finally:
+        notebook.close()
+
+
+def test_a_session_this_notebook_used_that_was_shut_down_is_pointed_out(
+    server: Server, kernel_name: str
+) -> None:
+    notebook = new_notebook(server, "lost.ipynb", kernel_name)
+    try:
+        notebook.ok("%%distributed --procs 1\ny = 5")
+        (name,) = names(server)
+        # stopped from the sidebar while the notebook's kernel restarts
+        status, _ = server.call("DELETE", f"{API}/sessions/{name}?path=JupyterLab")
+        assert status == 204
+        notebook.restart()
+        notebook.ok("%load_ext jupyter_dist")
+        out = notebook.ok("%%distributed --procs 1\nprint('y' in dir())")
+        assert f"session {name!r} was shut down from JupyterLab; its variables are gone" in out
+        assert f"this notebook's new session is {name!r}" in out, out
+        assert "[rank 0] False" in out, out
+        out = notebook.ok("%%distributed\nprint(1)")
+        assert "shut down" not in out, out
+        notebook.ok("%dist shutdown")
+    finally:
+        notebook.close()
+
+
+def test_a_session_a_renamed_notebook_used_that_broke_is_pointed_out(
+    server: Server, kernel_name: str
+) -> None:
+    notebook = new_notebook(server, "broke.ipynb", kernel_name)
+    try:
+        notebook.ok("%%distributed --procs 2\ny = 5")
+        (name,) = names(server)
+        rename(server, notebook, "broke.ipynb", "fixed.ipynb")
+        pid = session(server, name)["ranks"][1]["pid"]
+        os.kill(pid, 9)
+        deadline = time.monotonic() + CELL_TIMEOUT
+        while session(server, name)["state"] != "broken":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        notebook.restart()
+        notebook.ok("%load_ext jupyter_dist")
+        out, reply = notebook.run("%%distributed\nprint(y)")
+        assert reply["status"] == "error"
+        assert f"session {name!r} lost rank 1" in out, out
+        assert f"%dist restart --session {name}" in out, out
+        assert names(server) == [name]  # no new session beside the broken one
+        notebook.ok("%dist shutdown")
+    finally:
+        notebook.close()
