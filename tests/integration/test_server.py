@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from jupyter_dist.common.ports import free_port
+from tests.conftest import wait_until_ready
 
 from .server_process import API, Server, start_server, stop_server
 
@@ -283,6 +284,7 @@ def test_connection_info_lets_a_client_run_code_on_the_ranks(server: Server) -> 
             client = BlockingKernelClient()
             client.load_connection_info({**rank["connection"], "key": info["key"]})
             client.start_channels()
+            wait_until_ready(client)  # its output is heard only once IOPub subscribed
             printed: list[str] = []
 
             def hook(msg: dict[str, Any], printed: list[str] = printed) -> None:
