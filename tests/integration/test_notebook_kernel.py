@@ -8,6 +8,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -206,17 +207,22 @@ def test_killed_kernel_leaves_no_rank(nbk: NotebookKernel) -> None:
     assert wait_gone(pids, 10) == []
 
 
-def test_output_streams_while_the_cell_runs(nbk: NotebookKernel) -> None:
-    nbk.execute("%%distributed --procs 2\nimport time")
+def test_output_streams_while_the_cell_runs(nbk: NotebookKernel, tmp_path: Path) -> None:
+    """The ranks print 'late' only once the test has seen 'early': the cell ends only if
+    what they print comes while it runs, not when it ends (else no IOPub message comes
+    for a minute, and the wait fails)."""
+    go = tmp_path / "go"
+    nbk.execute("%%distributed --procs 2\nimport os, time")
     msg_id = nbk.kc.execute(
-        "%%distributed\nprint('early', flush=True)\ntime.sleep(4)\nprint('late')"
+        "%%distributed\nprint('early', flush=True)\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n"
+        "print('late')"
     )
-    sent = time.monotonic()
-    arrivals: dict[str, float] = {}
-    while "late" not in arrivals:
+    seen: list[str] = []
+    while not any("late" in text for text in seen):
         msg = nbk.kc.get_iopub_msg(timeout=60)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            for word in ("early", "late"):
-                if word in msg["content"]["text"]:
-                    arrivals.setdefault(word, time.monotonic() - sent)
-    assert arrivals["early"] < 3.0 < arrivals["late"]
+            seen.append(msg["content"]["text"])
+            if "early" in seen[-1]:
+                go.touch()
+    assert any("early" in text for text in seen), seen  # and it came before 'late' did
