@@ -21,12 +21,13 @@ JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help setup demo test unit lint bench bench-multinode labextension-test
+.PHONY: help setup demo test test-loaded unit lint bench bench-multinode labextension-test
 
 help:
 	@echo "make setup   create .venv/ and install jupyter_dist with its test, dev and examples extras"
 	@echo "make demo    run notebooks/quickstart.ipynb headless and print its outputs"
 	@echo "make test    lint, install the system packages the tests need, then run pytest"
+	@echo "make test-loaded  make test with two CPU-bound processes beside it (a busy machine)"
 	@echo "make unit    the fast tier: tests/unit (no processes, root or network), in seconds"
 	@echo "make lint    ruff check, ruff format --check, mypy"
 	@echo "make bench   run the benchmarks in bench/"
@@ -65,6 +66,11 @@ test: setup lint labextension-test
 	.ci/setup-system
 	.ci/setup-browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The same, on a busy machine: two CPU-bound processes run beside it for as long as it
+# runs (.ci/busy stops them however it ends). No test may depend on a fast machine.
+test-loaded: setup
+	BUSY_PYTHON=$(PY) .ci/busy 2 $(MAKE) --no-print-directory test
 
 # The sidebar's own unit tests (request helper, event stream, model), with jest.
 labextension-test: setup

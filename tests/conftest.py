@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import queue
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +54,7 @@ def shell() -> Iterator[Any]:
     from jupyter_dist.notebook.owners import embedded_owner
 
     embedded_owner().close()
-    _gone, alive = psutil.wait_procs(our_processes(), timeout=10)
+    _gone, alive = psutil.wait_procs(our_processes(), timeout=60)  # exits on a busy machine
     assert not alive, f"processes left after every session was shut down: {alive}"
 
 
@@ -71,11 +73,55 @@ def run(shell: Any) -> Callable[[str], CellOutput]:
 
 def ready_client(km: Any, timeout: float = 120) -> Any:
     """A client of ``km``'s kernel (a started `KernelManager`), its channels started, once
-    the kernel answers."""
+    the kernel answers (`wait_until_ready`; dead only when its process is)."""
     kc = km.client()
     kc.start_channels()
-    kc.wait_for_ready(timeout=timeout)
+    wait_until_ready(kc, timeout, alive=km.is_alive)
     return kc
+
+
+def wait_until_ready(
+    kc: Any, timeout: float = 120, alive: Callable[[], bool] | None = None
+) -> None:
+    """Wait until the kernel of ``kc`` (its channels started) answers a kernel_info request
+    on shell and is heard on IOPub: its reply, then its idle status for that request.
+
+    jupyter_client's ``wait_for_ready`` goes by timings a loaded machine breaks: it asks
+    again each second the kernel has not answered, and the answers to those repeats come
+    later, on shell, where the caller's own reply is expected; a client made from
+    connection info calls the kernel dead as soon as one heartbeat takes a second (a kernel
+    still starting, or one starved of CPU). Here one request is out at a time, so no late
+    answer is left behind; the kernel is dead only when ``alive`` says so (for a client of
+    a `KernelManager`, its process), and the one limit is ``timeout``."""
+    deadline = time.monotonic() + timeout
+
+    def next_msg(get: Callable[..., dict[str, Any]], what: str, until: float) -> Any:
+        """The next message ``get`` returns before ``until``; None after it."""
+        while time.monotonic() < until:
+            try:
+                return get(timeout=min(1.0, max(0.01, until - time.monotonic())))
+            except queue.Empty:
+                if alive is not None and not alive():
+                    raise RuntimeError(f"the kernel died before {what}") from None
+        if until >= deadline:
+            raise TimeoutError(f"the kernel sent no {what} in {timeout:g} s")
+        return None
+
+    while True:
+        asked = kc.kernel_info()
+        while True:  # nothing else was asked on this client: any other reply is older
+            reply = next_msg(kc.get_shell_msg, "kernel_info_reply", deadline)
+            if reply["parent_header"].get("msg_id") == asked:
+                break
+        # the idle after that reply is heard once IOPub's subscription reached the kernel;
+        # one published before it never comes: then ask again (not a failure)
+        again = min(deadline, time.monotonic() + 5)
+        while (msg := next_msg(kc.get_iopub_msg, "IOPub message", again)) is not None:
+            if (
+                msg["parent_header"].get("msg_id") == asked
+                and msg["content"].get("execution_state") == "idle"
+            ):
+                return
 
 
 def kernel_process(km: Any) -> psutil.Process:

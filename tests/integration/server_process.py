@@ -20,6 +20,8 @@ import psutil
 from jupyter_dist.common.ports import free_port
 
 API = "/jupyter-dist/api/v1"
+#: seconds a server may take to answer after it was started
+START_S = 180
 
 
 @dataclass
@@ -89,16 +91,21 @@ def start_server(
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
     )  # fmt: skip
     server = Server(f"http://127.0.0.1:{port}", token, process, runtime_dir)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    # a server starting beside other work may take a minute to import its extensions:
+    # waited for while it runs, up to a limit that only a hung one reaches
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline and process.poll() is None:
         try:
             if server.call("GET", "/api/status")[0] == 200:
                 return server
         except OSError:
             pass
         time.sleep(0.2)
+    ended = process.poll()
     process.kill()
-    raise RuntimeError(f"jupyter server did not start:\n{(root / 'server.log').read_text()}")
+    process.wait()
+    said = f"exited with status {ended}" if ended is not None else f"not up in {START_S} s"
+    raise RuntimeError(f"jupyter server {said}:\n{(root / 'server.log').read_text()}")
 
 
 def stop_server(server: Server) -> None:

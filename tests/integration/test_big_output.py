@@ -104,10 +104,6 @@ class Notebook:
                 break
         got.seconds = time.monotonic() - started
         reply = self.kc.get_shell_msg(timeout=60)
-        while reply["msg_type"] == "kernel_info_reply":
-            # wait_for_ready asks again each second a loaded kernel has not answered: the
-            # answers to its repeats come later, before this cell's
-            reply = self.kc.get_shell_msg(timeout=60)
         assert reply["parent_header"]["msg_id"] == msg_id
         got.reply = reply["content"]
         return got

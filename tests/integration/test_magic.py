@@ -17,7 +17,7 @@ import pytest
 from jupyter_dist.common.gpus import discover_gpus
 from jupyter_dist.errors import PullError, RanksFailed, SessionError
 from jupyter_dist.text import strip_ansi
-from tests.conftest import CellOutput, session_status
+from tests.conftest import CellOutput, session_status, wait_until_ready
 
 Run = Callable[[str], CellOutput]
 
@@ -427,7 +427,7 @@ def _console_on_rank_0() -> Iterator[Any]:
     console.load_connection_info({**rec.connection, "key": session.key})
     console.start_channels()
     try:
-        console.wait_for_ready(timeout=60)
+        wait_until_ready(console)
         yield console
     finally:
         console.stop_channels()
@@ -472,13 +472,22 @@ def _notebook_cell_messages(
         console.get_iopub_msg(timeout=1)
     out = out_of()
     seen: list[tuple[str, Any]] = []
+
+    def ended() -> bool:
+        """The reply came, and the idle that follows it where busy was said."""
+        kinds = [(kind, content.get("execution_state")) for kind, content in seen]
+        said_busy = ("status", "busy") in kinds
+        return (EXECUTE_REPLY_MSG_TYPE, None) in kinds and (
+            not said_busy or ("status", "idle") in kinds
+        )
+
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             msg = console.get_iopub_msg(timeout=0.5)
         except queue.Empty:
-            if any(kind == EXECUTE_REPLY_MSG_TYPE for kind, _ in seen):
-                break  # nothing more after the reply
+            if ended():
+                break  # and nothing more came
             continue
         if msg["parent_header"].get("msg_type") == "execute_request":
             seen.append((msg["msg_type"], msg["content"]))
@@ -490,25 +499,40 @@ def test_a_notebook_cell_is_answered_on_iopub_behind_its_output(run: Run) -> Non
     """A rank answers the notebook side's cell with one IOPub message after the cell's
     output (`rank.iopub_reply`): a short cell costs its output and that reply, with no
     busy, idle or shell reply; a cell that runs long says busy, then its output, its
-    reply and idle, for the other clients of the rank; an error's reply says what it was."""
-    from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
+    reply and idle, for the other clients of the rank; an error's reply says what it was.
 
+    What is short is the rank's to say (`BUSY_AFTER_S`), and a loaded machine may keep
+    any cell past it: the short cells run with the rank's limit raised, the long one
+    prints only once its rank has said busy."""
+    from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
+    from jupyter_dist.rank.iopub_reply import BUSY_AFTER_S
+
+    notice = "get_ipython().kernel._iopub_replies.busy"
     with _console_on_rank_0() as console:
-        quiet = 0
-        for _ in range(5):
-            short = _notebook_cell_messages(console, lambda: run("%%distributed\nprint('short')"))
-            kinds = [kind for kind, _ in short]
-            # a loaded machine may keep a rank from its cell past 50 ms: it then says so
-            assert kinds in (
-                ["stream", EXECUTE_REPLY_MSG_TYPE],
-                ["status", "stream", EXECUTE_REPLY_MSG_TYPE, "status"],
-            ), short
-            quiet += kinds[0] == "stream"
-            output, reply = short[-2:] if kinds[0] == "stream" else short[1:3]
-            assert output[1]["text"] == "short\n" and reply[1]["status"] == "ok", short
-        assert quiet >= 1  # most short cells say nothing but their output and reply
+        assert run(f"%%distributed\n{notice}.after_s = 3600").ok
+        try:
+            for _ in range(3):
+                short = _notebook_cell_messages(
+                    console, lambda: run("%%distributed\nprint('short')")
+                )
+                assert [kind for kind, _ in short] == ["stream", EXECUTE_REPLY_MSG_TYPE], short
+                output, reply = short
+                assert output[1]["text"] == "short\n" and reply[1]["status"] == "ok", short
+            failed = _notebook_cell_messages(console, lambda: run("%%distributed\n1/0"))
+            assert [kind for kind, _ in failed] == ["error", EXECUTE_REPLY_MSG_TYPE], failed
+            reply = failed[-1]
+            assert reply[1]["status"] == "error", failed
+            assert reply[1]["ename"] == "ZeroDivisionError" and reply[1]["traceback"], reply
+        finally:  # the limit back, and its watcher woken from its wait for the old one
+            reset = f"{notice}.after_s = {BUSY_AFTER_S!r}\nwith {notice}._changed:\n"
+            assert run(f"%%distributed\n{reset}    {notice}._changed.notify()").ok
         long = _notebook_cell_messages(
-            console, lambda: run("%%distributed\nimport time\ntime.sleep(0.5)\nprint('long')")
+            console,
+            lambda: run(
+                "%%distributed\nimport time\ndeadline = time.monotonic() + 60\n"
+                f"while not {notice}.said_busy and time.monotonic() < deadline:\n"
+                "    time.sleep(0.01)\nprint('long')"
+            ),
         )
         kinds = [(kind, c.get("execution_state")) for kind, c in long]
         assert kinds == [
@@ -517,10 +541,7 @@ def test_a_notebook_cell_is_answered_on_iopub_behind_its_output(run: Run) -> Non
             (EXECUTE_REPLY_MSG_TYPE, None),
             ("status", "idle"),
         ], long
-        failed = _notebook_cell_messages(console, lambda: run("%%distributed\n1/0"))
-        reply = failed[-1]
-        assert reply[0] == EXECUTE_REPLY_MSG_TYPE and reply[1]["status"] == "error", failed
-        assert reply[1]["ename"] == "ZeroDivisionError" and reply[1]["traceback"], reply
+        assert long[1][1]["text"] == "long\n" and long[2][1]["status"] == "ok", long
         # the console's own request takes ipykernel's usual way: a reply on shell
         msg_id = console.execute("2 + 2")
         answer = console.get_shell_msg(timeout=30)

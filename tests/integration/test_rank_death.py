@@ -95,7 +95,7 @@ def test_lost_agent_fails_the_cell_instead_of_hanging(run: Run, crash_session: s
     assert isinstance(out.error, RanksFailed)
     assert sorted(out.error.failed_ranks) == [0, 1]
     assert "the agent exited (killed by signal SIGKILL (9))" in out.stdout  # its agent, named
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # an exit a busy machine may take seconds over
     while any(psutil.pid_exists(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(psutil.pid_exists(p) for p in ranks)

@@ -16,6 +16,7 @@ import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 
 from jupyter_dist.server_client.discovery import notebook_session_name
+from tests.conftest import wait_until_ready
 
 from .server_process import API, Server, start_server, stop_server
 
@@ -46,7 +47,7 @@ class ServerKernel:
         )
         kc.load_connection_file()
         kc.start_channels()
-        kc.wait_for_ready(timeout=60)
+        wait_until_ready(kc)
         return kc
 
     def run(self, code: str, timeout: float = CELL_TIMEOUT) -> tuple[str, dict[str, Any]]:

@@ -94,14 +94,16 @@ def test_a_queued_cell_waits_visibly_and_its_time_excludes_the_wait(
     server: Server, pair: tuple[ServerKernel, ServerKernel]
 ) -> None:
     a, b = pair
-    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(8); print('a done')")
+    # B waits for A's 20 s cell; its own 10 s limit counts from its start (a loaded
+    # machine may take seconds to run even a print), not from the wait's
+    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(20); print('a done')")
     wait_for(lambda: running_sender(server) == "train.ipynb")
     status = session_status(server)
     assert {n["path"] for n in status["notebooks"]} == {"train.ipynb", "eval.ipynb"}
     assert all(r["busy_since"] for r in status["ranks"])
     out = b.ok("%dist status")  # answered while A's cell runs
     assert "train.ipynb" in out and "eval.ipynb" in out, out
-    out, reply, _took = later(b, "%%distributed --timeout 3\nprint('b done')").result()
+    out, reply, _took = later(b, "%%distributed --timeout 10\nprint('b done')").result()
     assert reply["status"] == "ok", out  # --timeout counts from its own start
     assert "waiting for a cell from train.ipynb (running" in out, out
     assert "[ranks 0-1] b done" in out, out

@@ -35,6 +35,7 @@ from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.control.agent_client import AgentClient
 from jupyter_dist.control.launchers.slurm import SlurmLauncher
 from jupyter_dist.errors import AgentError
+from tests.conftest import wait_until_ready
 
 SESSION = "slurmtest"
 START_TIMEOUT = 120.0
@@ -147,7 +148,7 @@ def _execute(connection: dict[str, Any], key: str) -> str:
     client.load_connection_info({**connection, "key": key})  # type: ignore[typeddict-item]
     client.start_channels()
     try:
-        client.wait_for_ready(timeout=START_TIMEOUT)
+        wait_until_ready(client, START_TIMEOUT)  # no heartbeat guesses (tests.conftest)
         out = io.StringIO()
         code = "import os; print(os.environ['JD_SLURM_TEST'], os.environ.get('SLURM_STEP_ID'))"
 

@@ -36,17 +36,18 @@ from jupyter_dist.errors import SpecError
 from jupyter_dist.server.handlers import shape_from_json
 from jupyter_dist.settings import MAX_RANKS_VAR, default_max_ranks, max_ranks_per_node
 
-#: seconds any refusal may take (the old code took seconds and gigabytes for some)
+#: CPU seconds any refusal may take (the old code took seconds and gigabytes for some);
+#: the CPU time of this thread, which other work on the machine does not stretch
 QUICK_S = 0.5
 
 
 def refused(call: Any, *args: Any, **kwargs: Any) -> str:
     """The message of the `SpecError` ``call`` raises, which it must raise quickly."""
-    began = time.monotonic()
+    began = time.thread_time()
     with pytest.raises(SpecError) as err:
         call(*args, **kwargs)
-    took = time.monotonic() - began
-    assert took < QUICK_S, f"{took:.2f} s to refuse it"
+    took = time.thread_time() - began
+    assert took < QUICK_S, f"{took:.2f} CPU s to refuse it"
     return str(err.value)
 
 
@@ -73,9 +74,9 @@ def test_bad_ranks_are_refused_before_any_range_is_expanded(
 
 def test_repeated_ranges_cost_no_more_than_one() -> None:
     text = ",".join(["0-65535"] * 20_000)  # 20 000 full ranges: merged, expanded once
-    began = time.monotonic()
+    began = time.thread_time()
     assert parse_ranks(text) == tuple(range(MAX_WORLD_SIZE))
-    assert time.monotonic() - began < 2.0
+    assert time.thread_time() - began < 2.0
     assert parse_ranks("3,0-1,1-2", 4) == (0, 1, 2, 3)
 
 
