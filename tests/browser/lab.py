@@ -231,6 +231,9 @@ def start_lab(workdir: Path, args: Sequence[str] = (), timeout: float = LOAD_TIM
         "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
         "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]),
         "IPYTHONDIR": str(dirs["ipython"]),
+        # in a virtual environment jupyter_core puts the environment's folders first; the
+        # sidebar linked into the data folder (`_link_labextension`) must come first
+        "JUPYTER_PREFER_ENV_PATH": "0",
     }
     for var in ("JUPYTER_DIST_SERVER", "JUPYTERLAB_DIR", "JUPYTER_TOKEN"):
         env.pop(var, None)
