@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -123,6 +124,9 @@ class RankClient:
         self.on_activity: Callable[[int, str, dict[str, Any], str], None] | None = None
         #: called with (rank, text) for output of an ended cell of this process
         self.on_late: Callable[[int, str], None] | None = None
+        #: since when (`time.monotonic`) the kernel runs code another client sent (a
+        #: console on the rank), as its IOPub status says; None while it does not
+        self.others_code_since: float | None = None
         self._comm_id: str | None = None
         self._comm_waiters: dict[str, asyncio.Future[tuple[dict[str, Any], list[Frame]]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -307,6 +311,18 @@ class RankClient:
         ):  # whoever sent the cell: the owner keeps every rank's busy/idle and errors
             self.on_activity(self.rank, msg["msg_type"], msg["content"], str(parent))
         handler = self.handlers.get(parent) if parent else None
+        if (
+            handler is None
+            and channel == "iopub"
+            and msg["msg_type"] == "status"
+            and parent_header.get("msg_type") == "execute_request"
+            and parent not in self.past_cells
+        ):
+            state = msg["content"].get("execution_state")
+            if state == "busy":
+                self.others_code_since = time.monotonic()
+            elif state == "idle":
+                self.others_code_since = None
         if channel == "iopub" and parent in self._taken:
             self._took(parent)
         if handler is not None:
