@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -123,6 +124,10 @@ class RankClient:
         self.on_activity: Callable[[int, str, dict[str, Any], str], None] | None = None
         #: called with (rank, text) for output of an ended cell of this process
         self.on_late: Callable[[int, str], None] | None = None
+        #: since when (`time.monotonic`) the kernel runs code another client sent (a
+        #: console on the rank), as its IOPub echo and status say; None while it does not
+        self.others_code_since: float | None = None
+        self._others_cell: str | None = None
         self._comm_id: str | None = None
         self._comm_waiters: dict[str, asyncio.Future[tuple[dict[str, Any], list[Frame]]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -307,6 +312,18 @@ class RankClient:
         ):  # whoever sent the cell: the owner keeps every rank's busy/idle and errors
             self.on_activity(self.rank, msg["msg_type"], msg["content"], str(parent))
         handler = self.handlers.get(parent) if parent else None
+        if handler is None and channel == "iopub" and parent:
+            # the notebook side's cells are not echoed (`rank.kernel_app`): an echoed
+            # one is another client's, a console's, until its kernel is idle again
+            if msg["msg_type"] == "execute_input":
+                self._others_cell = parent
+                self.others_code_since = time.monotonic()
+            elif (
+                parent == self._others_cell
+                and msg["msg_type"] == "status"
+                and msg["content"].get("execution_state") == "idle"
+            ):
+                self._others_cell, self.others_code_since = None, None
         if channel == "iopub" and parent in self._taken:
             self._took(parent)
         if handler is not None:

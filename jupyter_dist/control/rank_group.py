@@ -478,12 +478,14 @@ class RankGroup:
         first_done: float | None = None
         said = False
         loop = asyncio.get_running_loop()
+        behind_others: set[int] = set()
         while True:
             try:
                 await asyncio.wait_for(asyncio.shield(run.done.wait()), WATCH_TICK_S)
                 return
             except asyncio.TimeoutError:
                 pass
+            self._say_queued_behind_others(run, sink, behind_others)
             busy = run.busy_ranks
             failed_at = run.first_failure_at
             if busy and failed_at and time.monotonic() - failed_at >= self.abort_after_s:
@@ -503,6 +505,29 @@ class RankGroup:
                         f"terminal: interrupt, then `%dist stacks --session {self.name}`)"
                     )
                 )  # fmt: skip
+
+    def _say_queued_behind_others(
+        self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, told: set[int]
+    ) -> None:
+        """Say once why a rank has not begun the cell: it runs code another client sent
+        (a console on the rank), and the cell waits in its queue until that ends."""
+        if sink is None:
+            return
+        for r, progress in run.progress.items():
+            client = self.ranks[r].client
+            if r in told or progress.began or progress.finished or client is None:
+                continue
+            since = client.others_code_since
+            if since is not None:
+                told.add(r)
+                sink.put(
+                    Notice(
+                        f"rank {r} is queued: it is running code from a console on it "
+                        f"(for {time.monotonic() - since:.0f} s); this cell starts there "
+                        "when that ends (Kernel > Interrupt in that console stops it)",
+                        transient=True,
+                    )
+                )
 
     async def _wind_down(
         self, run: CellTracker, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None

@@ -26,7 +26,7 @@ from traitlets import Float, Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
 from jupyter_dist.common.wire_names import ACK_MSG_TYPE, CREDIT_KEY, NOTEBOOK_COUNT_KEY
-from jupyter_dist.rank import output_log, stack_dumps
+from jupyter_dist.rank import console_guard, output_log, stack_dumps
 from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
 from jupyter_dist.rank.iopub_reply import IopubReplies, iopub_reply_request
 from jupyter_dist.rank.out_stream import attribute_threads
@@ -67,7 +67,9 @@ class RankKernel(IPythonKernel):
     """`IPythonKernel` that runs a cell under the notebook's execution count when the
     request carries it (`NOTEBOOK_COUNT_KEY` in its metadata), so that a rank's traceback
     says ``Cell In[N]`` for the N the notebook shows beside the cell, and does not echo
-    the notebook side's cells on IOPub. Its shell is a `RankShell`."""
+    the notebook side's cells on IOPub. Its shell is a `RankShell`. The input of any
+    other client (a console on the rank) is refused unrun when it calls a collective
+    (`rank.console_guard`)."""
 
     shell_class = Type(RankShell)
 
@@ -139,6 +141,12 @@ class RankKernel(IPythonKernel):
             msg_id = self.get_parent("shell").get("header", {}).get("msg_id")
             if isinstance(msg_id, str):
                 CREDIT.credit(msg_id)
+        elif not silent and self.shell is not None:
+            refused = console_guard.refusal(
+                code, os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
+            )
+            if refused is not None:
+                return self._refuse(refused)
         count = (cell_meta or {}).get(NOTEBOOK_COUNT_KEY)
         if isinstance(count, int) and count > 0 and not silent and self.shell is not None:
             self.shell.execution_count = count
@@ -154,6 +162,22 @@ class RankKernel(IPythonKernel):
             cell_meta=cell_meta,
             cell_id=cell_id,
         )
+
+    def _refuse(self, why: str) -> dict[str, Any]:
+        """An error reply for a console's input that is not run (`rank.console_guard`),
+        shown in the console and written to the rank's log as a traceback is."""
+        assert self.shell is not None
+        error = console_guard.CollectiveInConsole
+        name = error.__name__
+        stb = [f"{name}: {why}"]
+        self.shell._showtraceback(error, why, stb)
+        return {
+            "status": "error",
+            "execution_count": self.shell.execution_count,
+            "ename": name,
+            "evalue": why,
+            "traceback": stb,
+        }
 
 
 class RankKernelApp(IPKernelApp):

@@ -39,6 +39,7 @@ from jupyter_dist.server.process_records import (
     reap,
 )
 from jupyter_dist.server.rank_consoles import RankConsoles, reap_dead_folders
+from jupyter_dist.server.rank_kernel_actions import RANK_KERNEL_HANDLERS
 from jupyter_dist.server.routes import API_HANDLERS
 from jupyter_dist.settings import MAX_RANKS_VAR
 
@@ -218,6 +219,7 @@ class DistServerApp(ExtensionApp):
     def initialize_handlers(self) -> None:
         self.handlers.extend(API_HANDLERS)
         self.handlers.extend(LOG_HANDLERS)
+        self.handlers.extend(RANK_KERNEL_HANDLERS)  # ahead of jupyter_server's own
 
     def _session_event(self, event: ManagerEvent) -> None:
         """Keep our record in step with the sessions."""

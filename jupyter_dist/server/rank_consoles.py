@@ -61,6 +61,8 @@ UNMARKED_GRACE_S = 120.0
 #: the kernel spec name the adopted kernels carry (their language and display name)
 KERNEL_NAME = "python3"
 _REST = re.compile(r"(?P<name>.+)-rank-(?P<rank>\d+)\.json")
+#: a rank console's file of any server (``file_prefix``, then as `_REST`)
+_OTHERS = re.compile(r"jupyter-dist-.+--.+-rank-\d+\.json")
 
 
 def file_prefix(tag: str) -> str:
@@ -173,6 +175,24 @@ class RankConsoles:
                 "Jupyter server's environment (external kernels)"
             )
         return Path(found)
+
+    def rank_of(self, kernel_id: str) -> tuple[str, int] | None:
+        """The session and rank of this server's kernel ``kernel_id`` when it is a rank's
+        console kernel of this server; None for any other kernel."""
+        files = getattr(self.kernel_manager, "kernel_id_to_connection_file", {})
+        file = files.get(kernel_id)
+        if file is None:
+            return None
+        name, prefix = Path(file).name, file_prefix(self.tag)
+        found = _REST.fullmatch(name[len(prefix) :]) if name.startswith(prefix) else None
+        return None if found is None else (found.group("name"), int(found.group("rank")))
+
+    def of_another_server(self, kernel_id: str) -> bool:
+        """Whether ``kernel_id`` is a rank kernel another server adopted into the
+        external-kernels folder this one shares (the user gave both the same folder)."""
+        files = getattr(self.kernel_manager, "kernel_id_to_connection_file", {})
+        file = files.get(kernel_id)
+        return file is not None and bool(_OTHERS.fullmatch(Path(file).name))
 
     def path_of(self, session: str, rank: int) -> Path:
         return self.folder / f"{file_prefix(self.tag)}{session}-rank-{rank}.json"

@@ -13,6 +13,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { rankLogTab } from './logView';
+import { IConsoleLike, RankConsoles } from './rankConsoles';
 import { SessionsModel } from './model';
 import { NewSessionForm, checkForm, fieldOfMessage, requestOf } from './newSessionForm';
 import { DistPanel, IActions } from './panel';
@@ -122,6 +123,14 @@ function actionsFor(
   tracker: INotebookTracker | null,
   settings: { defaultLauncher: string }
 ): IActions {
+  const consoles = new RankConsoles(
+    async (label, kernel) =>
+      (await app.commands.execute('console:create', {
+        name: label,
+        kernelPreference: { id: kernel.id, name: kernel.name }
+      })) as IConsoleLike,
+    app.serviceManager
+  );
   const lost = (name: string): string => {
     const session = model.get(name);
     const users = (session?.notebooks ?? []).map(n => n.path).filter(Boolean);
@@ -213,14 +222,7 @@ function actionsFor(
     },
     openConsole: async (name, rank) => {
       try {
-        const kernel = await requestAPI<{ id: string; name: string }>(
-          `${sessionPath(name)}/ranks/${rank}/kernel`,
-          { method: 'POST' }
-        );
-        await app.commands.execute('console:create', {
-          name: `${name} rank ${rank}`,
-          kernelPreference: { id: kernel.id, name: kernel.name }
-        });
+        await consoles.open(name, rank);
       } catch (error) {
         report(error, `A console on rank ${rank} of ${name}`);
       }

@@ -1,0 +1,117 @@
+"""A console on a rank, opened from the sidebar in a real JupyterLab: Kernel > Interrupt
+stops the rank's running code, the console's Restart asks about the whole session and
+restarts it, the console then runs on the new rank (after a restart from anywhere), a
+collective typed there is refused unrun, and when the session is shut down the console
+closes saying why."""
+
+from __future__ import annotations
+
+import pytest
+
+from .lab import DIST_API, RENDER_TIMEOUT_MS, NotebookPage, OpenNotebook
+from .test_sidebar_browser import session_card, show_sidebar
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
+SESSION = "consoles"
+
+
+def run_in_console(nb: NotebookPage, console, code: str) -> None:  # type: ignore[no-untyped-def]
+    from playwright.sync_api import expect
+
+    prompt = console.locator(".jp-CodeConsole-promptCell .cm-content")
+    expect(prompt).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    prompt.click()
+    expect(prompt).to_be_focused(timeout=RENDER_TIMEOUT_MS)
+    nb.page.keyboard.type(code)
+    nb.page.keyboard.press("Shift+Enter")
+
+
+def kernel_menu(nb: NotebookPage, item: str) -> None:
+    nb.page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
+    nb.page.locator(".lm-Menu-itemLabel", has_text=item).first.click()
+
+
+def rank_pid(nb: NotebookPage, rank: int) -> int:
+    status, session = nb.lab.call("GET", f"{DIST_API}/sessions/{SESSION}")
+    assert status == 200, session
+    return int(session["ranks"][rank]["pid"])
+
+
+def test_a_rank_console_interrupts_restarts_and_follows_its_session(
+    open_lab_notebook: OpenNotebook,
+) -> None:
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook(
+        "rank_console",
+        ["%load_ext jupyter_dist", f"%%distributed --procs 2 --session {SESSION}\nx = 1"],
+    )
+    assert nb.run_all()
+    show_sidebar(nb)
+    card = session_card(nb, SESSION)
+    expect(card.locator(".jp-DistBadge").first).to_have_text("ready", timeout=RENDER_TIMEOUT_MS)
+    card.get_by_role("button", name=f"Open session {SESSION}").click()
+    card.get_by_role("button", name="Show ranks 0-1 one by one").click()  # idle: folded
+    card.locator('.jp-DistRank[data-rank="1"] button', has_text="console").click()
+    console = nb.page.locator(".jp-CodeConsole").last
+    expect(console).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    content = console.locator(".jp-CodeConsole-content")
+
+    # Kernel > Interrupt while the rank sleeps: the sleep ends in KeyboardInterrupt
+    run_in_console(nb, console, "import time; print('sleeping'); time.sleep(60)")
+    expect(content).to_contain_text("sleeping", timeout=RENDER_TIMEOUT_MS)
+    expect(console.locator(".jp-InputPrompt", has_text="[*]")).to_have_count(1)
+    kernel_menu(nb, "Interrupt Kernel")
+    expect(content).to_contain_text("KeyboardInterrupt", timeout=RENDER_TIMEOUT_MS)
+    nb.screenshot("rank-console-interrupted")
+    # the other rank was left alone: it ran nothing, and is idle
+    status, session = nb.lab.call("GET", f"{DIST_API}/sessions/{SESSION}")
+    assert status == 200 and [r["state"] for r in session["ranks"]] == ["idle", "idle"], session
+
+    # a collective typed here is refused before it blocks the rank
+    run_in_console(nb, console, "import torch.distributed as dist; dist.barrier()")
+    expect(content).to_contain_text("CollectiveInConsole", timeout=RENDER_TIMEOUT_MS)
+    expect(content).to_contain_text("this console runs on rank 1 alone")
+    nb.screenshot("rank-console-collective")
+
+    # the console's Restart asks about the whole session, then restarts it
+    old_pid = rank_pid(nb, 1)
+    kernel_menu(nb, "Restart Kernel")
+    dialog = nb.page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("Restart Kernel?", timeout=RENDER_TIMEOUT_MS)
+    dialog.locator("button.jp-mod-accept").click()
+    expect(dialog).to_contain_text(f"Restart session {SESSION}?", timeout=RENDER_TIMEOUT_MS)
+    expect(dialog).to_contain_text("A rank cannot restart alone")
+    expect(dialog).to_contain_text("restarts all 2 ranks")
+    nb.screenshot("rank-console-restart-question", dialog.locator(".jp-Dialog-content"))
+    dialog.locator("button.jp-mod-accept").click()
+    toasts = nb.page.locator(".Toastify")
+    expect(toasts).to_contain_text(f"Session {SESSION} restarted", timeout=RENDER_TIMEOUT_MS)
+    expect(toasts).to_contain_text("now runs on the restarted rank", timeout=RENDER_TIMEOUT_MS)
+    new_pid = rank_pid(nb, 1)
+    assert new_pid != old_pid
+    run_in_console(nb, console, "import os; print('pid', os.getpid(), 'rank', os.environ['RANK'])")
+    expect(content).to_contain_text(f"pid {new_pid} rank 1", timeout=RENDER_TIMEOUT_MS)
+    expect(console.locator(".jp-CodeConsole-promptCell")).to_be_visible()
+    nb.screenshot("rank-console-after-restart")
+
+    # a restart from elsewhere: the console follows too
+    assert nb.lab.call("POST", f"{DIST_API}/sessions/{SESSION}/restart", {})[0] == 200
+    third_pid = rank_pid(nb, 1)
+    expect(toasts.get_by_text("now runs on the restarted rank")).to_have_count(
+        2, timeout=RENDER_TIMEOUT_MS
+    )
+    run_in_console(nb, console, "print('pid', os.getpid() if 'os' in dir() else 'fresh')")
+    expect(content).to_contain_text("pid fresh", timeout=RENDER_TIMEOUT_MS)
+    run_in_console(nb, console, "import os; print('now', os.getpid())")
+    expect(content).to_contain_text(f"now {third_pid}", timeout=RENDER_TIMEOUT_MS)
+
+    # shut down: the console closes, saying why
+    assert nb.lab.call("DELETE", f"{DIST_API}/sessions/{SESSION}")[0] == 204
+    expect(toasts).to_contain_text(
+        f"The console on rank 1 of {SESSION} closed: session {SESSION} was shut down",
+        timeout=RENDER_TIMEOUT_MS,
+    )
+    expect(nb.page.locator(".jp-CodeConsole")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
+    nb.screenshot("rank-console-closed")
+    assert nb.console_errors == [], nb.console_errors
