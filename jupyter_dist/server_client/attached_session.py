@@ -29,6 +29,7 @@ from jupyter_dist.control.rank_group import (
     RankState,
     SessionState,
     TurnWithdrawn,
+    WaitingLine,
 )
 
 if TYPE_CHECKING:
@@ -122,7 +123,8 @@ class AttachedSession(RankGroup):
             "sender": self.sender.to_json(),
         }
         self._waiting = turn_id
-        ticker = asyncio.ensure_future(self._tell_waiting(sink)) if sink is not None else None
+        told = WaitingLine(sink)
+        ticker = asyncio.ensure_future(self._tell_waiting(told)) if sink is not None else None
         try:
             while True:
                 reply = await client.take_turn(self.name, body)
@@ -138,6 +140,7 @@ class AttachedSession(RankGroup):
             self._waiting = None
             if ticker is not None:
                 ticker.cancel()
+            told.clear()
         errors: dict[int, str] = {}
         try:
             yield errors
@@ -147,11 +150,22 @@ class AttachedSession(RankGroup):
             except Exception as err:  # the server went away: its queue went with it
                 log.info("session %s: ending turn %s failed: %s", self.name, turn_id, err)
 
-    async def _tell_waiting(self, sink: queue.SimpleQueue[CellEvent]) -> None:
+    async def _tell_waiting(self, told: WaitingLine) -> None:
+        """Each second, what the turn waits for: one line, updated."""
         await asyncio.sleep(0.3)  # a turn that comes at once needs no word
         while True:
-            sink.put(Notice(waiting_text(self.status_data.get("running")), True))
+            restarting = self.status_data.get("state") == SessionState.RESTARTING.value
+            told.say(waiting_text(self.status_data.get("running")), restarting)
             await asyncio.sleep(1.0)
+
+    async def restart_ranks(self) -> None:
+        """Asked of the server, which owns the ranks; this object's clients then talk to
+        the old ones, and the notebook attaches again before its next cell."""
+        if self.client is None:
+            await super().restart_ranks()
+            return
+        await self.client.restart(self.name)
+        self.stale = True
 
     async def withdraw(self, turn_id: str) -> None:
         if self.client is None:
@@ -169,6 +183,8 @@ class AttachedSession(RankGroup):
                 self.news.append(text)
             return False
         run.stopped_by = text
+        if action == "interrupt":  # the server interrupted every rank
+            run.stop_asked()
         if run.sink is not None:
             run.sink.put(Notice(text))
         return True
