@@ -325,12 +325,14 @@ class CellInterrupted(RanksFailed, KeyboardInterrupt):
         if any(f.kind not in STOPPED_KINDS for f in self.failures):
             return super()._summary()
         stopped = sorted(f.rank for f in self.failures)
-        said = f"interrupted in session {self.session!r}"
-        if stopped:
-            said = f"interrupted on {ranks_label(stopped)} in session {self.session!r}"
         stuck = sorted(f.rank for f in self.failures if f.kind == "stuck")
-        if stuck:
-            said += f"; {ranks_label(stuck)} did not stop"
+        said = f"interrupted in session {self.session!r}"
+        if stuck and stuck == stopped:
+            said += f": {ranks_label(stuck)} did not stop"
+        elif stopped:
+            said = f"interrupted on {ranks_label(stopped)} in session {self.session!r}"
+            if stuck:
+                said += f"; {ranks_label(stuck)} did not stop"
         if self.finished and stopped:
             said += f"; {ranks_label(self.finished)} had finished"
         if self.still_running:

@@ -71,7 +71,7 @@ def test_the_stop_button_restarts_a_rank_blocked_in_a_barrier_and_the_session_go
     first = shown.splitlines()[0]
     # the ranks are named for what is true of them: rank 1 had finished
     assert first == (
-        "CellInterrupted: interrupted on rank 0 in session 'default'; rank 0 did not stop; "
+        "CellInterrupted: interrupted in session 'default': rank 0 did not stop; "
         "rank 1 had finished"
     ), shown
     assert "rank 0: in barrier" in shown, shown

@@ -132,7 +132,7 @@ def test_every_way_of_stopping_a_hung_cell_restarts_the_rank_that_did_not_stop(
         b.ok(f"%dist interrupt --session {SESSION}")
     out, reply, _took = hung.result(timeout=180)
     assert reply["status"] == "error" and reply["ename"] == "CellInterrupted", out
-    assert "rank 0 did not stop; rank 1 had finished" in out, out
+    assert ": rank 0 did not stop; rank 1 had finished" in out, out
     assert "rank 0: in barrier" in out, out
     assert (
         f"session {SESSION!r} was restarted with fresh ranks (ranks 0-1), as rank 0 could "

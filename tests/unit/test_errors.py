@@ -146,8 +146,7 @@ def test_a_stopped_cell_names_the_rank_that_did_not_stop_and_the_one_that_had_fi
     err = CellInterrupted("s", 2, [stopped(0, "stuck", KEYBOARD_TB)], finished=[1])
     first = strip_ansi("\n".join(err._render_traceback_())).splitlines()[0]
     assert first == (
-        "CellInterrupted: interrupted on rank 0 in session 's'; rank 0 did not stop; "
-        "rank 1 had finished"
+        "CellInterrupted: interrupted in session 's': rank 0 did not stop; rank 1 had finished"
     )
     assert "still running" not in str(err) and "deaf" not in str(err)
 
