@@ -228,8 +228,8 @@ class AttachedSession(RankGroup):
         run.stopped_by = text
         if action == "interrupt":  # the server interrupted every rank
             run.stop_asked()
-        if run.sink is not None:
-            run.sink.put(Notice(text))
+        if run.sink is not None:  # news while it runs: the cell's error says it again
+            run.sink.put(Notice(text, transient=True))
         return True
 
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
