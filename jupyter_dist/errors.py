@@ -105,8 +105,9 @@ class RankFailure:
     """What went wrong on one rank during one cell.
 
     ``kind`` is ``"error"`` (the cell raised), ``"died"`` (the rank process exited),
-    ``"timeout"`` (still running at the deadline), ``"stuck"`` (blocked after another
-    rank failed, deaf to an interrupt: typically inside a collective) or ``"interrupted"``.
+    ``"timeout"`` (still running at the deadline), ``"stuck"`` (it did not stop when
+    interrupted, after another rank failed or someone stopped the cell: typically blocked
+    inside a collective) or ``"interrupted"``.
     ``place`` is where a stopped rank was (``in barrier (distributed_c10d.py:5356), cell
     line 2``), when known.
     """
@@ -266,7 +267,7 @@ class RanksFailed(DistError):
 
     def stopped_places(self) -> list[str]:
         """One line per group of stopped ranks at the same place: ``ranks 0-1: at cell
-        line 1: time.sleep(30)``; ``rank 1 (stuck, deaf to an interrupt): in barrier
+        line 1: time.sleep(30)``; ``rank 1 (did not stop when interrupted): in barrier
         (distributed_c10d.py:5356), cell line 2``."""
         places: dict[tuple[str, str], list[int]] = {}
         for failure in sorted(self.failures, key=lambda f: f.rank):
@@ -300,7 +301,7 @@ def _where_shown(groups: Sequence[FailureGroup]) -> str:
 _STOP_WORDS: dict[str, str] = {
     "timeout": "timed out",
     "interrupted": "interrupted",
-    "stuck": "stuck, deaf to an interrupt",
+    "stuck": "did not stop when interrupted",
 }
 
 
@@ -340,21 +341,31 @@ class CellInterrupted(RanksFailed, KeyboardInterrupt):
         failures: Sequence[RankFailure],
         note: str = "",
         still_running: Sequence[int] = (),
+        finished: Sequence[int] = (),
     ):
         self.still_running = list(still_running)
+        self.finished = sorted(finished)  # ranks that had finished the cell, fine
         super().__init__(session, world_size, failures, note)
 
     def _summary(self) -> str:
         if any(f.kind not in STOPPED_KINDS for f in self.failures):
             return super()._summary()
         stopped = sorted(f.rank for f in self.failures)
+        stuck = sorted(f.rank for f in self.failures if f.kind == "stuck")
         said = f"interrupted in session {self.session!r}"
-        if stopped:
+        if stuck and stuck == stopped:
+            said += f": {ranks_label(stuck)} did not stop"
+        elif stopped:
             said = f"interrupted on {ranks_label(stopped)} in session {self.session!r}"
+            if stuck:
+                said += f"; {ranks_label(stuck)} did not stop"
+        if self.finished and stopped:
+            said += f"; {ranks_label(self.finished)} had finished"
         if self.still_running:
             said += (
-                f"; {ranks_label(self.still_running)} still running (the cell view's stacks "
-                f"button, or `%dist stacks --session {self.session}`, shows where)"
+                f"; {ranks_label(self.still_running)} not stopped yet when this notebook "
+                "stopped waiting (ranks that do not stop are restarted; the next cell waits "
+                f"for that; `%dist stacks --session {self.session}` shows where they are)"
             )
         return said
 

@@ -92,6 +92,9 @@ class Notice:
 
     text: str
     transient: bool = False
+    #: a notice with a ``line`` replaces the one shown before under the same name: one
+    #: line that updates ("waiting for a cell from train.ipynb (running 8 s)")
+    line: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,13 +107,16 @@ class CellResult:
     timed_out: bool = False
     timeout_s: float | None = None  # the --timeout it ran past
     interrupted: bool = False
-    #: ranks given up on while still running (deaf to an interrupt): the session's
-    #: process group cannot go on, so the session must be restarted
+    #: ranks given up on while still running (they did not stop when interrupted): the
+    #: session's process group cannot go on, so the session is restarted
     stuck: tuple[int, ...] = ()
     #: stopped by its sender while it waited for its turn: it never ran
     withdrawn: bool = False
     #: who else stopped it, in words ("session 's' was restarted from eval.ipynb; ...")
     stopped_by: str = ""
+    #: what became of the session after the cell, in words (its ranks were restarted,
+    #: which, why, and that their variables are lost)
+    note: str = ""
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,9 @@ class CellTracker:
         self.timed_out = False
         self.timeout_s: float | None = None  # the --timeout it ran past
         self.interrupted = False
+        #: when someone interrupted the cell (the stop button, `%dist interrupt`, the
+        #: sidebar): its ranks then get `STUCK_AFTER_S` to stop
+        self.stop_asked_at: float | None = None
         #: someone else interrupted or restarted the session during the cell (in words)
         self.stopped_by = ""
         #: when the first rank failed (raised or died): the others then wind down
@@ -217,6 +220,11 @@ class CellTracker:
         self._emit(RankFinished(prog.rank, status, prog.elapsed, failure))
         if self._unfinished == 0:
             self.done.set()
+
+    def stop_asked(self) -> None:
+        """Someone interrupted the cell; the first time counts."""
+        self.interrupted = True
+        self.stop_asked_at = self.stop_asked_at or time.monotonic()
 
     def rank_died(
         self,

@@ -360,7 +360,10 @@ class SessionManager:
         if action == "interrupt":
             text = f"session {name!r} was interrupted from {by.label}"
             if running is not None:
-                text += f": the {running.kind} from {running.sender.label} was stopped"
+                text += (
+                    f": the {running.kind} from {running.sender.label} was interrupted (its "
+                    "ranks that do not stop within a few seconds are restarted)"
+                )
         elif action == "restart":
             text = f"session {name!r} was restarted from {by.label}; its variables are gone"
         else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import queue
@@ -88,8 +89,16 @@ STRAGGLER_S = 30.0
 #: are interrupted (they are usually blocked in a collective the failed rank never joins)
 ABORT_AFTER_S = 3.0
 #: seconds an interrupted rank gets to stop before it counts as stuck (a rank blocked
-#: inside a C++ collective never sees the KeyboardInterrupt)
+#: inside a C++ collective never sees the KeyboardInterrupt): after another rank failed,
+#: and after someone stopped the cell (the stop button, `%dist interrupt`, the sidebar)
 STUCK_AFTER_S = 2.0
+#: the name of the notice line that says what a request waits for (`Notice.line`)
+WAITING_LINE = "waiting"
+#: what a restart after a rank that could not be stopped tells the user, in words
+STUCK_WHY = (
+    "blocked in C code, most likely a collective that another rank never joined, where "
+    "an interrupt cannot reach it"
+)
 STACKS_TIMEOUT_S = 10.0
 #: notices kept for this process's next cell
 MAX_NEWS = 16
@@ -337,7 +346,12 @@ class RankGroup:
                 result = await self._run_cell(
                     code, chosen, sink, timeout, execution_count=execution_count
                 )
-                errors.update({f.rank: f.headline() for f in result.failures})
+                if result.stuck:  # still in the turn: no cell is sent to the stuck ranks
+                    result = dataclasses.replace(
+                        result, note=await self._restart_stuck(result, sink)
+                    )
+                else:
+                    errors.update({f.rank: f.headline() for f in result.failures})
         except TurnWithdrawn:
             result = CellResult(tuple(chosen), (), {}, withdrawn=True)
         if sink is not None:
@@ -371,17 +385,58 @@ class RankGroup:
         error line; end the turn. Raises `TurnWithdrawn` if `stop_cell` withdrew it."""
         turn = Turn(self.turns.new_id(), self.sender, kind, tuple(ranks))
         self._waiting = turn.turn_id
+        told = WaitingLine(sink)
         try:
-            await self.turns.take(turn, _waiting_notice(sink))
+            await self.turns.take(
+                turn, lambda text: told.say(text, self.state == SessionState.RESTARTING)
+            )
         except SessionError:
             raise TurnWithdrawn(turn.turn_id) from None
         finally:
             self._waiting = None
+            told.clear()
         errors: dict[int, str] = {}
         try:
             yield errors
         finally:
             self.turns.end(turn.turn_id, errors, ranks)
+
+    async def _restart_stuck(
+        self, result: CellResult, sink: queue.SimpleQueue[CellEvent] | None
+    ) -> str:
+        """Restart the session whose ranks were given up on while still running, and say
+        so. A rank blocked in a collective (or in C code) cannot be interrupted and would
+        hold the process group, and its GPU, for good, and run a cell nobody waits for:
+        the only clean way on is fresh ranks. Done here, in the control plane, so every
+        way of stopping a cell gets it, whoever owns the session."""
+        stuck = ranks_label(list(result.stuck))
+        every = ranks_label(sorted(self.ranks))
+        if sink is not None:
+            sink.put(
+                Notice(
+                    f"restarting the ranks of session {self.name!r}",
+                    transient=True,
+                    line="status",
+                )
+            )
+        try:
+            await self.restart_ranks()
+        except Exception as err:
+            log.warning("session %s: restart after stuck ranks failed: %s", self.name, err)
+            return (
+                f"{stuck} could not be stopped, and restarting session {self.name!r} failed "
+                f"({type(err).__name__}: {str(err)[:300]}); run `%dist restart --session "
+                f"{self.name}` (the ranks' variables are lost)"
+            )
+        return (
+            f"session {self.name!r} was restarted with fresh ranks ({every}), as {stuck} "
+            f"could not be stopped ({STUCK_WHY}): the ranks' variables are lost; run your "
+            "setup cells again"
+        )
+
+    async def restart_ranks(self) -> None:
+        """Replace every rank by a fresh one (whoever owns the session does it)."""
+        raise SessionError(f"session {self.name!r}: its ranks cannot be restarted from here")
 
     async def stop_cell(self, ranks: Sequence[int] | None = None) -> None:
         """The user stopped this process's cell: withdraw it if it still waits for its
@@ -439,7 +494,7 @@ class RankGroup:
                 if sink is not None and dumps:
                     where = stacks.one_line(dumps)
                     sink.put(Notice(f"timed out after {timeout:g} s; interrupting: {where}", True))
-                await self.interrupt(busy)
+                await self._interrupt_ranks(busy)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(run.done.wait(), INTERRUPT_GRACE_S)
                 run.stuck = tuple(
@@ -469,14 +524,17 @@ class RankGroup:
     async def _watch(self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None) -> None:
         """Wait for the cell.
 
-        When a rank raised or died, the others get `abort_after_s` to finish; then they
-        are interrupted, and those still running `STUCK_AFTER_S` later are given up on
+        When someone stopped the cell (`interrupt`), ranks still running `STUCK_AFTER_S`
+        later are given up on (`_give_up_stopped`). When a rank raised or died, the others
+        are told at once that they get `abort_after_s` to finish; then they are
+        interrupted, and those still running `STUCK_AFTER_S` later are given up on
         (`CellTracker.stuck`: blocked in a collective the failed rank never joined). Else,
         say once which ranks are still busy when the others have been done for
         `straggler_s`.
         """
         first_done: float | None = None
         said = False
+        announced = False
         loop = asyncio.get_running_loop()
         behind_others: set[int] = set()
         while True:
@@ -487,7 +545,16 @@ class RankGroup:
                 pass
             self._say_queued_behind_others(run, sink, behind_others)
             busy = run.busy_ranks
+            asked = run.stop_asked_at
+            if busy and asked is not None:
+                if time.monotonic() - asked >= STUCK_AFTER_S:
+                    await self._give_up_stopped(run, busy)
+                    return
+                continue  # every rank was interrupted already: no wind-down of its own
             failed_at = run.first_failure_at
+            if busy and failed_at and not announced:
+                announced = True
+                self._announce_wind_down(run, busy, sink)
             if busy and failed_at and time.monotonic() - failed_at >= self.abort_after_s:
                 await self._wind_down(run, busy, sink)
                 return
@@ -501,8 +568,8 @@ class RankGroup:
                     Notice(
                         f"{ranks_label(busy)} still running {self.straggler_s:.0f} s after "
                         f"the other ranks finished" + (f": {where}" if where else "")
-                        + "; the cell view's stacks button shows where they are now (in a "
-                        f"terminal: interrupt, then `%dist stacks --session {self.name}`)"
+                        + "; the stop button interrupts them (a rank that does not stop "
+                        "within a few seconds is restarted, and its variables are lost)"
                     )
                 )  # fmt: skip
 
@@ -529,34 +596,72 @@ class RankGroup:
                     )
                 )
 
-    async def _wind_down(
-        self, run: CellTracker, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None
-    ) -> None:
-        """Interrupt the ranks still running after another failed; give up on the deaf."""
+    async def _give_up_stopped(self, run: CellTracker, busy: list[int]) -> None:
+        """Someone stopped the cell and ``busy`` did not stop within `STUCK_AFTER_S`: they
+        are given up on (the caller restarts the session)."""
+        dumps = await self._dumps(busy)
+        run.stuck = tuple(
+            run.give_up(
+                "stuck",
+                f"did not stop within {STUCK_AFTER_S:g} s of the interrupt",
+                ename="Stuck",
+                details={r: stacks.place_of(dump).text for r, dump in dumps.items()},
+            )
+        )
+
+    @staticmethod
+    def _cause(run: CellTracker) -> tuple[str, str]:
+        """Which rank failed first, in words (``rank 1 failed``), and its error line."""
         root = run.root_failure()
         assert root is not None
         verb = {"died": "died", "interrupted": "was interrupted"}.get(root.kind, "failed")
-        cause = f"rank {root.rank} {verb}"
         why = "" if root.kind == "interrupted" else f" ({root.headline()})"
+        return f"rank {root.rank} {verb}", why
+
+    def _announce_wind_down(
+        self, run: CellTracker, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None
+    ) -> None:
+        """Say at once what waits for the ranks left running after another failed."""
+        if sink is None:
+            return
+        cause, why = self._cause(run)
+        them, they = ("it", "it finishes") if len(busy) == 1 else ("them", "they finish")
+        sink.put(
+            Notice(
+                f"{cause}{why}; {ranks_label(busy)} still running: interrupting {them} in "
+                f"{self.abort_after_s:g} s unless {they}",
+                transient=True,
+                line="wind-down",
+            )
+        )
+
+    async def _wind_down(
+        self, run: CellTracker, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None
+    ) -> None:
+        """Interrupt the ranks still running after another failed; give up on those that
+        do not stop."""
+        cause, why = self._cause(run)
         if sink is not None:
             sink.put(
                 Notice(
                     f"{cause}{why}; interrupting {ranks_label(busy)}, still "
                     f"running {self.abort_after_s:g} s later",
                     transient=True,
+                    line="wind-down",
                 )
             )
-        await self.interrupt(busy)
+        await self._interrupt_ranks(busy)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(run.done.wait()), STUCK_AFTER_S)
-        deaf = run.busy_ranks
-        if not deaf:
+        stuck = run.busy_ranks
+        if not stuck:
             return
-        dumps = await self._dumps(deaf)
+        dumps = await self._dumps(stuck)
         run.stuck = tuple(
             run.give_up(
                 "stuck",
-                f"still running {self.abort_after_s:g} s after {cause}, and deaf to an interrupt",
+                f"still running {self.abort_after_s:g} s after {cause}, and did not stop "
+                f"within {STUCK_AFTER_S:g} s of an interrupt",
                 ename="Stuck",
                 details={r: stacks.place_of(dump).text for r, dump in dumps.items()},
             )
@@ -580,13 +685,20 @@ class RankGroup:
             return ""
         return stacks.describe(dumps) if frames else stacks.one_line(dumps)
 
-    def raise_for(self, result: CellResult, note: str = "") -> None:
-        """Turn a failed `CellResult` into the exception the notebook cell raises."""
+    def raise_for(self, result: CellResult) -> None:
+        """Turn a failed `CellResult` into the exception the notebook cell raises; its
+        note says what became of the session (`CellResult.note`)."""
         if not result.failures:
             return
+        note = result.note
         if result.stopped_by:  # someone else interrupted or restarted the session
+            failed = {f.rank for f in result.failures}
             raise CellInterrupted(
-                self.name, self.spec.world_size, result.failures, result.stopped_by
+                self.name,
+                self.spec.world_size,
+                result.failures,
+                "\n".join(t for t in (result.stopped_by, note) if t),
+                finished=[r for r in result.ranks if r not in failed],
             )
         if result.timed_out:
             raise CellTimeout(
@@ -595,8 +707,17 @@ class RankGroup:
         raise RanksFailed(self.name, self.spec.world_size, result.failures, note)
 
     async def interrupt(self, ranks: Sequence[int] | None = None) -> None:
-        """Interrupt ``ranks`` (all by default): a KeyboardInterrupt in their running code."""
-        for r in self.check_ranks(ranks):
+        """Interrupt ``ranks`` (all by default): a KeyboardInterrupt in their running code.
+        A cell of this process running there then gives its ranks `STUCK_AFTER_S` to
+        stop; those that do not are restarted (`_watch`)."""
+        chosen = self.check_ranks(ranks)
+        run = self._current
+        if run is not None and set(run.progress) <= set(chosen):
+            run.stop_asked()
+        await self._interrupt_ranks(chosen)
+
+    async def _interrupt_ranks(self, ranks: Sequence[int]) -> None:
+        for r in ranks:
             rec = self.ranks[r]
             if rec.client and rec.state != RankState.DEAD:
                 rec.client.interrupt()
@@ -772,10 +893,25 @@ class TurnWithdrawn(DistError):
     """A request was withdrawn before its turn came (its sender stopped it)."""
 
 
-def _waiting_notice(sink: queue.SimpleQueue[CellEvent] | None) -> Callable[[str], None] | None:
-    if sink is None:
-        return None
-    return lambda text: sink.put(Notice(text, True))
+class WaitingLine:
+    """The one line that says what a request waits for, updated while it waits and
+    taken away when its turn comes."""
+
+    def __init__(self, sink: queue.SimpleQueue[CellEvent] | None) -> None:
+        self.sink = sink
+        self.shown = False
+
+    def say(self, text: str, restarting: bool = False) -> None:
+        if self.sink is None:
+            return
+        if restarting:
+            text = "waiting for the session's ranks, which are being restarted"
+        self.shown = True
+        self.sink.put(Notice(text, transient=True, line=WAITING_LINE))
+
+    def clear(self) -> None:
+        if self.sink is not None and self.shown:
+            self.sink.put(Notice("", transient=True, line=WAITING_LINE))
 
 
 def _timeout_detail(run: CellTracker, rank: int, dumps: Mapping[int, str]) -> str:

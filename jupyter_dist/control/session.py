@@ -433,6 +433,9 @@ class Session(RankGroup):
         self.turns.ranks_restarted()  # fresh ranks: no error of theirs yet
         log.info("session %s restarted", self.name)
 
+    async def restart_ranks(self) -> None:
+        await self.restart()
+
     async def _restart(self, progress: Progress) -> None:
         if any(n.lost for n in self.nodes):
             await self._give_up_nodes()

@@ -75,6 +75,18 @@ LIVE_AFTER_S = 0.25
 DisplayFn = Callable[..., Any]
 
 
+def _set_line(lines: list[tuple[str, str]], line: str, text: str) -> list[tuple[str, str]]:
+    """``lines`` with ``text`` under the name ``line`` (in its place if it is there; none
+    if ``text`` is empty); a notice without a name is added."""
+    if not line:
+        return [*lines, (line, text)] if text else lines
+    if any(name == line for name, _ in lines):
+        return [
+            (name, text if name == line else old) for name, old in lines if name != line or text
+        ]
+    return [*lines, (line, text)] if text else lines
+
+
 class View:
     """One entry of the selector: its kept output and the widget showing it."""
 
@@ -146,7 +158,8 @@ class CellView:
         self.printed = dict.fromkeys(self.ranks, 0)  # characters each rank printed
         self.relay = relay
         self.notices: list[str] = []
-        self.transient: list[str] = []  # notices the cell's outcome supersedes
+        #: notices the cell's outcome supersedes, with their line's name ("": their own)
+        self.transient: list[tuple[str, str]] = []
         self.metrics = MetricsView(self.ranks)
         self.finished = False
         self._last_render = 0.0
@@ -286,7 +299,7 @@ class CellView:
             if note:
                 self._notice(note)
         elif isinstance(event, Notice):
-            self._notice(event.text, event.transient)
+            self._notice(event.text, event.transient, event.line)
         elif isinstance(event, CellFinished):
             self.finish()
 
@@ -297,17 +310,19 @@ class CellView:
             if rank is None or self.statuses[rank].node == node:
                 renderer.handle(event)
 
-    def _notice(self, text: str, transient: bool = False) -> None:
+    def _notice(self, text: str, transient: bool = False, line: str = "") -> None:
         """Notes about the cell (a straggler, a relay's warning) go in the footer, where
         they are seen whichever view is shown, and in the all-ranks view. A transient one
         ("interrupting rank 0") is shown in the footer only while the cell runs: the cell's
-        outcome says it again, and each fact is said once."""
-        if transient:
-            self.transient.append(text)
+        outcome says it again, and each fact is said once. A notice with a ``line`` name
+        replaces the one shown under that name (one line that updates: what the cell
+        waits for), and an empty one takes it away."""
+        if transient or line:
+            self.transient = _set_line(self.transient, line, text)
         else:
             self.notices.append(text)
             self._all_text.handle(Notice(text))
-        self._set_footer(self._notes_html(self.notices + self.transient))
+        self._set_footer(self._notes_html(self.notices + [t for _, t in self.transient]))
 
     def _set_footer(self, html: str) -> None:
         self.footer_html = html

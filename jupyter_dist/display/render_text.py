@@ -39,6 +39,7 @@ from jupyter_dist.display.output_store import format_size, output_limit
 from jupyter_dist.display.rank_logs import RankLogs, rich_log_text
 from jupyter_dist.display.rich_text import is_bare_repr, readable_text
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary
+from jupyter_dist.display.status_lines import StatusLines
 from jupyter_dist.errors import RankFailure, group_failures
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
 from jupyter_dist.text import ranks_label
@@ -99,8 +100,11 @@ class TextRenderer:
         limit: int | None = None,
         logs: RankLogs | None = None,
         write_logs: bool = True,
+        status: StatusLines | None = None,
     ) -> None:
         self.ranks = sorted(ranks)
+        #: where a notice with a line name updates its line (None: said once, printed)
+        self.status = status
         self.files = {"stdout": _Flushed(out), "stderr": _Flushed(err)}
         self.display = display
         self.fold = fold and len(self.ranks) > 1
@@ -152,7 +156,12 @@ class TextRenderer:
                     self.failures.append((time.monotonic(), failure))
             state = STATE_OF_FINISH.get(event.status, "error")
             self.finished[event.rank] = RankStatus(event.rank, "", 0, state, elapsed=event.elapsed)
+        elif isinstance(event, Notice) and event.line and self.status is not None:
+            self.flush(final=True)
+            self.status.set(event.line, event.text)
         elif isinstance(event, Notice):
+            if not event.text:
+                return  # a line taken away, which was printed: it stays
             if event.transient:  # a ticking notice ("... (running 8 s)") is said once
                 gist = _DIGITS.sub("#", event.text)
                 if gist == self._last_transient:
@@ -169,6 +178,8 @@ class TextRenderer:
         self.flush(final=False)
 
     def finish(self) -> None:
+        if self.status is not None:  # news while the cell ran: its outcome says it again
+            self.status.clear()
         for rank in self.ranks:
             self._end_partial(rank)
         self.running.clear()

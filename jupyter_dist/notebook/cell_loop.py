@@ -29,8 +29,11 @@ from jupyter_dist.errors import CellInterrupted, RanksFailed
 from jupyter_dist.notebook.owners import SessionOwner
 from jupyter_dist.text import ranks_label
 
-#: seconds to keep drawing after an interrupt before giving control back
-INTERRUPT_WAIT_S = 10.0
+#: seconds to keep drawing after an interrupt before giving control back: the control
+#: plane ends a stopped cell itself (ranks that do not stop within a few seconds are
+#: restarted, which this waits for, so that its message is seen); a second interrupt stops
+#: waiting at once
+INTERRUPT_WAIT_S = 120.0
 #: seconds a stopped cell's call may take to return after its CellFinished event
 FINISH_WAIT_S = 5.0
 POLL_S = 0.05
@@ -140,7 +143,7 @@ def run_cell(
         raise interrupted_error(control, session, future, ranks).shown_above(finished.failed)
     result = finished.result if finished.result is not None else future.result()
     try:
-        session.raise_for(result, restart_stuck(control, session, result) if result.stuck else "")
+        session.raise_for(result)
     except RanksFailed as err:  # the renderer showed the tracebacks: the error names them
         err.shown_above(finished.failed)
         raise
@@ -177,8 +180,8 @@ def interrupted_error(
     ranks: list[int] | None,
 ) -> CellInterrupted:
     """What the notebook cell raises when the user stopped it: where each rank was, in
-    one short block (`CellInterrupted`, a KeyboardInterrupt), the session restarted first
-    if a rank could not be stopped."""
+    one short block (`CellInterrupted`, a KeyboardInterrupt), and what became of the
+    session (the control plane restarted it if a rank could not be stopped)."""
     world = session.spec.world_size
     if not future.done() or future.exception() is not None:
         running = sorted(ranks or session.ranks)
@@ -191,29 +194,14 @@ def interrupted_error(
             [],
             "withdrawn before it started; the cell that was running on the ranks went on",
         )
-    note = restart_stuck(control, session, result) if result.stuck else ""
-    return CellInterrupted(session.name, world, result.failures, note)
-
-
-def restart_stuck(control: SessionOwner, session: RankGroup, result: CellResult) -> str:
-    """Restart a session whose ranks were given up on while still running, and say so.
-
-    A rank blocked in a collective that a failed rank never joins cannot be interrupted
-    (the wait is in C++) and would hold the process group, and its GPU, for good: the
-    only clean way on is fresh ranks.
-    """
-    stuck = ranks_label(list(result.stuck))
-    try:
-        control.run(control.manager.restart(session.name))
-    except Exception as err:
-        return (
-            f"{stuck} did not stop, and restarting session {session.name!r} failed "
-            f"({type(err).__name__}: {err}); run `%dist restart --session {session.name}`"
-        )
-    return (
-        f"session {session.name!r} was restarted with fresh ranks, as {stuck} could not be "
-        "stopped (blocked, most likely inside a collective that another rank never "
-        "joined): the ranks' variables are lost; run your setup cells again"
+    failed = {f.rank for f in result.failures}
+    note = "\n".join(t for t in (result.stopped_by, result.note) if t)
+    return CellInterrupted(
+        session.name,
+        world,
+        result.failures,
+        note,
+        finished=[r for r in result.ranks if r not in failed],
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from IPython.core.error import UsageError
+from IPython.core.getipython import get_ipython
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import publish_display_data
@@ -39,6 +40,7 @@ from jupyter_dist.common.spec import (
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_group import OBJECTS_TIMEOUT_S, RankGroup, SessionState
 from jupyter_dist.display.render_text import TextRenderer
+from jupyter_dist.display.status_lines import StatusLines
 from jupyter_dist.errors import DistError, SpecError
 from jupyter_dist.notebook import owners as planes
 from jupyter_dist.notebook.cell_loop import Renderer, run_cell, wait_with_notices
@@ -74,7 +76,12 @@ def _display(data: dict[str, Any], metadata: dict[str, Any]) -> None:
 
 
 def _renderer(ranks: list[int], summary: bool = False) -> TextRenderer:
-    return TextRenderer(ranks, sys.stdout, sys.stderr, _display, summary=summary)
+    """The text view; in a notebook kernel, what a cell waits for is one line that
+    updates (a terminal has no such line: there it is printed when it changes)."""
+    shell = get_ipython()
+    in_kernel = getattr(shell, "kernel", None) is not None
+    status = StatusLines() if in_kernel else None
+    return TextRenderer(ranks, sys.stdout, sys.stderr, _display, summary=summary, status=status)
 
 
 def output_mode(shell: Any, asked: str | None) -> CellViewKind:

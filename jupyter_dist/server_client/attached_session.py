@@ -29,12 +29,17 @@ from jupyter_dist.control.rank_group import (
     RankState,
     SessionState,
     TurnWithdrawn,
+    WaitingLine,
 )
 
 if TYPE_CHECKING:
     from jupyter_dist.server_client.rest_client import ServerClient
 
 log = logging.getLogger(__name__)
+#: seconds to reach the new ranks of a session restarted while a turn waited
+REFRESH_TIMEOUT_S = 60.0
+#: seconds within which a turn counts as given at once (no one else's request ran first)
+TURN_AT_ONCE_S = 0.5
 
 
 class AttachedSession(RankGroup):
@@ -42,7 +47,15 @@ class AttachedSession(RankGroup):
 
     def __init__(self, status: SessionStatus, connection: SessionConnection) -> None:
         super().__init__(SessionSpec.from_json(status["spec"]), str(connection["key"]))
-        self.status_data: SessionStatus = status.copy()
+        self.fetch_stacks: Callable[[list[int] | None], Awaitable[dict[int, str]]] | None = None
+        self.client: ServerClient | None = None  # the server, which keeps the turns
+        self._waiting_line: WaitingLine | None = None  # while a turn of ours waits
+        self._take(status, connection)
+
+    def _take(self, status: SessionStatus, connection: SessionConnection) -> None:
+        """The ranks ``connection`` names, in the state ``status`` gives."""
+        self.key = str(connection["key"])
+        self.status_data = status.copy()
         self.ranks = {}
         pids = {r["rank"]: r.get("pid") for r in status.get("ranks", [])}
         for entry in connection["ranks"]:
@@ -58,10 +71,19 @@ class AttachedSession(RankGroup):
                 pid=pids.get(place.rank),
                 connection=None if sockets is None else sockets.copy(),
             )
-        self.fetch_stacks: Callable[[list[int] | None], Awaitable[dict[int, str]]] | None = None
         self._state = SessionState(status["state"])
         self.broken_reason = str(status.get("broken_reason") or "")
-        self.client: ServerClient | None = None  # the server, which keeps the turns
+        self.stale = False
+
+    async def refresh(self, timeout: float) -> None:
+        """The server restarted the ranks while this notebook waited for its turn: talk
+        to the new ones (the old ones' variables are gone)."""
+        assert self.client is not None
+        connection = await self.client.connection(self.name)
+        status = await self.client.status(self.name)
+        await self.close_clients()
+        self._take(status, connection)
+        await self.connect(timeout)
 
     async def connect(self, timeout: float) -> None:
         """Open a kernel client to every rank that is alive."""
@@ -79,6 +101,8 @@ class AttachedSession(RankGroup):
     def apply_status(self, status: SessionStatus) -> None:
         """Take in the server's picture: deaths of our ranks, the session's state."""
         self.status_data = status.copy()
+        if self._waiting_line is not None:  # what our turn waits for changed: say so now
+            self._say_waiting(self._waiting_line)
         current = {r["rank"]: r for r in status.get("ranks", [])}
         ours = all(
             (current[rank].get("pid") if rank in current else None) == rec.pid
@@ -122,7 +146,10 @@ class AttachedSession(RankGroup):
             "sender": self.sender.to_json(),
         }
         self._waiting = turn_id
-        ticker = asyncio.ensure_future(self._tell_waiting(sink)) if sink is not None else None
+        told = WaitingLine(sink)
+        ticker = asyncio.ensure_future(self._tell_waiting(told)) if sink is not None else None
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
         try:
             while True:
                 reply = await client.take_turn(self.name, body)
@@ -130,14 +157,19 @@ class AttachedSession(RankGroup):
                     break
                 if reply["state"] == "withdrawn":
                     raise TurnWithdrawn(turn_id)
+            waited = loop.time() - asked > TURN_AT_ONCE_S
+            if waited or self.stale or self.state != SessionState.READY:
+                await self._follow_restart()  # the ranks may have been restarted meanwhile
         except BaseException:
             with contextlib.suppress(Exception):  # withdraw it (a no-op if it was)
                 await client.end_turn(self.name, turn_id)
             raise
         finally:
             self._waiting = None
+            self._waiting_line = None
             if ticker is not None:
                 ticker.cancel()
+            told.clear()
         errors: dict[int, str] = {}
         try:
             yield errors
@@ -147,11 +179,36 @@ class AttachedSession(RankGroup):
             except Exception as err:  # the server went away: its queue went with it
                 log.info("session %s: ending turn %s failed: %s", self.name, turn_id, err)
 
-    async def _tell_waiting(self, sink: queue.SimpleQueue[CellEvent]) -> None:
+    async def _tell_waiting(self, told: WaitingLine) -> None:
+        """Each second, and whenever the server's picture changes, what the turn waits
+        for: one line, updated."""
         await asyncio.sleep(0.3)  # a turn that comes at once needs no word
+        self._waiting_line = told
         while True:
-            sink.put(Notice(waiting_text(self.status_data.get("running")), True))
+            self._say_waiting(told)
             await asyncio.sleep(1.0)
+
+    def _say_waiting(self, told: WaitingLine) -> None:
+        restarting = self.status_data.get("state") == SessionState.RESTARTING.value
+        told.say(waiting_text(self.status_data.get("running")), restarting)
+
+    async def _follow_restart(self) -> None:
+        """After a wait for the turn: if the server restarted the ranks meanwhile, talk to
+        the new ones (their pids tell; the event saying so may not be here yet)."""
+        assert self.client is not None
+        status = await self.client.status(self.name)
+        pids = {r["rank"]: r.get("pid") for r in status.get("ranks", [])}
+        if self.stale or any(pids.get(r) != rec.pid for r, rec in self.ranks.items()):
+            await self.refresh(REFRESH_TIMEOUT_S)
+
+    async def restart_ranks(self) -> None:
+        """Asked of the server, which owns the ranks; this object's clients then talk to
+        the old ones, and the notebook attaches again before its next cell."""
+        if self.client is None:
+            await super().restart_ranks()
+            return
+        await self.client.restart(self.name)
+        self.stale = True
 
     async def withdraw(self, turn_id: str) -> None:
         if self.client is None:
@@ -169,8 +226,10 @@ class AttachedSession(RankGroup):
                 self.news.append(text)
             return False
         run.stopped_by = text
-        if run.sink is not None:
-            run.sink.put(Notice(text))
+        if action == "interrupt":  # the server interrupted every rank
+            run.stop_asked()
+        if run.sink is not None:  # news while it runs: the cell's error says it again
+            run.sink.put(Notice(text, transient=True))
         return True
 
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:

@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 #: seconds to wait for the event stream before starting a session without progress news
 SUBSCRIBE_WAIT_S = 5.0
 CONNECT_TIMEOUT_S = 60.0
+#: how long a notebook waits for a session whose ranks are being restarted, and how often
+#: it asks whether they are
+RESTART_WAIT_S = 600.0
+RESTART_POLL_S = 0.25
 #: sessions shut down elsewhere that this notebook remembers
 MAX_NEWS = 16
 #: the kernel's variables a session started on the server gets, when they are set: the
@@ -184,8 +188,22 @@ class ServerSessions:
             return None  # asked again: the server knows best (a restart may just have ended)
         return session
 
-    async def _attach(self, name: str) -> AttachedSession:
+    async def _wait_restart(self, name: str, progress: Progress) -> None:
+        """A session whose ranks are being restarted (a stopped cell's, or from the
+        sidebar) is waited for, saying so once, rather than refused."""
+        deadline = asyncio.get_running_loop().time() + RESTART_WAIT_S
+        said = False
+        while (await self.client.status(name)).get("state") == SessionState.RESTARTING.value:
+            if not said:
+                said = True
+                progress(f"waiting for session {name!r}, whose ranks are being restarted")
+            if asyncio.get_running_loop().time() > deadline:
+                return  # the connection's refusal says what is wrong
+            await asyncio.sleep(RESTART_POLL_S)
+
+    async def _attach(self, name: str, progress: Progress = lambda _: None) -> AttachedSession:
         await self._ensure_events()
+        await self._wait_restart(name, progress)
         connection = await self.client.connection(name)
         status = await self.client.status(name)
         old = self.sessions.pop(name, None)
@@ -238,7 +256,7 @@ class ServerSessions:
         if started and name == self.default_name and self.lost_before:
             progress(f"{self.lost_before}; this notebook's new session is {name!r}")
             self.lost_before = ""
-        session = await self._attach(name)
+        session = await self._attach(name, progress)
         self._said_on_attach(name, started, progress)
         return session, started
 

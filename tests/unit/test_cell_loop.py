@@ -115,7 +115,7 @@ class OneSession:
     async def stop_cell(self, ranks: Any) -> None:  # pragma: no cover - closed unawaited
         pass
 
-    def raise_for(self, result: CellResult, note: str) -> None:
+    def raise_for(self, result: CellResult) -> None:
         self.raised_for.append(result)
 
 

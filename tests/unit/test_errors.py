@@ -138,7 +138,17 @@ def test_an_interrupted_cell_is_a_keyboard_interrupt_with_places() -> None:
 
 def test_an_interrupt_the_ranks_did_not_answer_says_so() -> None:
     err = CellInterrupted("s", 2, [], still_running=[0, 1])
-    assert str(err).startswith("interrupted in session 's'; ranks 0-1 still running")
+    assert str(err).startswith("interrupted in session 's'; ranks 0-1 not stopped yet")
+    assert "stacks button" not in str(err)
+
+
+def test_a_stopped_cell_names_the_rank_that_did_not_stop_and_the_one_that_had_finished() -> None:
+    err = CellInterrupted("s", 2, [stopped(0, "stuck", KEYBOARD_TB)], finished=[1])
+    first = strip_ansi("\n".join(err._render_traceback_())).splitlines()[0]
+    assert first == (
+        "CellInterrupted: interrupted in session 's': rank 0 did not stop; rank 1 had finished"
+    )
+    assert "still running" not in str(err) and "deaf" not in str(err)
 
 
 def test_a_failure_shows_its_traceback_and_the_stopped_ranks_one_line_each() -> None:
@@ -147,7 +157,7 @@ def test_a_failure_shows_its_traceback_and_the_stopped_ranks_one_line_each() -> 
     assert "--- rank 1 (host host-a, local rank 1): ValueError: boom" in text
     assert "tb line" in text
     assert (
-        "  rank 0 (stuck, deaf to an interrupt): in barrier (distributed_c10d.py:5356), cell "
+        "  rank 0 (did not stop when interrupted): in barrier (distributed_c10d.py:5356), cell "
         "line 2" in text
     )
     assert text.count("barrier") == 1

@@ -1,0 +1,206 @@
+"""Stopping a cell whose rank cannot be interrupted, on a session a real Jupyter server owns.
+
+Rank 0 of notebook A's cell waits in ``dist.barrier()`` for rank 1, which finished. The
+notebook's stop button, the sidebar's Interrupt (the REST route) and ``%dist interrupt``
+from another notebook all end the cell within a few seconds: the notebook running the
+cell has the server restart the ranks that did not stop, says so once, and the next
+cell runs. A cell of another notebook queued behind it waits on one line that says what
+it waits for (the cell, then the restart), and then runs on the fresh ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+
+from .server_process import API, Server, start_server, stop_server
+from .test_server_kernels import ServerKernel
+from .test_shared_sessions import later, wait_for
+
+pytestmark = pytest.mark.slow
+SESSION = "hang"
+
+
+class PatientKernel(ServerKernel):
+    """A notebook kernel whose first answer may come late: on a loaded machine its
+    heartbeat can miss the client's first checks, which then takes it for dead."""
+
+    def _connect(self) -> BlockingKernelClient:
+        kc = BlockingKernelClient(
+            connection_file=str(self.server.runtime_dir / f"kernel-{self.id}.json")
+        )
+        kc.load_connection_file()
+        kc.start_channels()
+        for attempt in range(5):
+            try:
+                kc.wait_for_ready(timeout=60)
+                return kc
+            except RuntimeError:
+                if attempt == 4:
+                    kc.stop_channels()
+                    raise
+                time.sleep(1)
+        raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("stop-hang")
+    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
+    yield running
+    ours = running.descendants()
+    stop_server(running)
+    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture
+def pair(server: Server, kernel_name: str) -> Iterator[tuple[ServerKernel, ServerKernel]]:
+    """Notebook A starts the session, notebook B attaches to it."""
+    a = PatientKernel(server, "train.ipynb", kernel_name)
+    b = PatientKernel(server, "eval.ipynb", kernel_name)
+    try:
+        a.ok("%load_ext jupyter_dist")
+        b.ok("%load_ext jupyter_dist")
+        a.ok(f"%%distributed --procs 2 --session {SESSION}\nimport torch.distributed as dist")
+        b.ok(f"%dist attach {SESSION}")
+        yield a, b
+    finally:
+        _status, _ = server.call("DELETE", f"{API}/sessions/{SESSION}")
+        for kernel in (a, b):
+            with contextlib.suppress(Exception):
+                kernel.close()
+
+
+def hang(mark: Path) -> str:
+    """Rank 0 waits in a barrier rank 1 never joins; rank 1 finishes, leaving ``mark``."""
+    return (
+        f"%%distributed --session {SESSION}\n"
+        "if dist.get_rank() == 0:\n"
+        "    dist.barrier()\n"
+        f"open({str(mark)!r}, 'w').close()"
+    )
+
+
+def status_of(server: Server) -> dict[str, Any]:
+    code, found = server.call("GET", f"{API}/sessions/{SESSION}")
+    assert code == 200, found
+    return dict(found)
+
+
+def running_sender(server: Server) -> str:
+    running = status_of(server)["running"]
+    return "" if running is None else str(running["path"])
+
+
+def pids_of(server: Server) -> list[int]:
+    return [int(r["pid"]) for r in status_of(server)["ranks"]]
+
+
+def assert_restarted(server: Server, old: list[int]) -> None:
+    status = status_of(server)
+    assert status["state"] == "ready", status
+    assert set(pids_of(server)).isdisjoint(old)
+    _gone, alive = psutil.wait_procs([psutil.Process(p) for p in old if psutil.pid_exists(p)], 20)
+    assert not alive  # no old rank runs on with a cell nobody waits for
+
+
+@pytest.mark.parametrize("how", ["stop button", "sidebar", "%dist interrupt"])
+def test_every_way_of_stopping_a_hung_cell_restarts_the_rank_that_did_not_stop(
+    server: Server, pair: tuple[ServerKernel, ServerKernel], tmp_path: Path, how: str
+) -> None:
+    a, b = pair
+    old = pids_of(server)
+    mark = tmp_path / "rank1-finished"
+    hung = later(a, hang(mark))
+    wait_for(mark.exists)  # rank 1 finished; rank 0 waits in the barrier
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    time.sleep(0.5)
+    if how == "stop button":
+        code, _ = server.call("POST", f"/api/kernels/{a.id}/interrupt", {})
+        assert code == 204
+    elif how == "sidebar":
+        code, _ = server.call("POST", f"{API}/sessions/{SESSION}/interrupt", {})
+        assert code == 204
+    else:
+        b.ok(f"%dist interrupt --session {SESSION}")
+    out, reply, _took = hung.result(timeout=180)
+    assert reply["status"] == "error" and reply["ename"] == "CellInterrupted", out
+    assert ": rank 0 did not stop; rank 1 had finished" in out, out
+    assert "rank 0: in barrier" in out, out
+    assert (
+        f"session {SESSION!r} was restarted with fresh ranks (ranks 0-1), as rank 0 could "
+        "not be stopped" in out
+    ), out
+    assert out.count("could not be stopped") == 1, out  # one message
+    assert "variables are lost" in out
+    assert "still running" not in out and "stacks button" not in out and "deaf" not in out
+    if how != "stop button":  # who interrupted is said, and not that it "was stopped"
+        assert "was interrupted from" in out and "was stopped" not in out, out
+    assert_restarted(server, old)
+    after = a.ok(
+        f"%%distributed --session {SESSION}\nimport torch.distributed as dist\n"
+        "print('after', dist.get_rank())"
+    )
+    assert "[rank 0] after 0" in after and "[rank 1] after 1" in after, after
+
+
+def test_a_cell_queued_behind_a_hung_one_waits_on_one_line_then_runs_on_the_fresh_ranks(
+    server: Server, pair: tuple[ServerKernel, ServerKernel], tmp_path: Path
+) -> None:
+    a, b = pair
+    mark = tmp_path / "rank1-finished"
+    hung = later(a, hang(mark))
+    wait_for(mark.exists)
+    wait_for(lambda: running_sender(server) == "train.ipynb")
+    shown: list[dict[str, Any]] = []
+
+    def queued_cell() -> dict[str, Any]:
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] in ("stream", "display_data", "update_display_data", "error"):
+                shown.append(msg)
+
+        code = "%%distributed\nimport torch.distributed as dist\nprint('b ran', dist.get_rank())"
+        reply = b.kc.execute_interactive(code, output_hook=hook, timeout=180)
+        return dict(reply["content"])
+
+    queued = later_call(queued_cell)
+    wait_for(lambda: len(status_of(server)["queue"]) == 1)
+    time.sleep(2.5)  # B's line ticks a few times
+    code, _ = server.call("POST", f"/api/kernels/{a.id}/interrupt", {})
+    assert code == 204
+    _out, reply_a, _ = hung.result(timeout=180)
+    assert reply_a["status"] == "error"
+    reply = queued.result(timeout=180)
+    assert reply["status"] == "ok", "\n".join(str(m["content"]) for m in shown)
+    printed = "".join(m["content"]["text"] for m in shown if m["msg_type"] == "stream")
+    assert "[rank 0] b ran 0" in printed and "[rank 1] b ran 1" in printed, printed
+    assert "waiting" not in printed, printed  # the wait is not printed line after line
+    lines = [m for m in shown if m["msg_type"] in ("display_data", "update_display_data")]
+    waiting = [m for m in lines if "waiting" in m["content"]["data"].get("text/plain", "")]
+    ids = {m["content"]["transient"]["display_id"] for m in waiting}
+    assert len(ids) == 1, lines  # one line ...
+    line = [m for m in lines if m["content"]["transient"].get("display_id") in ids]
+    texts = [m["content"]["data"]["text/plain"] for m in line]
+    assert line[0]["msg_type"] == "display_data"
+    assert all(m["msg_type"] == "update_display_data" for m in line[1:])  # ... that updates
+    # it says what it waits for: the other notebook's cell, then the restart
+    assert texts[0].startswith("[jupyter_dist] waiting for a cell from train.ipynb (running")
+    assert len({t for t in texts if "running" in t}) >= 2, texts  # its time goes on
+    assert any("which are being restarted" in t for t in texts), texts
+    assert texts[-1] == "", texts  # taken away when the turn came
+
+
+def later_call(fn: Any) -> Any:
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)
+    return future
