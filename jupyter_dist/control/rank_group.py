@@ -94,6 +94,8 @@ ABORT_AFTER_S = 3.0
 STUCK_AFTER_S = 2.0
 #: the name of the notice line that says what a request waits for (`Notice.line`)
 WAITING_LINE = "waiting"
+#: the line that says which ranks wait for a console's code on them
+CONSOLE_LINE = "console"
 #: what a restart after a rank that could not be stopped tells the user, in words
 STUCK_WHY = (
     "blocked in C code, most likely a collective that another rank never joined, where "
@@ -532,18 +534,28 @@ class RankGroup:
         say once which ranks are still busy when the others have been done for
         `straggler_s`.
         """
+        console_line = [""]
+        try:
+            await self._watch_ticks(run, sink, console_line)
+        finally:
+            if console_line[0] and sink is not None:  # the console's line goes with the cell
+                sink.put(Notice("", transient=True, line=CONSOLE_LINE))
+
+    async def _watch_ticks(
+        self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, console_line: list[str]
+    ) -> None:
+        """`_watch`'s ticks, until the cell is done or its ranks are given up on."""
         first_done: float | None = None
         said = False
         announced = False
         loop = asyncio.get_running_loop()
-        behind_others: set[int] = set()
         while True:
             try:
                 await asyncio.wait_for(asyncio.shield(run.done.wait()), WATCH_TICK_S)
                 return
             except asyncio.TimeoutError:
                 pass
-            self._say_queued_behind_others(run, sink, behind_others)
+            self._say_queued_behind_consoles(run, sink, console_line)
             busy = run.busy_ranks
             asked = run.stop_asked_at
             if busy and asked is not None:
@@ -573,28 +585,35 @@ class RankGroup:
                     )
                 )  # fmt: skip
 
-    def _say_queued_behind_others(
-        self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, told: set[int]
+    def _say_queued_behind_consoles(
+        self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, shown: list[str]
     ) -> None:
-        """Say once why a rank has not begun the cell: it runs code another client sent
-        (a console on the rank), and the cell waits in its queue until that ends."""
+        """One line, updated each tick, while ranks have not begun the cell because a
+        console on them runs code (the cell waits in their queue until that ends); taken
+        away once none does. ``shown`` holds what the line says now."""
         if sink is None:
             return
+        now = time.monotonic()
+        waiting: dict[int, float] = {}
         for r, progress in run.progress.items():
             client = self.ranks[r].client
-            if r in told or progress.began or progress.finished or client is None:
+            if progress.began or progress.finished or client is None:
                 continue
             since = client.others_code_since
             if since is not None:
-                told.add(r)
-                sink.put(
-                    Notice(
-                        f"rank {r} is queued: it is running code from a console on it "
-                        f"(for {time.monotonic() - since:.0f} s); this cell starts there "
-                        "when that ends (Kernel > Interrupt in that console stops it)",
-                        transient=True,
-                    )
-                )
+                waiting[r] = now - since
+        text = ""
+        if waiting:
+            ranks = sorted(waiting)
+            verb, them = ("is", "it") if len(ranks) == 1 else ("are", "them")
+            text = (
+                f"{ranks_label(ranks)} {verb} queued: running code from a console on {them} "
+                f"(for {max(waiting.values()):.0f} s); this cell starts there when that "
+                "ends (Kernel > Interrupt in that console stops it)"
+            )
+        if text != shown[0]:
+            shown[0] = text
+            sink.put(Notice(text, transient=True, line=CONSOLE_LINE))
 
     async def _give_up_stopped(self, run: CellTracker, busy: list[int]) -> None:
         """Someone stopped the cell and ``busy`` did not stop within `STUCK_AFTER_S`: they
