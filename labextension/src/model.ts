@@ -49,6 +49,8 @@ export interface ISession {
   ranks: IRank[];
   started_at?: number;
   straggler_s?: number;
+  /** the notebook it is named after, its path now (renames followed; '' if named by hand) */
+  notebook?: string;
   notebooks?: { path: string; kernel_id: string; since: number }[];
   running?: ITurn | null;
   queue?: ITurn[];

@@ -290,6 +290,7 @@ export class DistPanel extends Widget {
     const facts = document.createElement('div');
     facts.className = 'jp-DistSession-facts';
     facts.textContent = [
+      session.notebook ?? '',
       launcherOf(session),
       `${nodes} × ${perNode} ${session.device === 'cuda' ? 'GPU' : 'CPU'}`,
       session.backend,

@@ -131,6 +131,13 @@ def test_a_renamed_notebook_keeps_its_session_through_kernel_restart(
     (renamed,) = sessions(lab)
     assert renamed["name"] == name and renamed["notebook"] == RENAMED, renamed
     assert [n["path"] for n in renamed["notebooks"]] == [RENAMED]  # type: ignore[attr-defined]
+    # the sidebar's card of the session names the notebook by its new name
+    page.locator('.jp-SideBar [data-id="jupyter-dist-sidebar"]').click()
+    card = page.locator(f'#jupyter-dist-sidebar [data-session="{name}"]')
+    expect(card.locator(".jp-DistSession-facts")).to_contain_text(
+        RENAMED, timeout=RENDER_TIMEOUT_MS
+    )
+    nb.screenshot("rename-sidebar")
 
     # Kernel > Restart Kernel…, then the confirmation
     menu_item(page, "Kernel", "Restart Kernel…").click()
