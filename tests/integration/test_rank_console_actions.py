@@ -236,5 +236,7 @@ def test_a_collective_in_a_console_is_refused_unrun_unless_allowed(
         c1.ws.close()
 
     asyncio.run(go())
-    status, logged = server.call("GET", f"{API}/sessions/{session}/ranks/1/log")
+    status, logged = server.call(
+        "GET", f"{API}/sessions/{session}/ranks/1/log?kind=output"
+    )  # what it showed
     assert status == 200 and "CollectiveInConsole" in json.dumps(logged), logged

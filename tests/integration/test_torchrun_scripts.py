@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from jupyter_dist.errors import RanksFailed
+from jupyter_dist.rank.output_log import PART_BYTES, PARTS, read_output
 from jupyter_dist.text import strip_ansi
 from tests.conftest import CellOutput, session_status
 
@@ -90,7 +91,9 @@ def test_a_crash_under_run_fails_the_cell_and_reaches_the_log(
     assert sorted(out.error.failed_ranks) == [0, 1]
     shown = strip_ansi("\n".join(out.error.failures[0].traceback))
     assert "RuntimeError: crashed on rank" in shown and "step()" in shown
-    log = Path(session_status(SESSION)["ranks"][1]["log"]).read_text()
+    # the rank's output log, beside its process log (diagnostics) in the agent's folder
+    process_log = Path(session_status(SESSION)["ranks"][1]["log"])
+    log, _, _ = read_output(str(process_log.parent / "rank-1.out"), 0, PART_BYTES * PARTS)
     assert "RuntimeError: crashed on rank 1" in strip_ansi(log)
     assert cell(run, "print('still fine')").ok  # nothing else was harmed
 
