@@ -312,7 +312,8 @@ class CellView:
 
     def _notice(self, text: str, transient: bool = False, line: str = "") -> None:
         """Notes about the cell (a straggler, a relay's warning) go in the footer, where
-        they are seen whichever view is shown, and in the all-ranks view. A transient one
+        they are seen whichever view is shown, once (not in the all-ranks view too, which
+        is the view a cell opens on). A transient one
         ("interrupting rank 0") is shown in the footer only while the cell runs: the cell's
         outcome says it again, and each fact is said once. A notice with a ``line`` name
         replaces the one shown under that name (one line that updates: what the cell
@@ -321,7 +322,6 @@ class CellView:
             self.transient = _set_line(self.transient, line, text)
         else:
             self.notices.append(text)
-            self._all_text.handle(Notice(text))
         self._set_footer(self._notes_html(self.notices + [t for _, t in self.transient]))
 
     def _set_footer(self, html: str) -> None:

@@ -72,7 +72,9 @@ def test_a_full_disk_shows_one_notice_and_every_line_while_the_cell_runs(
     nb.screenshot("full-disk-done-notice", notice.locator("xpath=.."))
     assert done.count(NOTICE) == 1, done
     assert str(full_folder) in done
-    assert "logs:" not in done  # no link to logs that were not kept
+    # no link to logs that were not kept
+    assert f"logs: {full_folder}" not in done, done
+    expect(out.locator("a.jd-logs")).to_have_count(0)
     for rank in (0, 1):
         nb.output(2).get_by_text(f"rank {rank}", exact=False).first.click()
     text = out.inner_text()

@@ -8,7 +8,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -35,9 +35,20 @@ def set_link(cluster: Any, node: int, state: str) -> None:
     )
 
 
+@pytest.fixture
+def shut_down(run: Run) -> Iterator[list[str]]:
+    """Sessions named here are shut down after the test, whatever became of it: one left
+    running would be counted by the next test on the same nodes."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        run(f"%dist shutdown --session {name}")
+
+
 def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_ranks_go(
-    run: Run, cluster: Any
+    run: Run, cluster: Any, shut_down: list[str]
 ) -> None:
+    shut_down.append("cut")
     out = run(f"%%distributed --session cut {flags(cluster)} --procs 1\nimport os, time")
     assert out.ok, out.stdout + out.stderr
     node1 = {r["pid"] for r in session_status("cut")["ranks"] if r["node_rank"] == 1}
@@ -79,13 +90,19 @@ def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_rank
         "%%distributed --session cut\nimport torch, torch.distributed as dist\n"
         "t = torch.ones(1); dist.all_reduce(t); print(t.item())"
     )
-    assert after.ok and "[ranks 0-1] 2.0" in after.stdout, after.stdout + after.stderr
-    assert run("%dist shutdown --session cut").ok
+    # each rank printed the sum (a C-level warning of the restarted rank's process group
+    # may come in between, or late, and keep the two lines apart)
+    printed = after.stdout
+    assert after.ok, printed + after.stderr
+    assert "[ranks 0-1] 2.0" in printed or (
+        "[rank 0] 2.0" in printed and "[rank 1] 2.0" in printed
+    ), printed
 
 
 def test_a_node_whose_processes_all_die_is_told_as_lost_not_as_a_relay_restart(
-    run: Run, cluster: Any
+    run: Run, cluster: Any, shut_down: list[str]
 ) -> None:
+    shut_down.append("crash")
     out = run(f"%%distributed --session crash {flags(cluster)} --procs 1\nimport os, time")
     assert out.ok, out.stdout + out.stderr
     procs = ours_on(cluster, 1)  # its agent, its relay and its rank
