@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import torch
+
+from jupyter_dist.common.events import CellResult, StreamOut
+from jupyter_dist.common.spec import ShapeRequest, resolve_shape
+from jupyter_dist.control.event_queue import EventQueue
+from jupyter_dist.control.session import Session, SessionTimeouts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,3 +53,45 @@ def test_cuda_tensors_pull_back(shell: Any) -> None:
         shell.run_line_magic("dist", "shutdown --session gpu2")
     assert x.device.type == "cpu"  # the notebook never touches the GPU
     assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_rank_blocked_in_cuda_is_stopped_by_a_restart_and_the_next_cell_runs() -> None:
+    """The stop button on a rank waiting in C code for a long CUDA kernel: the interrupt
+    cannot reach it, so the session is restarted, and the next cell runs over NCCL."""
+    spec = resolve_shape("gpustop", ShapeRequest(gpus=1), torch.cuda.device_count(), "localhost")
+    session = Session(spec, SessionTimeouts(start=300))
+
+    async def scenario() -> tuple[CellResult, CellResult, str]:
+        await session.start()
+        try:
+            warm = "import torch\nx = torch.ones(1, device='cuda')"
+            assert not (await session.execute(warm)).failures
+            blocked = asyncio.ensure_future(
+                session.execute(
+                    "torch.cuda._sleep(200_000_000_000)\ntorch.cuda.synchronize()",
+                    sink=EventQueue(),
+                )
+            )
+            await asyncio.sleep(5)  # the rank waits in cudaDeviceSynchronize by now
+            await session.stop_cell()
+            stopped = await blocked
+            sink = EventQueue()
+            after = await session.execute(
+                "import torch, torch.distributed as dist\nt = torch.ones(4, device='cuda')\n"
+                "dist.all_reduce(t)\nprint('sum', t.sum().item(), dist.get_backend())",
+                sink=sink,
+            )
+            printed = ""
+            while not sink.empty():
+                event = sink.get()
+                if isinstance(event, StreamOut):
+                    printed += event.text
+            return stopped, after, printed
+        finally:
+            await session.shutdown()
+
+    stopped, after, printed = asyncio.run(scenario())
+    assert stopped.stuck == (0,), stopped
+    assert "restarted with fresh ranks" in stopped.note, stopped.note
+    assert not after.failures, after
+    assert "sum 4.0 nccl" in printed, printed
