@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -11,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,17 @@ def stop_server(server: Server) -> None:
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
+
+
+@contextlib.contextmanager
+def serving_text_output(root: Path) -> Iterator[Server]:
+    """A server in ``root`` whose notebook kernels draw cells as text, for a module's
+    tests; stopped after them, it must leave none of its processes behind."""
+    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
+    yield running
+    ours = running.descendants()
+    stop_server(running)
+    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def start_server_in(root: Path, runtime_dir: Path, args: tuple[str, ...] = ()) -> Server:

@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-import psutil
 import pytest
-from jupyter_client.blocking.client import BlockingKernelClient
 
 from jupyter_dist.server_client.discovery import notebook_session_name
 
-from .server_process import API, Server, start_server, stop_server
+from .server_process import API, Server, serving_text_output
 from .test_server_kernels import CELL_TIMEOUT, ServerKernel
 
 pytestmark = pytest.mark.slow
@@ -26,35 +24,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("renames")
-    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
-    yield running
-    ours = running.descendants()
-    stop_server(running)
-    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-
-
-class Notebook(ServerKernel):
-    """A notebook's kernel; on a loaded machine, a heartbeat missed while the kernel starts
-    (jupyter_client then says it "died") is asked about again while the server says it
-    runs."""
-
-    def _connect(self) -> BlockingKernelClient:
-        kc = BlockingKernelClient(
-            connection_file=str(self.server.runtime_dir / f"kernel-{self.id}.json")
-        )
-        kc.load_connection_file()
-        kc.start_channels()
-        for attempt in range(3):
-            try:
-                kc.wait_for_ready(timeout=60)
-                return kc
-            except RuntimeError:
-                status, found = self.server.call("GET", f"/api/kernels/{self.id}")
-                if attempt == 2 or status != 200 or found["execution_state"] == "dead":
-                    kc.stop_channels()
-                    raise
-        raise AssertionError("unreachable")
+    with serving_text_output(tmp_path_factory.mktemp("renames")) as running:
+        yield running
 
 
 def root_of(server: Server) -> Path:
@@ -64,7 +35,7 @@ def root_of(server: Server) -> Path:
 def new_notebook(server: Server, path: str, kernel_name: str) -> ServerKernel:
     """A notebook file at ``path`` and its kernel, as the Launcher makes them."""
     nbformat.write(nbformat.v4.new_notebook(), root_of(server) / path)
-    kernel = Notebook(server, path, kernel_name)
+    kernel = ServerKernel(server, path, kernel_name)
     kernel.ok("%load_ext jupyter_dist")
     return kernel
 

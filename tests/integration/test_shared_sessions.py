@@ -13,10 +13,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 
-from .server_process import API, Server, start_server, stop_server
+from .server_process import API, Server, serving_text_output
 from .test_server_kernels import ServerKernel
 
 pytestmark = pytest.mark.slow
@@ -25,12 +24,8 @@ SESSION = "shared"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("shared-sessions")
-    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
-    yield running
-    ours = running.descendants()
-    stop_server(running)
-    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    with serving_text_output(tmp_path_factory.mktemp("shared-sessions")) as running:
+        yield running
 
 
 @pytest.fixture

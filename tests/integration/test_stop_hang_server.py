@@ -18,9 +18,8 @@ from typing import Any
 
 import psutil
 import pytest
-from jupyter_client.blocking.client import BlockingKernelClient
 
-from .server_process import API, Server, start_server, stop_server
+from .server_process import API, Server, serving_text_output
 from .test_server_kernels import ServerKernel
 from .test_shared_sessions import later, wait_for
 
@@ -28,43 +27,17 @@ pytestmark = pytest.mark.slow
 SESSION = "hang"
 
 
-class PatientKernel(ServerKernel):
-    """A notebook kernel whose first answer may come late: on a loaded machine its
-    heartbeat can miss the client's first checks, which then takes it for dead."""
-
-    def _connect(self) -> BlockingKernelClient:
-        kc = BlockingKernelClient(
-            connection_file=str(self.server.runtime_dir / f"kernel-{self.id}.json")
-        )
-        kc.load_connection_file()
-        kc.start_channels()
-        for attempt in range(5):
-            try:
-                kc.wait_for_ready(timeout=60)
-                return kc
-            except RuntimeError:
-                if attempt == 4:
-                    kc.stop_channels()
-                    raise
-                time.sleep(1)
-        raise AssertionError("unreachable")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    root = tmp_path_factory.mktemp("stop-hang")
-    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
-    yield running
-    ours = running.descendants()
-    stop_server(running)
-    assert not [p for p in ours if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    with serving_text_output(tmp_path_factory.mktemp("stop-hang")) as running:
+        yield running
 
 
 @pytest.fixture
 def pair(server: Server, kernel_name: str) -> Iterator[tuple[ServerKernel, ServerKernel]]:
     """Notebook A starts the session, notebook B attaches to it."""
-    a = PatientKernel(server, "train.ipynb", kernel_name)
-    b = PatientKernel(server, "eval.ipynb", kernel_name)
+    a = ServerKernel(server, "train.ipynb", kernel_name)
+    b = ServerKernel(server, "eval.ipynb", kernel_name)
     try:
         a.ok("%load_ext jupyter_dist")
         b.ok("%load_ext jupyter_dist")
