@@ -221,7 +221,8 @@ class DistMagics(Magics):
         "--timeout",
         type=float,
         default=None,
-        help="seconds (finite, positive) before the ranks are interrupted and the cell fails",
+        help="seconds (finite, positive) before the ranks are interrupted and the cell "
+        "fails; ranks that do not stop within 2 s restart the session",
     )
     @argument(
         "--no-init", action="store_true", help="do not create the torch.distributed process group"
@@ -251,20 +252,25 @@ class DistMagics(Magics):
 
         In a notebook a cell still running after a quarter of a second shows a widget view
         (one that ends sooner shows only its snapshot, or nothing if it ran fine and had
-        nothing to show, as a plain cell): a status chip per rank, rank 0's
-        output with a selector for any rank, node or all ranks (identical lines folded),
+        nothing to show, as a plain cell): a status chip per rank, every rank's output,
+        each line with its rank (identical lines folded), with a selector for any rank or
+        node,
         live charts of what ranks send with ``jupyter_dist.log``, widgets ranks make, and a
         "stacks" button that shows where every rank is while the cell runs. When the cell
         ends, the view becomes a self-contained HTML snapshot (a block per rank, charts,
         summary) that a saved notebook, nbconvert and viewers show without a kernel.
         Elsewhere (or ``--output text``) output comes back as text prefixed ``[rank N]``.
-        Each rank's full output is in a log file; past ``JUPYTER_DIST_OUTPUT_LIMIT`` (2M) a
-        cell shows a marker naming it instead.
+        Each rank's full output, tracebacks included, is in a log file; past
+        ``JUPYTER_DIST_OUTPUT_LIMIT`` (2M) a cell shows a marker naming it instead.
 
-        A rank that raises or dies fails the cell with the root cause, and the view turns to
-        it; ranks left waiting for it are interrupted (or the session restarted, saying so)
-        and shown as stopped, not failed. Rank tracebacks name the notebook's cell number.
-        ``%dist stacks`` shows where ranks hang.
+        A rank that raises or dies fails the cell with the root cause, its traceback shown
+        once with its output, and the view turns to it; ranks left waiting for it are
+        interrupted (or the session restarted, saying so) and shown as stopped, not failed.
+        The stop button, ``%dist interrupt`` and ``--timeout`` end a cell within seconds:
+        ranks that do not stop within 2 s of the interrupt (blocked in a collective or in C
+        code) are given up on and the session restarted, its variables lost. Rank
+        tracebacks name the notebook's cell number. ``%dist stacks`` shows where ranks
+        hang.
         """
         args = parse_argstring(self.distributed, line)
         try:
