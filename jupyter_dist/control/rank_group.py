@@ -615,14 +615,19 @@ class RankGroup:
             shown[0] = text
             sink.put(Notice(text, transient=True, line=CONSOLE_LINE))
 
-    async def _give_up_stopped(self, run: CellTracker, busy: list[int]) -> None:
-        """Someone stopped the cell and ``busy`` did not stop within `STUCK_AFTER_S`: they
-        are given up on (the caller restarts the session)."""
+    async def _give_up_stopped(
+        self,
+        run: CellTracker,
+        busy: list[int],
+        why: str = f"did not stop within {STUCK_AFTER_S:g} s of the interrupt",
+    ) -> None:
+        """``busy`` did not stop within `STUCK_AFTER_S` of an interrupt: they are given up
+        on, each with where it was (the caller restarts the session)."""
         dumps = await self._dumps(busy)
         run.stuck = tuple(
             run.give_up(
                 "stuck",
-                f"did not stop within {STUCK_AFTER_S:g} s of the interrupt",
+                why,
                 ename="Stuck",
                 details={r: stacks.place_of(dump).text for r, dump in dumps.items()},
             )
@@ -675,15 +680,11 @@ class RankGroup:
         stuck = run.busy_ranks
         if not stuck:
             return
-        dumps = await self._dumps(stuck)
-        run.stuck = tuple(
-            run.give_up(
-                "stuck",
-                f"still running {self.abort_after_s:g} s after {cause}, and did not stop "
-                f"within {STUCK_AFTER_S:g} s of an interrupt",
-                ename="Stuck",
-                details={r: stacks.place_of(dump).text for r, dump in dumps.items()},
-            )
+        await self._give_up_stopped(
+            run,
+            stuck,
+            f"still running {self.abort_after_s:g} s after {cause}, and did not stop within "
+            f"{STUCK_AFTER_S:g} s of an interrupt",
         )
 
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
