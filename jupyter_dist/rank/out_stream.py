@@ -23,7 +23,11 @@ What is written to the rank's file descriptors 1 and 2 (C code, subprocesses) re
 the notebook through a pipe ipykernel reads on a thread, which also copies it to the rank's
 log. ipykernel's thread stops at the first error, so a full disk under the log would stop
 that output for good, and the rank would then block on its next write once the pipe is
-full: here a failed copy to the log costs the log only (`_watch_pipe_fd`).
+full: here a failed copy to the log costs the log only (`_watch_pipe_fd`). That thread
+reads whenever it is scheduled, so what C code wrote just before a cell ended (a library's
+warning, NCCL's log lines) could reach the notebook after the cell's reply, as output of a
+cell that has ended: a flush from the kernel's thread first lets the reader take what the
+pipe holds (`_drain_pipe`, at most `DRAIN_S`), so it is sent with the cell that wrote it.
 
 Everything written here also goes to the rank's output log (`rank.output_log`).
 
@@ -33,9 +37,14 @@ Rank kernels use it through ``--IPKernelApp.outstream_class``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import select
+import struct
 import sys
+import termios
 import threading
+import time
 from typing import Any
 
 from ipykernel.iostream import PIPE_BUFFER_SIZE, OutStream
@@ -43,6 +52,9 @@ from ipykernel.iostream import PIPE_BUFFER_SIZE, OutStream
 from jupyter_dist.rank import output_log
 
 MESSAGE_CHARS = 1 << 18
+#: the longest a flush waits for the pipe's reader to take what C code wrote to fd 1 or 2
+#: (a thread that writes without pause could otherwise hold the cell's reply for ever)
+DRAIN_S = 1.0
 #: the thread attribute holding the parent header of the cell that started the thread
 THREAD_PARENT_ATTR = "_jupyter_dist_parent"
 
@@ -54,6 +66,9 @@ class RankOutStream(OutStream):
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._unsent = 0
         self._flushing = False  # the IO thread is in `_flush`
+        #: held by the pipe's reader from reading a chunk to writing it here
+        self._pipe_lock = threading.Lock()
+        self._pipe_reader: int | None = None  # the reader thread's ident
 
     @property
     def parent_header(self) -> dict[str, Any]:
@@ -85,6 +100,7 @@ class RankOutStream(OutStream):
         reply would overtake the cell's last output. ``_flushing`` is checked last: the
         IO thread's `_flush` sets it before it clears ``_flush_pending``, so a flush that
         finds neither set comes after that flush queued its message."""
+        self._drain_pipe()
         if (
             self.echo is None
             and not self._flush_pending
@@ -102,20 +118,45 @@ class RankOutStream(OutStream):
         finally:
             self._flushing = False
 
+    def _drain_pipe(self) -> None:
+        """Wait until the pipe's reader has taken every byte now in the pipe and written
+        it here (at most `DRAIN_S`). The reader reads only while holding ``_pipe_lock``,
+        so an empty pipe seen under the lock means all of it was written."""
+        fid = self._fid
+        if fid is None or threading.get_ident() in (self._pipe_reader, self._io_thread()):
+            return
+        deadline = time.monotonic() + DRAIN_S
+        while True:
+            with self._pipe_lock:
+                if _waiting_bytes(fid) == 0:
+                    return
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
+
+    def _io_thread(self) -> int | None:
+        thread = getattr(self.pub_thread, "thread", None)
+        return thread.ident if thread is not None else None
+
     def _watch_pipe_fd(self) -> None:
         """ipykernel's reader of the pipe behind fds 1 and 2 (on its own thread): each
         chunk goes to the notebook, then to the rank's log (the fd it replaced). A copy to
-        the log that fails (no space left, a quota) is skipped, and the next one tried."""
+        the log that fails (no space left, a quota) is skipped, and the next one tried.
+        A chunk is read and written under ``_pipe_lock`` (see `_drain_pipe`)."""
         fid = self._fid
         if fid is None:
             return
+        self._pipe_reader = threading.get_ident()
         try:
-            data = os.read(fid, PIPE_BUFFER_SIZE)
-            while data and self._should_watch:
-                self.write(data.decode(errors="replace"))
-                with contextlib.suppress(OSError):
-                    os.write(self._original_stdstream_copy, data)
-                data = os.read(fid, PIPE_BUFFER_SIZE)
+            while self._should_watch:
+                select.select([fid], [], [])
+                with self._pipe_lock:
+                    data = os.read(fid, PIPE_BUFFER_SIZE)
+                    if not data or not self._should_watch:  # closed, or woken to stop
+                        return
+                    self.write(data.decode(errors="replace"))
+                    with contextlib.suppress(OSError):
+                        os.write(self._original_stdstream_copy, data)
         except Exception:
             self._exc = sys.exc_info()
 
@@ -135,6 +176,15 @@ class RankOutStream(OutStream):
                 self._unsent = 0
                 self.flush()  # waits until it is sent
         return size
+
+
+def _waiting_bytes(fd: int) -> int:
+    """How many bytes the pipe ``fd`` holds, unread (0 if it cannot say)."""
+    try:
+        raw = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", raw)[0])
 
 
 _thread_start = threading.Thread.start

@@ -290,7 +290,7 @@ def test_nodes_with_one_hostname_go_by_their_aliases(
     )
     try:
         assert out.ok, out.stdout + out.stderr
-        assert "[ranks 0-1] node1" in out.stdout  # one machine indeed
+        assert "[ranks 0-1] node1" in out.stdout, out.stdout  # one machine indeed
         assert "[jupyter_dist] node twin1: agent ready" in out.stdout, out.stdout
         status = session_status("twins")
         assert [n["host"] for n in status["nodes"]] == ["node1", "twin1"]

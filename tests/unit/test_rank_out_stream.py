@@ -187,3 +187,38 @@ def test_a_full_log_costs_the_log_not_the_output_of_fds_1_and_2(
         out._fid, out._should_watch = None, False
     assert not reader.is_alive() and out._exc is None
     assert "".join(got) == data.decode()
+
+
+def test_a_flush_sends_what_c_code_wrote_just_before_it(
+    stream: tuple[RankOutStream, IOPubThread, zmq.Socket[bytes]],
+) -> None:
+    """A library's warning written to fd 2 just before a cell ends is sent with that cell:
+    the flush before the cell's reply waits for the pipe's reader to take it, even when
+    the reader is slow to be scheduled."""
+    out, _thread, sub = stream
+    read_fd, write_fd = os.pipe()
+    log_fd = os.open(os.devnull, os.O_WRONLY)
+    out._fid, out._original_stdstream_copy, out._should_watch = read_fd, log_fd, True
+    write = out.write
+    written: list[str] = []
+
+    def slow_write(text: str) -> int:
+        time.sleep(0.3)  # a reader the scheduler lets run late, after the cell's flush
+        written.append(text)
+        return write(text)
+
+    out.write = slow_write  # type: ignore[method-assign]
+    reader = threading.Thread(target=out._watch_pipe_fd, daemon=True)
+    reader.start()
+    try:
+        os.write(write_fd, b"[W] hostname of the client socket cannot be retrieved\n")
+        out.flush()  # as ipykernel does before the reply
+        assert written and not out._buffers  # taken from the pipe and handed to the socket
+        assert "cannot be retrieved" in "".join(_stream_texts(sub))
+    finally:
+        out._should_watch = False
+        os.close(write_fd)
+        reader.join(10)
+        os.close(read_fd)
+        os.close(log_fd)
+        out._fid = None
