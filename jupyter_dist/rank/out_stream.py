@@ -69,6 +69,7 @@ class RankOutStream(OutStream):
         #: held by the pipe's reader from reading a chunk to writing it here
         self._pipe_lock = threading.Lock()
         self._pipe_reader: int | None = None  # the reader thread's ident
+        self._pipe_taken = 0  # bytes the reader has taken from the pipe and written
 
     @property
     def parent_header(self) -> dict[str, Any]:
@@ -119,19 +120,17 @@ class RankOutStream(OutStream):
             self._flushing = False
 
     def _drain_pipe(self) -> None:
-        """Wait until the pipe's reader has taken every byte now in the pipe and written
-        it here (at most `DRAIN_S`). The reader reads only while holding ``_pipe_lock``,
-        so an empty pipe seen under the lock means all of it was written."""
+        """Wait until the pipe's reader has taken the bytes the pipe holds now and written
+        them here (at most `DRAIN_S`; what C code writes meanwhile is not waited for). The
+        reader reads a chunk, writes it and counts it in ``_pipe_taken`` under ``_pipe_lock``,
+        so the count and the pipe's size read together say where the wait ends."""
         fid = self._fid
         if fid is None or threading.get_ident() in (self._pipe_reader, self._io_thread()):
             return
+        with self._pipe_lock:
+            target = self._pipe_taken + _waiting_bytes(fid)
         deadline = time.monotonic() + DRAIN_S
-        while True:
-            with self._pipe_lock:
-                if _waiting_bytes(fid) == 0:
-                    return
-            if time.monotonic() > deadline:
-                return
+        while self._pipe_taken < target and time.monotonic() < deadline:
             time.sleep(0.001)
 
     def _io_thread(self) -> int | None:
@@ -157,6 +156,7 @@ class RankOutStream(OutStream):
                     self.write(data.decode(errors="replace"))
                     with contextlib.suppress(OSError):
                         os.write(self._original_stdstream_copy, data)
+                    self._pipe_taken += len(data)
         except Exception:
             self._exc = sys.exc_info()
 
