@@ -23,6 +23,14 @@ reads them and hangs.
 * ``destroy_process_group()`` of the default group keeps the group object alive (not
   registered, unused): gloo's destructor, run later by whichever rank's garbage collector
   frees the script's DDP model first, could deadlock in its own lock.
+
+``device_id`` gets the answer a fresh launch gives, whether the group is there or not:
+torch 2.13 takes only an accelerator device with an index there (``device_id=cpu`` is
+refused by ``_new_process_group_helper`` as the group is made), so a script passing it is
+refused the same way on its first run, when the session's group would answer it, as on
+its second, after its own ``destroy_process_group``, when the group is made anew
+(`check_device_id`). A device torch takes is accepted, and the group is the session's.
+A group destroyed by a cell is made again before the next one (`rank.group_renewal`).
 """
 
 from __future__ import annotations
@@ -68,6 +76,44 @@ def _differences(
     return asked
 
 
+def check_device_id(device_id: Any) -> None:
+    """Refuse a ``device_id`` as torch 2.13's ``init_process_group`` does when it makes a
+    group, saying what to pass instead; None and an accelerator device with an index pass."""
+    if device_id is None:
+        return
+    import torch
+
+    accelerator = torch.accelerator.current_accelerator()
+    shown = f"init_process_group(device_id={device_id!r})"
+    if isinstance(device_id, bool) or not isinstance(device_id, (int, torch.device)):
+        raise TypeError(
+            f"{shown}: expected a torch.device or an int, not {type(device_id).__name__}"
+        )
+    if isinstance(device_id, int):
+        if accelerator is None:
+            raise ValueError(
+                f"{shown}: an int names an accelerator device, and this torch has no "
+                "accelerator support; leave device_id out on CPU"
+            )
+        device_id = torch.device(accelerator.type, device_id)
+    if device_id.type == "cpu" or device_id.index is None:
+        raise ValueError(
+            f"{shown}: torch takes only an accelerator device with an index here "
+            "(a fresh torchrun launch refuses this call too: 'init_process_group device_id "
+            "parameter must be an accelerator with an index'); leave device_id out on CPU, "
+            "or pass torch.device('cuda', LOCAL_RANK)"
+        )
+    if accelerator is None or device_id.type != accelerator.type:
+        raise ValueError(
+            f"{shown}: this torch's accelerator is {accelerator}, not {device_id.type!r}"
+        )
+    count = torch.accelerator.device_count()
+    if device_id.index >= count:
+        raise ValueError(
+            f"{shown}: out of range, this rank sees {count} {device_id.type} device(s)"
+        )
+
+
 def install() -> None:
     """Wrap ``init_process_group`` as the module says; idempotent."""
     import torch.distributed as dist
@@ -91,6 +137,7 @@ def install() -> None:
         **kwargs: Any,
     ) -> None:
         global _generation
+        check_device_id(device_id)  # the same answer with the session's group as without
         if dist.is_initialized():
             differs = _differences(backend, init_method, world_size, rank, store)
             if not differs:
