@@ -117,6 +117,7 @@ class RankStatus(TypedDict):
     log: str
     busy_since: float | None  # epoch s its current cell began (None: idle)
     last_error: str  # the error line of its last failed cell ("" if its last cell passed)
+    group: str  # its default process group's backend after its last cell ("": none)
 
 
 class SenderJSON(TypedDict):

@@ -41,3 +41,10 @@ IOPUB_REPLY_KEY = "jupyter_dist_iopub_reply"
 #: IOPub message type of the reply to a cell that asked for it (`IOPUB_REPLY_KEY`); its
 #: content is an ``execute_reply``'s
 EXECUTE_REPLY_MSG_TYPE = "jupyter_dist_execute_reply"
+#: execute_request metadata key: how many ranks the cell is sent to; a rank whose process
+#: group user code destroyed makes it again before a cell that all ranks run
+#: (`rank.process_group`), never before one that only some run
+CELL_RANKS_KEY = "jupyter_dist_cell_ranks"
+#: execute_reply content key: the rank's default process group after the cell, its backend
+#: (``"gloo"``), or ``""`` when it has none; the session's status reports it
+GROUP_KEY = "jupyter_dist_group"

@@ -31,6 +31,7 @@ from jupyter_dist.common.wire_codec import Encoded, WireCodec, WireError
 from jupyter_dist.common.wire_names import (
     ACK_EVERY,
     ACK_MSG_TYPE,
+    CELL_RANKS_KEY,
     CREDIT_KEY,
     EXECUTE_REPLY_MSG_TYPE,
     IOPUB_REPLY_KEY,
@@ -379,12 +380,17 @@ class RankClient:
             outbox.popleft()
 
     def prepare_execute(
-        self, code: str, silent: bool = False, execution_count: int | None = None
+        self,
+        code: str,
+        silent: bool = False,
+        execution_count: int | None = None,
+        cell_ranks: int | None = None,
     ) -> Encoded:
         """A cell's execute_request, signed: the same bytes go to every rank whose client
         shares this one's key (`shares_key`), so a cell is encoded once, not once a rank.
         ``execution_count``: the notebook's count for it, which the rank's tracebacks
-        then name (``Cell In[N]``), as the notebook does."""
+        then name (``Cell In[N]``), as the notebook does. ``cell_ranks``: how many ranks
+        it goes to (a rank makes a destroyed process group again only for a cell of all)."""
         content = {
             "code": code,
             "silent": silent,
@@ -397,6 +403,8 @@ class RankClient:
         metadata: dict[str, Any] = {CREDIT_KEY: True, IOPUB_REPLY_KEY: True}
         if execution_count:
             metadata[NOTEBOOK_COUNT_KEY] = execution_count
+        if cell_ranks is not None:
+            metadata[CELL_RANKS_KEY] = cell_ranks
         return self.codec.encode("execute_request", content, metadata=metadata)
 
     def shares_key(self, other: RankClient) -> bool:

@@ -191,6 +191,7 @@ class RankRecord:
     busy_since: float | None = None  # epoch s its current cell began
     last_error: str = ""  # the error line of its last failed cell
     last_cell: str = ""  # the msg_id of the last cell it was seen running, whoever sent it
+    group: str = ""  # its default process group's backend as its last cell left it ("": none)
 
     @property
     def rank(self) -> int:
@@ -479,7 +480,7 @@ class RankGroup:
                 rec.busy_since = time.time()
                 if signer is None or not rec.client.shares_key(signer):
                     signer = rec.client
-                    prepared = signer.prepare_execute(code, silent, execution_count)
+                    prepared = signer.prepare_execute(code, silent, execution_count, len(ranks))
                 sent[r] = rec.client.execute(
                     code, run.handler(r), prepared=prepared, fan_out=fan_out
                 )

@@ -33,7 +33,7 @@ from jupyter_dist.common.payloads import (
 from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
 from jupyter_dist.common.proc_titles import NODE_RANK_VAR
 from jupyter_dist.common.spec import SessionSpec
-from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, GROUP_KEY
 from jupyter_dist.control.agent_client import AgentClient, AgentInfo
 from jupyter_dist.control.launchers import Launcher, launcher_for
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
@@ -212,8 +212,9 @@ class Session(RankGroup):
         )
         if result.failures:
             raise RanksFailed(self.name, self.spec.world_size, result.failures)
+        made = self.spec.backend if self.spec.init_process_group else ""
         for rec in self.ranks.values():
-            rec.state = RankState.IDLE
+            rec.state, rec.group = RankState.IDLE, made
         self._changed()
 
     async def _spawn(self, rec: RankRecord) -> None:
@@ -271,6 +272,10 @@ class Session(RankGroup):
         if kind == "error" or (kind == EXECUTE_REPLY_MSG_TYPE and content.get("status") == "error"):
             ename, evalue = content.get("ename", "Error"), content.get("evalue", "")
             rec.last_error = (f"{ename}: {evalue}" if evalue else str(ename))[:300]
+            changed = True
+        group = content.get(GROUP_KEY) if kind == EXECUTE_REPLY_MSG_TYPE else None
+        if isinstance(group, str) and group != rec.group:  # a cell destroyed or made it
+            rec.group = group
             changed = True
         state = content.get("execution_state") if kind == "status" else None
         if state == "busy" and rec.state != RankState.BUSY:
@@ -523,6 +528,7 @@ class Session(RankGroup):
                     "log": r.log,
                     "busy_since": r.busy_since or self.turns.busy_since(r.rank),
                     "last_error": r.last_error or self.turns.last_errors.get(r.rank, ""),
+                    "group": r.group,
                 }
                 for r in sorted(self.ranks.values(), key=lambda r: r.rank)
             ],

@@ -47,6 +47,30 @@ def _notebook_name(entry: Mapping[str, Any]) -> str:
     return path.rsplit("/", 1)[-1] or f"kernel {str(entry.get('kernel_id', '?'))[:8]}"
 
 
+def group_summary(session: SessionStatus) -> str:
+    """The session's process group as its ranks reported it after their last cells:
+    ``gloo``; ``none``; ``none: a cell destroyed it, ...``; or per rank where they differ.
+    ``-`` while no rank is up, or from a control plane that does not report it."""
+    reported: dict[str, list[int]] = {}
+    for r in session["ranks"]:
+        extra: Mapping[str, Any] = r
+        if r["state"] in ("idle", "busy") and isinstance(extra.get("group"), str):
+            reported.setdefault(str(extra["group"]) or "none", []).append(r["rank"])
+    if not reported:
+        return "-"
+    if len(reported) > 1:
+        return ", ".join(f"{group} on {_ranks(ranks)}" for group, ranks in sorted(reported.items()))
+    (group,) = reported
+    spec: Mapping[str, Any] = session.get("spec") or {}
+    if group == "none" and spec.get("init_process_group"):
+        return "none: a cell destroyed it, the next cell on all ranks makes it again"
+    return group
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+
+
 def session_rows(
     sessions: Sequence[SessionStatus], owner: str, now: float | None = None
 ) -> list[dict[str, str]]:
@@ -74,6 +98,7 @@ def session_rows(
                 "cells run": str(s["cells_run"]),
                 "running": now_running,
                 "waiting": str(len(queue)) if queue else "-",
+                "process group": group_summary(s),
             }
         )
     return rows

@@ -185,10 +185,11 @@ def bootstrap(init_process_group: bool, timeout_s: float) -> None:
     if init_process_group:
         import torch.distributed as dist
 
-        dist.init_process_group(
-            backend=os.environ.get(BACKEND_VAR, "gloo"),
-            timeout=timedelta(seconds=timeout_s),
-        )
+        from jupyter_dist.rank import group_renewal
+
+        backend = os.environ.get(BACKEND_VAR, "gloo")
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        group_renewal.keep(backend, timedelta(seconds=timeout_s))  # made again if destroyed
     if os.environ.get(FRAMEWORK_VAR) == "jax":
         from jupyter_dist.rank import jax_cluster
 

@@ -25,8 +25,13 @@ from ipykernel.zmqshell import ZMQInteractiveShell
 from traitlets import Float, Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
-from jupyter_dist.common.wire_names import ACK_MSG_TYPE, CREDIT_KEY, NOTEBOOK_COUNT_KEY
-from jupyter_dist.rank import console_guard, output_log, stack_dumps
+from jupyter_dist.common.wire_names import (
+    ACK_MSG_TYPE,
+    CREDIT_KEY,
+    GROUP_KEY,
+    NOTEBOOK_COUNT_KEY,
+)
+from jupyter_dist.rank import console_guard, group_renewal, output_log, stack_dumps
 from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
 from jupyter_dist.rank.iopub_reply import IopubReplies, iopub_reply_request
 from jupyter_dist.rank.out_stream import attribute_threads
@@ -153,7 +158,7 @@ class RankKernel(IPythonKernel):
         kept = output_log.current
         if kept is not None and not silent:
             kept.cell(self.shell.execution_count if self.shell is not None else None)
-        return await super().do_execute(
+        reply = await super().do_execute(
             code,
             silent,
             store_history,
@@ -162,6 +167,9 @@ class RankKernel(IPythonKernel):
             cell_meta=cell_meta,
             cell_id=cell_id,
         )
+        if isinstance(reply, dict):  # the session's status tells the group as it is
+            reply[GROUP_KEY] = group_renewal.describe()
+        return reply
 
     def _refuse(self, why: str) -> dict[str, Any]:
         """An error reply for a console's input that is not run (`rank.console_guard`),

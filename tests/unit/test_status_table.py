@@ -51,3 +51,29 @@ def test_no_sessions_is_one_line() -> None:
         "text/plain": "no sessions",
         "text/html": "<p>no sessions</p>",
     }
+
+
+def test_the_process_group_column_says_what_the_ranks_have() -> None:
+    from jupyter_dist.display.status_table import group_summary
+
+    def ranks(*groups: str, dead: int | None = None) -> list[dict[str, Any]]:
+        base = status()["ranks"][0]
+        return [
+            {**base, "rank": r, "state": "dead" if r == dead else "idle", "group": g}
+            for r, g in enumerate(groups)
+        ]
+
+    made = {"init_process_group": True}
+    assert group_summary(status(ranks=ranks("gloo", "gloo"), spec=made)) == "gloo"
+    destroyed = group_summary(status(ranks=ranks("", ""), spec=made))
+    assert destroyed.startswith("none: a cell destroyed it, the next cell on all ranks")
+    no_init = {"init_process_group": False}
+    assert group_summary(status(ranks=ranks("", ""), spec=no_init)) == "none"
+    mixed = group_summary(status(ranks=ranks("gloo", "", "gloo"), spec=made))
+    assert mixed == "gloo on ranks 0,2, none on rank 1"
+    assert group_summary(status(ranks=ranks("gloo", "", dead=1), spec=made)) == "gloo"
+    assert group_summary(status()) == "-"  # a control plane that does not report it
+    starting = [{**rank, "state": "starting"} for rank in ranks("", "")]
+    assert group_summary(status(ranks=starting, spec=made)) == "-"  # none made yet
+    text = status_bundle([status(ranks=ranks("", ""), spec=made)], "kernel", "h", {})
+    assert "process group" in text["text/plain"] and "a cell destroyed it" in text["text/html"]
