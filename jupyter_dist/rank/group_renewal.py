@@ -8,8 +8,8 @@ process group has not been initialized" while frameworks still describe the old 
 So before each notebook cell that all the session's ranks run (`CELL_RANKS_KEY`), a rank
 whose group is gone:
 
-* puts the distributed state frameworks cached back as a fresh launch has it
-  (`rank.framework_state`);
+* keeps the distributed state frameworks cached consistent with the group made again,
+  and lets a new run's other arguments start it afresh (`rank.framework_state`);
 * makes the group again as the bootstrap did, through `rank.process_group`'s wrapper (a
   key prefix of its own in the session's store), and says so in the cell's output.
 
