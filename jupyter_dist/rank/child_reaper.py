@@ -10,13 +10,15 @@ and one in a session of its own (``Popen(start_new_session=True)``) never hears 
 `after_interrupt` takes the rank's descendants at the moment of the interrupt and, on a
 thread of its own, gives them `SIGINT_GRACE_S` to stop, then SIGTERM, then SIGKILL after
 `TERM_GRACE_S` (`common.process_tree.end`). Processes started after the interrupt are not
-touched, nor multiprocessing's own helpers, which the rank keeps for its whole life (the
-resource tracker, the forkserver). Children are not reaped here: whoever started them
+touched, nor the helpers the rank keeps for its whole life, with what is below them:
+multiprocessing's resource tracker and forkserver, ``torch.compile``'s pool of compile
+workers (`kept`). Children are not reaped here: whoever started them
 does (``Popen.wait``, ``Process.join``); until then they are zombies, which count as gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -50,10 +52,30 @@ def helper_pids() -> set[int]:
     return found
 
 
+#: what the command line of a ``torch.compile`` worker pool's process says
+COMPILE_WORKER = "torch._inductor.compile_worker"
+
+
+def kept(procs: list[psutil.Process]) -> set[int]:
+    """The pids among ``procs`` (this process's descendants) that an interrupt leaves be:
+    the long-lived helpers and what is below them."""
+    helpers = helper_pids()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if any(COMPILE_WORKER in part for part in proc.cmdline()):
+                helpers.add(proc.pid)
+    found = set(helpers)
+    for pid in helpers:
+        found.update(p.pid for p in process_tree.descendants(pid))
+    return found
+
+
 def after_interrupt() -> threading.Thread | None:
     """End what this rank started before now (see the module docstring); the thread
     doing it, or None when there is nothing to end."""
-    procs = process_tree.descendants(os.getpid(), skip=helper_pids())
+    procs = process_tree.descendants(os.getpid())
+    skip = kept(procs)
+    procs = [p for p in procs if p.pid not in skip]
     if not procs:
         return None
     thread = threading.Thread(
