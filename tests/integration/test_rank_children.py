@@ -98,6 +98,8 @@ def test_mp_spawn_works_in_a_rank_twice(run: Any, session: str, workers: Path) -
 def test_mp_spawn_children_end_when_the_cell_times_out(
     run: Any, session: str, workers: Path
 ) -> None:
+    kept = run(f"%%distributed --session {session}\nmarker = 'kept'")
+    assert kept.ok, kept.stdout + kept.stderr
     for _ in range(2):  # the same cell again, in the same ranks
         # the children are started at once; whether they made their group before the
         # timeout or not (a loaded machine), they ignore the interrupt's SIGINT
@@ -107,6 +109,8 @@ def test_mp_spawn_children_end_when_the_cell_times_out(
         count = run(f"%%distributed --session {session} --timeout 120\n{COUNT}")
         assert count.ok, count.stdout + count.stderr
         assert "[ranks 0-1] children 0" in count.stdout, count.stdout
+        alive = run(f"%%distributed --session {session}\nprint(marker)")
+        assert "[ranks 0-1] kept" in alive.stdout, alive.stdout  # the ranks lived on
 
 
 POPEN = (
