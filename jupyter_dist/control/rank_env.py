@@ -8,6 +8,11 @@ CPU processes as one process each (and ``prepare()`` skips DDP) unless
 ``ACCELERATE_USE_CPU`` says otherwise, so a CPU session sets it on every rank (a value the
 user gave wins). JAX's coordinator and ids come from the rank itself
 (`jupyter_dist.rank.jax_cluster`), told by ``JUPYTER_DIST_FRAMEWORK``.
+
+Processes a rank starts inherit all of it, as a torchrun worker's children do, except
+that those ``torch.multiprocessing.spawn`` starts see ``TORCHELASTIC_USE_AGENT_STORE=False``
+(`jupyter_dist.rank.spawn_env`): they make a group of their own, whose rank 0 hosts its
+store.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ It guarantees no orphans: each rank gets ``PR_SET_PDEATHSIG`` and ``JPY_PARENT_P
 it dies with the agent, and the agent kills every rank when its stdin closes (the
 notebook kernel or the SSH connection went away), on ``shutdown``, on SIGTERM, or when its
 owner, which pings it, has said nothing for the ping's deadline (a link lost without a
-reset closes nothing: `common.agent_protocol.Heartbeat`).
+reset closes nothing: `common.agent_protocol.Heartbeat`). What a rank started goes with
+it, even a program that left the rank's process group (`node.rank_trees`: the agent is a
+child subreaper, so a dead rank's orphans become its children).
 
 Its private folder (``jd-PID-SESSION-XXXXXXXX`` in the temporary folder, 0700: the ranks'
 connection files with the session's key, their sockets and logs) goes when it stops; an
@@ -81,7 +83,9 @@ from jupyter_dist.common.proc_titles import (
     set_title,
 )
 from jupyter_dist.common.process_folders import pid_alive
+from jupyter_dist.common.process_tree import become_subreaper
 from jupyter_dist.common.temp_space import unwritable
+from jupyter_dist.node.rank_trees import RankTrees
 from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
 from jupyter_dist.rank.output_log import read_output, remove_parts
 
@@ -211,6 +215,7 @@ class Agent:
         self.relay: RelayChild | None = None  # forked with the first rank (its key)
         self.sampler: Sampler | None = None  # made on the first ``sample`` command
         self.kill_deadlines: dict[int, float] = {}  # pid -> when to SIGKILL
+        self.trees = RankTrees(self.pid)  # what the ranks started
         #: rank -> (its spawn, when to give up): spawns waiting for the rank's previous
         #: process to be reaped
         self.waiting_spawns: dict[int, tuple[SpawnCommand, float]] = {}
@@ -700,6 +705,7 @@ class Agent:
             if ranks is not None and child.rank not in ranks:
                 continue
             sig = signal.SIGTERM if grace > 0 else signal.SIGKILL
+            self.trees.signal(pid, sig)  # first: the rank's death reparents them
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, sig)
             self.kill_deadlines.setdefault(pid, deadline)
@@ -710,6 +716,7 @@ class Agent:
             if pid not in self.children:
                 del self.kill_deadlines[pid]
             elif now >= deadline:
+                self.trees.signal(pid, signal.SIGKILL)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
                 self.kill_deadlines[pid] = now + 5.0
@@ -735,6 +742,7 @@ class Agent:
             # the rank's own children (data loader workers...) go with it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+            self.trees.rank_exited(child.rank, pid, self._known_children())
             with contextlib.suppress(OSError):
                 os.unlink(child.connection_file)
             self.emit(
@@ -748,8 +756,17 @@ class Agent:
                 }
             )
 
+    def _known_children(self) -> set[int]:
+        """The agent's own children: its ranks and its relay (any other is an orphan of a
+        rank's, adopted)."""
+        known = set(self.children)
+        if self.relay is not None:
+            known.add(self.relay.pid)
+        return known
+
     def _cleanup(self) -> None:
         self.stopping = True
+        self.trees.kill_all(list(self.children), self._known_children())
         for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
@@ -897,6 +914,7 @@ def main(argv: list[str] | None = None) -> int:
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints from imported libraries must not corrupt the protocol
     set_parent_death_signal(signal.SIGTERM)
+    become_subreaper()  # orphans of the ranks' programs come to the agent (`node.rank_trees`)
     if args.parent_pid and os.getppid() != args.parent_pid:
         return 1
     node_rank = os.environ.get(NODE_RANK_VAR, "")

@@ -179,9 +179,10 @@ def bootstrap(init_process_group: bool, timeout_s: float) -> None:
         torch.set_num_threads(threads)
     if os.environ.get(DEVICE_VAR) == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    from jupyter_dist.rank import process_group
+    from jupyter_dist.rank import process_group, spawn_env
 
     process_group.install()  # a script's own init_process_group gets the session's group
+    spawn_env.install()  # mp.spawn's children make a group of their own
     if init_process_group:
         import torch.distributed as dist
 

@@ -7,8 +7,12 @@ A session started with ``--framework jax`` gets no torch process group; instead 
   session's ``MASTER_ADDR``, beside torch's store. Rank 0 picks one free there (from
   ``JUPYTER_DIST_MASTER_PORTS`` when the user gave a range, ``JAX_COORDINATOR_PORT`` when
   the user named one) and publishes it through the session's store; the other ranks read
-  it from there. The coordinator then listens on that address only
-  (``JAX_COORDINATOR_BIND_ADDRESS``), not on every interface as JAX's default would;
+  it from there. A call that uses it (no ``coordinator_address``) has the coordinator
+  listen on that address only (``coordinator_bind_address``), not on every interface as
+  JAX's default would. The session does not export ``JAX_COORDINATOR_BIND_ADDRESS``: JAX
+  code that names its own coordinator (``initialize('localhost:10000', 2, rank)``, as
+  JAX's docs do) would have its coordinator bind the session's port instead, and wait
+  for itself until JAX's timeout. Such a call works as in a plain process;
 * the process count and id, and on GPUs the local device id: JAX reads these only from a
   cluster it recognises (``jax._src.clusters``: Slurm, Open MPI, Kubernetes, TPU VMs), so
   `register` adds one, ``jupyter_dist``, first in JAX's list (a session inside a Slurm
@@ -46,6 +50,8 @@ COORDINATOR_KEY = "jupyter_dist/jax_coordinator"
 #: the name of the cluster `register` adds to JAX's list
 CLUSTER_NAME = "jupyter_dist"
 _WRAPPED = "_jupyter_dist_wrapped"
+#: the coordinator `prepare` chose for this session (None: the user named one)
+_session_address: str | None = None
 
 
 def host_port(addr: str, port: int | str) -> str:
@@ -101,10 +107,11 @@ def session_store(hosted: Any, timeout_s: float) -> Any:
 
 def prepare(hosted_store: Any, timeout_s: float) -> None:
     """Give this rank what a no-argument ``jax.distributed.initialize()`` needs."""
+    global _session_address
     if ADDRESS_VAR not in os.environ:  # a coordinator the user named wins
         address = coordinator_address(session_store(hosted_store, timeout_s))
         os.environ[ADDRESS_VAR] = address
-        os.environ.setdefault(BIND_VAR, address)
+        _session_address = address
     if os.environ.get(DEVICE_VAR) == "cuda":
         os.environ.setdefault(LOCAL_IDS_VAR, os.environ["LOCAL_RANK"])
     config: Any = importlib.import_module("jax").config
@@ -186,7 +193,8 @@ def wrap_initialize() -> None:
 
     Only a call that asks for what is already there (no arguments, or the same
     coordinator, process count and id) is let through; any other goes to JAX, which
-    refuses a second initialisation itself.
+    refuses a second initialisation itself. A first call that takes the session's
+    coordinator has it bind that address only (`bind_address`).
     """
     public: Any = importlib.import_module("jax.distributed")
     state_module: Any = importlib.import_module("jax._src.distributed")
@@ -198,12 +206,28 @@ def wrap_initialize() -> None:
     @functools.wraps(original)
     def initialize(*args: Any, **kwargs: Any) -> Any:
         state = state_module.global_state
-        if state.client is not None and _asks_same(signature.bind(*args, **kwargs), state):
+        bound = signature.bind(*args, **kwargs)
+        if state.client is not None and _asks_same(bound, state):
             return None
+        bind = bind_address(bound)
+        if bind is not None:
+            kwargs["coordinator_bind_address"] = bind
         return original(*args, **kwargs)
 
     setattr(initialize, _WRAPPED, True)
     public.initialize = initialize
+
+
+def bind_address(bound: inspect.BoundArguments) -> str | None:
+    """Where the coordinator of a call to ``initialize`` should listen, when it is the
+    session's: the session's address (not every interface). None for a call that names
+    its own coordinator or bind address, or when the user exported either variable."""
+    named = bound.arguments.get("coordinator_address")
+    if _session_address is None or named not in (None, _session_address):
+        return None
+    if bound.arguments.get("coordinator_bind_address") is not None or BIND_VAR in os.environ:
+        return None
+    return _session_address
 
 
 def _asks_same(bound: inspect.BoundArguments, state: Any) -> bool:

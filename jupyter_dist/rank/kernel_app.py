@@ -31,7 +31,7 @@ from jupyter_dist.common.wire_names import (
     GROUP_KEY,
     NOTEBOOK_COUNT_KEY,
 )
-from jupyter_dist.rank import console_guard, group_renewal, output_log, stack_dumps
+from jupyter_dist.rank import child_reaper, console_guard, group_renewal, output_log, stack_dumps
 from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
 from jupyter_dist.rank.iopub_reply import IopubReplies, iopub_reply_request
 from jupyter_dist.rank.out_stream import attribute_threads
@@ -99,6 +99,12 @@ class RankKernel(IPythonKernel):
             _keep_rich_output(shell)
         self.control_handlers[ACK_MSG_TYPE] = self.credit_ack
         self._iopub_replies: IopubReplies | None = None
+
+    def _send_interrupt_children(self) -> None:
+        """An interrupt: SIGINT to the rank's process group, as ipykernel sends it, then
+        what the cell started and did not stop is ended (`rank.child_reaper`)."""
+        super()._send_interrupt_children()
+        child_reaper.after_interrupt()
 
     async def dispatch_shell(
         self, msg: Any, /, subshell_id: str | None = None, *, concurrent: bool = False

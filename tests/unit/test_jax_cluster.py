@@ -156,3 +156,42 @@ def test_only_a_call_asking_for_what_is_there_is_repeated(
 
     bound = inspect.signature(initialize).bind(**kwargs)
     assert jax_cluster._asks_same(bound, State()) is same
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env", "bind"),
+    [
+        ({}, {}, "127.0.0.1:29601"),  # the session's coordinator: its address only
+        ({"coordinator_address": "127.0.0.1:29601"}, {}, "127.0.0.1:29601"),
+        ({"coordinator_address": "localhost:10000"}, {}, None),  # the user's: JAX's default
+        ({"coordinator_bind_address": "0.0.0.0:29601"}, {}, None),
+        ({}, {"JAX_COORDINATOR_BIND_ADDRESS": "0.0.0.0:29601"}, None),
+    ],
+)
+def test_only_the_sessions_coordinator_is_bound_to_its_address(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any], env: dict[str, str], bind: str | None
+) -> None:
+    import inspect
+
+    def initialize(
+        coordinator_address: str | None = None,
+        num_processes: int | None = None,
+        process_id: int | None = None,
+        coordinator_bind_address: str | None = None,
+    ) -> None:
+        """JAX's signature, in short."""
+
+    monkeypatch.setattr(jax_cluster, "_session_address", "127.0.0.1:29601")
+    monkeypatch.delenv("JAX_COORDINATOR_BIND_ADDRESS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    bound = inspect.signature(initialize).bind(**kwargs)
+    assert jax_cluster.bind_address(bound) == bind
+
+
+def test_a_coordinator_the_user_exported_is_not_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    monkeypatch.setattr(jax_cluster, "_session_address", None)
+    bound = inspect.signature(lambda coordinator_address=None: None).bind()
+    assert jax_cluster.bind_address(bound) is None
