@@ -37,6 +37,12 @@ class LinkWatch(asyncssh.SSHClient):
     def __init__(self) -> None:
         self.closed = False
         self.error: Exception | None = None
+        self.peer = "?"  # the other end's address and port
+
+    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
+        peer = conn.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
