@@ -53,6 +53,13 @@ CREDENTIALS_MAX_BYTES = 64 * 1024
 REDIAL_S = 1.0
 #: seconds an agent gets to stop its ranks after its connection ended, before SIGKILL
 AGENT_STOP_S = 30.0
+#: seconds a dial may take (a link that drops every packet answers nothing)
+CONNECT_TIMEOUT_S = 15.0
+#: SSH keepalive: a request every this many seconds, and the connection is closed (the
+#: agent's stdin with it) after `KEEPALIVE_COUNT_MAX` unanswered: a link lost without a
+#: reset ends the ranks sooner than the agent's own deadline
+KEEPALIVE_INTERVAL_S = 5.0
+KEEPALIVE_COUNT_MAX = 3
 #: signals the owner may send the agent
 SIGNALS = {"INT", "TERM", "KILL", "QUIT", "USR1", "USR2", "HUP"}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -230,8 +237,9 @@ class DialBackNode:
             allow_scp=False,
             gss_host=None,
             config=[],
-            keepalive_interval=5.0,
-            keepalive_count_max=3,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            keepalive_interval=KEEPALIVE_INTERVAL_S,
+            keepalive_count_max=KEEPALIVE_COUNT_MAX,
             login_timeout=30.0,
         )
 

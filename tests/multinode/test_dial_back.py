@@ -31,6 +31,7 @@ from .dial_back_nodes import (
     start_node,
     until,
 )
+from .test_link_faults import set_link
 from .test_ssh_sessions import netns_pids
 
 pytestmark = pytest.mark.slow
@@ -212,3 +213,27 @@ async def test_a_node_whose_connection_goes_fails_the_cell_naming_it_and_its_ran
                 assert not result.failures, printed(sink)
                 assert "[rank 1] sum 2.0" in printed(sink)
                 assert session.ranks[1].pid in children(procs[-1].pid)
+
+
+@in_loop
+async def test_a_link_lost_without_a_reset_fails_the_cell_and_the_node_stops_its_ranks(
+    cluster: Any, tmp_path: Path
+) -> None:
+    async with listening(cluster, 2) as listener:
+        with dial_back_nodes(cluster, listener, tmp_path):
+            session = Session(spec("silent", 2), TIMEOUTS, env={}, launchers=listener.launcher)
+            async with started(session):
+                rank1 = session.ranks[1].pid
+                assert rank1 in netns_pids(cluster, 1)
+                cell = asyncio.ensure_future(session.execute("import time\ntime.sleep(300)"))
+                await asyncio.sleep(3)
+                set_link(cluster, 1, "down")  # every packet dropped, nothing sent back
+                try:
+                    result = await asyncio.wait_for(cell, 120)
+                    with pytest.raises(RanksFailed) as failed:
+                        session.raise_for(result)
+                    assert f"node '{cluster.addresses[1]}'" in str(failed.value)
+                    # no owner on the line: the node ends its connection, and its ranks go
+                    assert await until(lambda: rank1 not in netns_pids(cluster, 1), 90)
+                finally:
+                    set_link(cluster, 1, "up")
