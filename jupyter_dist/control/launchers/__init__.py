@@ -2,6 +2,8 @@
 
 Kinds are registered in the ``jupyter_dist.launchers`` entry-point group, so another
 package can add one (``local`` ships here; ``ssh`` and ``slurm`` come as their own modules).
+``dial_back`` is no kind of its own: its launchers come from a session's
+`dial_back.DialBackListener` (``Session(launchers=listener.launcher)``), which holds the keys.
 """
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""What a dial-back node (``python -m jupyter_dist.node.dial_back``) lets the session's
+owner do over its connection: run the agent and reach the agent's sockets, nothing else.
+Its credentials are secret: a file others may read is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+
+from jupyter_dist.control.launchers.dial_back import DialBackListener
+
+pytestmark = pytest.mark.slow
+NODE = [sys.executable, "-m", "jupyter_dist.node.dial_back"]
+
+
+def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+@contextlib.asynccontextmanager
+async def dialled() -> AsyncIterator[tuple[DialBackListener, asyncssh.SSHClientConnection]]:
+    """A listener on the loopback interface and the connection its one node made."""
+    listener = DialBackListener(1, "127.0.0.1", connect_timeout=60)
+    await listener.start()
+    node = subprocess.Popen(
+        [*NODE, listener.address, "--credentials", "-", "--retry", "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert node.stdin is not None
+        node.stdin.write(listener.credentials(0))
+        node.stdin.close()
+        conn = await listener.connection(0)
+        try:
+            yield listener, conn
+        finally:
+            conn.close()
+    finally:
+        await listener.close()
+        node.kill()
+        node.wait()
+
+
+@in_loop
+async def test_the_node_runs_only_the_agent_and_forwards_only_to_its_sockets(
+    tmp_path: Path,
+) -> None:
+    async with dialled() as (_, conn):
+        shell = await conn.run("id; echo ran", timeout=30)
+        assert shell.exit_status == 2 and "ran" not in str(shell.stdout)
+        assert "only the agent runs here" in str(shell.stderr)
+        bad = await conn.run(json.dumps({"session": "x; id", "env": {}}), timeout=30)
+        assert bad.exit_status == 2 and "session 'x; id'" in str(bad.stderr)
+        with pytest.raises(asyncssh.Error):
+            await conn.run(subsystem="sftp", timeout=30)
+        # a Unix socket of this user's that is no agent's: not reachable
+        other = tmp_path / "other.sock"
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(other))
+        server.listen()
+        with pytest.raises(asyncssh.ChannelOpenError):
+            await conn.open_unix_connection(str(other))
+        with pytest.raises(asyncssh.ChannelOpenError):
+            await conn.open_connection("127.0.0.1", 22)
+        with pytest.raises(asyncssh.ChannelListenError):
+            await conn.forward_remote_port("127.0.0.1", 0, "127.0.0.1", 22)
+        with pytest.raises(asyncssh.ChannelListenError):
+            await conn.forward_remote_path(str(tmp_path / "listen.sock"), str(other))
+
+        # the agent runs, and its own folder's sockets are reachable
+        agent = await conn.create_process(
+            json.dumps({"session": "policy", "env": {}}), encoding=None
+        )
+        ready = json.loads(await asyncio.wait_for(agent.stdout.readline(), 120))
+        assert ready["event"] == "ready", ready
+        inside = Path(ready["dir"]) / "probe.sock"
+        probe = socket.socket(socket.AF_UNIX)
+        probe.bind(str(inside))
+        probe.listen()
+        (Path(ready["dir"]) / "out.sock").symlink_to(other)
+        try:
+            _, writer = await conn.open_unix_connection(str(inside))
+            writer.close()
+            for escape in (f"{ready['dir']}/../{other.name}", f"{ready['dir']}/out.sock"):
+                with pytest.raises(asyncssh.ChannelOpenError):
+                    await conn.open_unix_connection(escape)
+        finally:
+            probe.close()
+        agent.stdin.write_eof()
+        await asyncio.wait_for(agent.wait_closed(), 60)
+        server.close()
+
+
+def test_credentials_others_may_read_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "node0.json"
+    path.write_text("{}")
+    os.chmod(path, 0o644)
+    out = subprocess.run(
+        [*NODE, "127.0.0.1:9", "--credentials", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert f"credentials file '{path}': mode 644, expected 600" in out.stderr
