@@ -47,7 +47,7 @@ def test_a_ranks_progress_bars_render_and_advance_while_the_cell_runs(
     bars = shown.locator(".widget-hprogress .progress-bar")
     # the all-ranks view, shown first: neither rank's bars again, one line saying where
     expect(shown).to_contain_text(
-        "[ranks 0-1] (a live display: see the rank's own view)", timeout=RENDER_TIMEOUT_MS
+        "(a live display: see the rank's own view)", timeout=RENDER_TIMEOUT_MS
     )
     assert bars.count() == 0 and "loop done" not in shown.inner_text()
     nb.screenshot("rank-widgets-all-ranks-running", nb.cell(1))

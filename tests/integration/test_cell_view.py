@@ -17,6 +17,7 @@ from jupyter_client.manager import KernelManager
 from jupyter_dist.display.cell_view import LIVE_AFTER_S
 from jupyter_dist.text import strip_ansi
 from tests.conftest import rank_waits_for_file_cell, ready_client
+from tests.integration.rank_lines import with_start
 
 pytestmark = pytest.mark.slow
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -259,7 +260,8 @@ def test_progress_displays_show_once_in_their_own_ranks_view(kernel: Kernel) -> 
     assert widgets["all ranks"] == [], widgets
     assert state["all_rich"] == [["text/html", "text/plain"]], state["all_rich"]
     shown = state["all"]
-    assert shown.count("[ranks 0-1] (a live display: see the rank's own view)") == 1, shown
+    notes = with_start(shown, "(a live display: see the rank's own view)")
+    assert {r: len(n) for r, n in notes.items()} == {0: 1, 1: 1}, shown  # once a rank
     assert "step 3/3" in shown and "step 0/3" not in shown, shown
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CellOutput
+from tests.integration.rank_lines import by_rank, with_start
 
 pytestmark = pytest.mark.slow
 
@@ -91,10 +92,19 @@ def cell(run: Any, name: str, body: str) -> CellOutput:
 
 
 def weights(out: CellOutput) -> str:
-    """The one weights line all ranks printed alike (the view groups equal lines)."""
-    lines = [line for line in out.stdout.splitlines() if "weights [" in line]
-    assert len(lines) == 1 and lines[0].startswith("[ranks 0-1] weights"), out.stdout
-    return lines[0].split("weights ", 1)[1]
+    """The weights every rank printed, the same on all (DDP kept them in step)."""
+    printed = with_start(out.stdout, "weights [")
+    assert sorted(printed) == [0, 1], out.stdout
+    assert len(printed[0]) == 1 and printed[0] == printed[1], out.stdout
+    return printed[0][0].removeprefix("weights ")
+
+
+def said_by_both(out: CellOutput, line: str) -> bool:
+    """Both ranks printed ``line`` (folded into one or not)."""
+    return (
+        all(line in lines for lines in by_rank(out.stdout).values())
+        and len(by_rank(out.stdout)) == 2
+    )
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "auto"])
@@ -106,11 +116,11 @@ def test_fit_validate_test_twice_in_the_same_ranks(
     for _ in range(2):  # a notebook's second run behaves as its first
         out = cell(run, lightning_session, fit)
         # 64 samples, 2 ranks, batches of 8: 4 steps an epoch on each rank
-        assert "[ranks 0-1] strategy DDPStrategy world 2 steps 8" in out.stdout, out.stdout
+        assert said_by_both(out, "strategy DDPStrategy world 2 steps 8"), out.stdout
         weights(out)  # both ranks ended with the same weights: DDP kept them in step
-        assert "[ranks 0-1] val equals test True" in out.stdout, out.stdout
+        assert said_by_both(out, "val equals test True"), out.stdout
         after = cell(run, lightning_session, ALL_REDUCE)  # the session's group is still there
-        assert "[ranks 0-1] sum 2.0 gloo" in after.stdout, after.stdout
+        assert said_by_both(after, "sum 2.0 gloo"), after.stdout
 
 
 def test_a_checkpoint_saved_on_rank_0_loads_after_a_restart(
@@ -134,6 +144,6 @@ def test_a_checkpoint_saved_on_rank_0_loads_after_a_restart(
         "print('weights', [round(v, 5) for v in model.layer.weight.flatten().tolist()])\n"
         + FIT.format(strategy="ddp", root=str(tmp_path)),
     )
-    lines = [line for line in loaded.stdout.splitlines() if "weights [" in line]
-    assert lines[0] == f"[ranks 0-1] weights {saved}", loaded.stdout
-    assert "[ranks 0-1] strategy DDPStrategy world 2 steps 8" in loaded.stdout, loaded.stdout
+    printed = with_start(loaded.stdout, "weights [")
+    assert printed[0][0] == printed[1][0] == f"weights {saved}", loaded.stdout
+    assert said_by_both(loaded, "strategy DDPStrategy world 2 steps 8"), loaded.stdout
