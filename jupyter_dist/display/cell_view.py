@@ -49,6 +49,7 @@ from jupyter_dist.common.events import (
     WidgetComm,
 )
 from jupyter_dist.display.failure_text import failure_log_text
+from jupyter_dist.display.live_displays import WIDGET_MIME, LiveDisplays
 from jupyter_dist.display.metrics_charts import MetricsView
 from jupyter_dist.display.output_store import LineWriter, ViewOutput, output_limit
 from jupyter_dist.display.rank_logs import RankLogs, rich_log_text
@@ -65,7 +66,6 @@ RENDER_INTERVAL_S = 0.1
 FLOOD_RENDER_INTERVAL_S = 1.0
 #: more ranks than this: a dropdown instead of a row of buttons
 BUTTONS_UP_TO = 8
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: how many cell views stay live widgets; older ones are retired to a static copy
 LIVE_VIEWS = 30
 #: a cell still running after this many seconds gets its live widgets; one that ends
@@ -179,6 +179,7 @@ class CellView:
                 host = places[members[0]][0]
                 view = self.node_views[node] = View(f"node {node} ({host})", self._log_folder)
                 self._node_text[node] = _text_into(view, members, self.logs, self.limit)
+        self._live_displays = LiveDisplays()
         self.all_view = View("all ranks", self._log_folder)
         self._all_text = _text_into(self.all_view, self.ranks, self.logs, self.limit)
         self.views = [
@@ -304,11 +305,14 @@ class CellView:
             self.finish()
 
     def _to_text(self, event: CellEvent) -> None:
-        self._all_text.handle(event)
-        rank = getattr(event, "rank", None)
-        for node, renderer in self._node_text.items():
-            if rank is None or self.statuses[rank].node == node:
-                renderer.handle(event)
+        """Into the views that gather ranks (all ranks, nodes); a rank's live display
+        stays in its own view (`display.live_displays`)."""
+        for gathered in self._live_displays.for_gathered(event):
+            self._all_text.handle(gathered)
+            rank = getattr(gathered, "rank", None)
+            for node, renderer in self._node_text.items():
+                if rank is None or self.statuses[rank].node == node:
+                    renderer.handle(gathered)
 
     def _notice(self, text: str, transient: bool = False, line: str = "") -> None:
         """Notes about the cell (a straggler, a relay's warning) go in the footer, where
@@ -519,6 +523,17 @@ class CellView:
                 for r, v in self.rank_views.items()
             },
             "all": self.all_view.output.plain_text(),
+            "all_rich": [
+                sorted(e[1].get("data", {})) for e in self.all_view.output.entries if e[0] == "rich"
+            ],
+            "widgets": {
+                v.label: [
+                    e[1]["data"][WIDGET_MIME]["model_id"]
+                    for e in v.output.entries
+                    if e[0] == "rich" and WIDGET_MIME in e[1].get("data", {})
+                ]
+                for v in self.views
+            },
             "metrics": self.metrics.state(),
             "notices": list(self.notices),
             "logs": str(self.logs.folder),

@@ -67,6 +67,21 @@ class RankShell(ZMQInteractiveShell):
         del args, kwargs
         yield
 
+    def init_prompts(self) -> None:
+        """Set no ``sys.ps1``: a rank is a launched worker process, not a console.
+
+        IPython sets the prompts "so that scripts can decide if they are running
+        interactively", and libraries do decide by them: PyTorch Lightning reads
+        ``hasattr(sys, "ps1")`` once, when imported, and then refuses
+        ``Trainer(strategy="ddp")`` ("not compatible with an interactive environment")
+        and turns ``"auto"`` with several devices into forking its own workers. A rank
+        runs what a torchrun worker runs, in torchrun's environment, so it answers that
+        question as a torchrun worker does (the notebook's own kernel keeps its prompts).
+        """
+        for name in ("ps1", "ps2", "ps3"):
+            if hasattr(sys, name):
+                delattr(sys, name)
+
 
 class RankKernel(IPythonKernel):
     """`IPythonKernel` that runs a cell under the notebook's execution count when the

@@ -1,6 +1,6 @@
 """Widgets a rank makes render in that rank's view, live, in a real JupyterLab: an
 ipywidgets progress bar the rank drives and tqdm.auto's bar, with no widget errors on the
-page or in the browser console."""
+page or in the browser console; the all-ranks view does not draw them again."""
 
 from __future__ import annotations
 
@@ -43,9 +43,15 @@ def test_a_ranks_progress_bars_render_and_advance_while_the_cell_runs(
     nb.start_all()
     view = nb.output(1).locator(".jd-cell-view")
     expect(view).to_be_visible(timeout=RENDER_TIMEOUT_MS)
-    view.locator(".jd-select button").nth(0).click()  # rank 0's view (all ranks' is first)
     shown = view.locator(".jd-view:visible")
     bars = shown.locator(".widget-hprogress .progress-bar")
+    # the all-ranks view, shown first: neither rank's bars again, one line saying where
+    expect(shown).to_contain_text(
+        "(a live display: see the rank's own view)", timeout=RENDER_TIMEOUT_MS
+    )
+    assert bars.count() == 0 and "loop done" not in shown.inner_text()
+    nb.screenshot("rank-widgets-all-ranks-running", nb.cell(1))
+    view.locator(".jd-select button").nth(0).click()  # rank 0's view
     # two bars in rank 0's view: the IntProgress and tqdm's; sample them while the cell runs
     expect(bars).to_have_count(2, timeout=RENDER_TIMEOUT_MS)
     widths: set[str] = set()

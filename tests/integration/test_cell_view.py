@@ -17,6 +17,7 @@ from jupyter_client.manager import KernelManager
 from jupyter_dist.display.cell_view import LIVE_AFTER_S
 from jupyter_dist.text import strip_ansi
 from tests.conftest import rank_waits_for_file_cell, ready_client
+from tests.integration.rank_lines import with_start
 
 pytestmark = pytest.mark.slow
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -228,6 +229,68 @@ def test_a_display_updated_step_after_step_shows_its_last_state(kernel: Kernel) 
     state = kernel.state()
     assert "step 3/3" in state["lines"]["0"] and "step 0/3" not in state["lines"]["0"]
     assert state["rich"]["1"] == [["text/html", "text/plain"]]  # one output, updated
+
+
+def test_progress_displays_show_once_in_their_own_ranks_view(kernel: Kernel) -> None:
+    """tqdm.auto's bar (a widget) and a table updated in place (transformers' notebook
+    progress) on every rank: each rank's view shows its own, once; the all-ranks view
+    shows neither rank's widget, nor every rank's first state of its table, but one line
+    saying where they are and, at the end, the table's last state once."""
+    reply = kernel.run(
+        "%%distributed --procs 2\n"
+        "import time\n"
+        f"time.sleep({2 * LIVE_AFTER_S})  # the view goes live\n"
+        "from tqdm.auto import tqdm\n"
+        "from IPython.display import HTML, display\n"
+        "handle = display(HTML('<p>step 0/3</p>'), display_id=True)\n"
+        "for step in tqdm(range(1, 4), desc='epoch'):\n"
+        "    handle.update(HTML(f'<p>step {step}/3</p>'))\n"
+        "    time.sleep(0.1)\n"
+    )
+    assert reply["status"] == "ok", reply
+    state = kernel.state()
+    assert state["live"]
+    bar = [WIDGET_MIME, "text/plain"]
+    for rank in ("0", "1"):
+        assert state["rich"][rank] == [["text/html", "text/plain"], bar], state["rich"]
+        assert "step 3/3" in state["lines"][rank] and "step 0/3" not in state["lines"][rank]
+    widgets = state["widgets"]
+    assert len(widgets["rank 0"]) == len(widgets["rank 1"]) == 1
+    assert widgets["rank 0"] != widgets["rank 1"]  # each rank's bar in its view only
+    assert widgets["all ranks"] == [], widgets
+    assert state["all_rich"] == [["text/html", "text/plain"]], state["all_rich"]
+    shown = state["all"]
+    notes = with_start(shown, "(a live display: see the rank's own view)")
+    assert {r: len(n) for r, n in notes.items()} == {0: 1, 1: 1}, shown  # once a rank
+    assert "step 3/3" in shown and "step 0/3" not in shown, shown
+
+
+def test_lightnings_progress_bar_is_in_rank_0s_view_only(kernel: Kernel) -> None:
+    """Lightning draws its tqdm bar (a widget, through tqdm.auto) on rank 0 alone."""
+    pytest.importorskip("lightning")
+    reply = kernel.run(
+        "%%distributed --procs 2\n"
+        "import torch, lightning as L\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "class Tiny(L.LightningModule):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layer = torch.nn.Linear(4, 1)\n"
+        "    def training_step(self, batch, _index):\n"
+        "        x, y = batch\n"
+        "        return torch.nn.functional.mse_loss(self.layer(x), y)\n"
+        "    def configure_optimizers(self):\n"
+        "        return torch.optim.SGD(self.parameters(), lr=0.1)\n"
+        "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "trainer = L.Trainer(accelerator='cpu', devices=2, strategy='ddp', max_epochs=2,\n"
+        "                    logger=False, enable_checkpointing=False,\n"
+        "                    callbacks=[L.pytorch.callbacks.TQDMProgressBar()])\n"
+        "trainer.fit(Tiny(), DataLoader(data, batch_size=8))\n"
+    )
+    assert reply["status"] == "ok", reply
+    widgets = kernel.state()["widgets"]
+    assert len(widgets["rank 0"]) >= 1 and widgets["rank 1"] == [], widgets
+    assert widgets["all ranks"] == [], widgets
 
 
 def test_output_is_bounded_and_the_full_log_is_on_disk(kernel: Kernel) -> None:

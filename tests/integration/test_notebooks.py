@@ -9,6 +9,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from tests.integration.rank_lines import by_rank, with_start
+
 pytestmark = pytest.mark.slow
 NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
 #: needs SSH nodes: run against the test suite's sshd nodes in tests/multinode
@@ -99,6 +101,20 @@ def test_hugging_face_sees_the_session(kernel_name: str) -> None:
     assert "[rank 1] rank 1: world size 2, parallel mode DISTRIBUTED" in text
     assert "model wrapped as DistributedDataParallel" in text
     assert "[ranks 0-1] same weights on every rank: True" in text
+
+
+def test_lightning_trains_again_and_resumes_after_a_restart(kernel_name: str) -> None:
+    pytest.importorskip("lightning")
+    path = Path(__file__).parents[2] / "notebooks" / "lightning.ipynb"
+    text = text_of(execute(nbformat.read(path, as_version=4), kernel_name, path.parent))
+    lines = by_rank(text)
+    for rank in (0, 1):
+        assert "DDPStrategy over 2 ranks, 24 steps on this rank" in lines[rank], text
+        assert "the session's group is still there: all_reduce gives 2" in lines[rank], text
+    weights = with_start(text, "weights [")  # after the second fit, then after the restart
+    assert weights[0][-2:] == weights[1][-2:], text
+    saved, loaded = weights[0][-2:]
+    assert saved == loaded, text
 
 
 def test_a_failing_rank_fails_the_notebook(kernel_name: str, tmp_path: Path) -> None:
