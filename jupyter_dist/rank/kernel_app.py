@@ -82,6 +82,19 @@ class RankShell(ZMQInteractiveShell):
             if hasattr(sys, name):
                 delattr(sys, name)
 
+    def init_environment(self) -> None:
+        """ipykernel's environment, but not a terminal that can move its cursor.
+
+        ipykernel sets ``FORCE_COLOR=1`` so that tools print in colour, and rich takes
+        that for a terminal: its live displays (Lightning's default progress bar when
+        rich is installed, as transformers installs it) then redraw themselves with cursor
+        movements that a cell's output, the all-ranks view and the rank's log show as
+        frame after frame of escape codes. ``TTY_COMPATIBLE=0`` (rich's own switch) makes
+        rich write what it writes to a file: the finished display, once. Colour for other
+        tools is kept; a value the notebook's environment gives is kept too."""
+        super().init_environment()  # type: ignore[no-untyped-call]
+        os.environ.setdefault("TTY_COMPATIBLE", "0")
+
 
 class RankKernel(IPythonKernel):
     """`IPythonKernel` that runs a cell under the notebook's execution count when the

@@ -147,3 +147,26 @@ def test_a_checkpoint_saved_on_rank_0_loads_after_a_restart(
     printed = with_start(loaded.stdout, "weights [")
     assert printed[0][0] == printed[1][0] == f"weights {saved}", loaded.stdout
     assert said_by_both(loaded, "strategy DDPStrategy world 2 steps 8"), loaded.stdout
+
+
+def test_the_default_progress_bar_draws_no_cursor_movements(
+    run: Any, lightning_session: str, tmp_path: Path
+) -> None:
+    """With rich installed (transformers brings it), Lightning's default progress bar is
+    rich's. A rank's output is not a terminal: the bar is written once, finished, never
+    redrawn frame by frame with cursor movements the cell and its logs would show."""
+    pytest.importorskip("rich")
+    cell(run, lightning_session, MODEL)
+    out = cell(
+        run,
+        lightning_session,
+        "trainer = L.Trainer(accelerator='cpu', devices=2, strategy='ddp', max_epochs=2,\n"
+        f"    logger=False, enable_checkpointing=False, default_root_dir={str(tmp_path)!r})\n"
+        "print('bar', type(trainer.progress_bar_callback).__name__)\n"
+        "trainer.fit(Tiny(), loader)",
+    )
+    assert said_by_both(out, "bar RichProgressBar"), out.stdout
+    text = out.stdout + out.stderr
+    for movement in ("\x1b[?25l", "\x1b[2K", "\x1b[1A", "\r"):
+        assert movement not in text, repr(text[-2000:])
+    assert "Epoch 1" in text, text  # the finished bar is shown
