@@ -92,7 +92,7 @@ class RankShell(ZMQInteractiveShell):
         frame after frame of escape codes. ``TTY_COMPATIBLE=0`` (rich's own switch) makes
         rich write what it writes to a file: the finished display, once. Colour for other
         tools is kept; a value the notebook's environment gives is kept too."""
-        super().init_environment()  # type: ignore[no-untyped-call]
+        super().init_environment()
         os.environ.setdefault("TTY_COMPATIBLE", "0")
 
 
