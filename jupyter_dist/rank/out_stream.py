@@ -66,10 +66,11 @@ class RankOutStream(OutStream):
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._unsent = 0
         self._flushing = False  # the IO thread is in `_flush`
-        #: held by the pipe's reader from reading a chunk to writing it here
+        #: held by the pipe's reader while it reads a chunk and counts it
         self._pipe_lock = threading.Lock()
         self._pipe_reader: int | None = None  # the reader thread's ident
-        self._pipe_taken = 0  # bytes the reader has taken from the pipe and written
+        self._pipe_read = 0  # bytes the reader has read from the pipe
+        self._pipe_taken = 0  # of those, the bytes it has written here
 
     @property
     def parent_header(self) -> dict[str, Any]:
@@ -120,15 +121,15 @@ class RankOutStream(OutStream):
             self._flushing = False
 
     def _drain_pipe(self) -> None:
-        """Wait until the pipe's reader has taken the bytes the pipe holds now and written
-        them here (at most `DRAIN_S`; what C code writes meanwhile is not waited for). The
-        reader reads a chunk, writes it and counts it in ``_pipe_taken`` under ``_pipe_lock``,
-        so the count and the pipe's size read together say where the wait ends."""
+        """Wait until the pipe's reader has written here the bytes the pipe holds now and
+        those it has read and not yet written (at most `DRAIN_S`; what C code writes
+        meanwhile is not waited for). ``_pipe_lock`` is held only around a read and its
+        count, never while the reader writes (a write may wait for the IO thread)."""
         fid = self._fid
         if fid is None or threading.get_ident() in (self._pipe_reader, self._io_thread()):
             return
         with self._pipe_lock:
-            target = self._pipe_taken + _waiting_bytes(fid)
+            target = self._pipe_read + _waiting_bytes(fid)
         deadline = time.monotonic() + DRAIN_S
         while self._pipe_taken < target and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -141,7 +142,7 @@ class RankOutStream(OutStream):
         """ipykernel's reader of the pipe behind fds 1 and 2 (on its own thread): each
         chunk goes to the notebook, then to the rank's log (the fd it replaced). A copy to
         the log that fails (no space left, a quota) is skipped, and the next one tried.
-        A chunk is read and written under ``_pipe_lock`` (see `_drain_pipe`)."""
+        A chunk is read and counted under ``_pipe_lock`` (see `_drain_pipe`)."""
         fid = self._fid
         if fid is None:
             return
@@ -151,12 +152,13 @@ class RankOutStream(OutStream):
                 select.select([fid], [], [])
                 with self._pipe_lock:
                     data = os.read(fid, PIPE_BUFFER_SIZE)
-                    if not data or not self._should_watch:  # closed, or woken to stop
-                        return
-                    self.write(data.decode(errors="replace"))
-                    with contextlib.suppress(OSError):
-                        os.write(self._original_stdstream_copy, data)
-                    self._pipe_taken += len(data)
+                    self._pipe_read += len(data)
+                if not data or not self._should_watch:  # closed, or woken to stop
+                    return
+                self.write(data.decode(errors="replace"))
+                with contextlib.suppress(OSError):
+                    os.write(self._original_stdstream_copy, data)
+                self._pipe_taken += len(data)
         except Exception:
             self._exc = sys.exc_info()
 
