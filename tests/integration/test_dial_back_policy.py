@@ -6,31 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import asyncssh
 import pytest
 
 from jupyter_dist.control.launchers.dial_back import DialBackListener
+from tests.async_run import in_loop
 
 pytestmark = pytest.mark.slow
 NODE = [sys.executable, "-m", "jupyter_dist.node.dial_back"]
-
-
-def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    @functools.wraps(test)
-    def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))
-
-    return run
 
 
 @contextlib.asynccontextmanager

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import queue
 import signal
 import socket
 import time
-from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import pytest
 
 from jupyter_dist.control.session import Session, SessionTimeouts
 from jupyter_dist.errors import AgentError, RanksFailed
+from tests.async_run import in_loop
 
 from .dial_back_nodes import (
     children,
@@ -36,14 +35,6 @@ from .test_ssh_sessions import netns_pids
 
 pytestmark = pytest.mark.slow
 TIMEOUTS = SessionTimeouts(start=90.0, process_group=60.0)
-
-
-def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    @functools.wraps(test)
-    def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))
-
-    return run
 
 
 @contextlib.asynccontextmanager

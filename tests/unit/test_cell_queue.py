@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -19,15 +17,7 @@ from jupyter_dist.control.cell_queue import (
     waiting_text,
 )
 from jupyter_dist.errors import SessionError, SpecError
-
-
-def in_loop(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
-    @functools.wraps(test)
-    def run() -> None:
-        asyncio.run(test())
-
-    return run
-
+from tests.async_run import in_loop
 
 A = Sender("train.ipynb", "ka")
 B = Sender("eval.ipynb", "kb")
