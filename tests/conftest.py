@@ -144,6 +144,17 @@ def rank_waits_for_file_cell(go: Any) -> str:
     )
 
 
+def started_session(shell: Any, name: str, flags: str = "--procs 2") -> Iterator[str]:
+    """For a fixture to yield from: session ``name`` started with ``flags`` in ``shell``,
+    shut down afterwards whatever the tests did."""
+    result = shell.run_cell(f"%%distributed --session {name} {flags}\npass")
+    assert result.success, result.error_in_exec
+    try:
+        yield name
+    finally:
+        shell.run_line_magic("dist", f"shutdown --session {name}")
+
+
 def session_status(name: str) -> dict[str, Any]:
     from jupyter_dist.notebook.owners import embedded_owner
 

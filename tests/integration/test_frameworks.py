@@ -16,33 +16,25 @@ from typing import Any
 import pytest
 
 from jupyter_dist.errors import RanksFailed
-from tests.conftest import CellOutput
+from tests.conftest import CellOutput, started_session
 
 pytestmark = pytest.mark.slow
-
-
-def session(shell: Any, name: str, flags: str) -> Iterator[str]:
-    """Start session ``name`` with ``flags``; shut it down afterwards."""
-    result = shell.run_cell(f"%%distributed --session {name} {flags}\npass")
-    assert result.success, result.error_in_exec
-    yield name
-    shell.run_line_magic("dist", f"shutdown --session {name}")
 
 
 @pytest.fixture(scope="module")
 def jax_session(shell: Any) -> Iterator[str]:
     pytest.importorskip("jax")
-    yield from session(shell, "jaxfw", "--procs 2 --framework jax")
+    yield from started_session(shell, "jaxfw", "--procs 2 --framework jax")
 
 
 @pytest.fixture(scope="module")
 def torch_session(shell: Any) -> Iterator[str]:
-    yield from session(shell, "torchfw", "--procs 2")
+    yield from started_session(shell, "torchfw", "--procs 2")
 
 
 @pytest.fixture(scope="module")
 def bare_session(shell: Any) -> Iterator[str]:
-    yield from session(shell, "nofw", "--procs 2 --framework none")
+    yield from started_session(shell, "nofw", "--procs 2 --framework none")
 
 
 def cell(run: Any, name: str, body: str) -> CellOutput:

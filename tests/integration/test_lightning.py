@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CellOutput
+from tests.conftest import CellOutput, started_session
 from tests.integration.rank_lines import by_rank, with_start
 
 pytestmark = pytest.mark.slow
@@ -76,13 +76,7 @@ print('sum', t.item(), dist.get_backend())
 @pytest.fixture(scope="module")
 def lightning_session(shell: Any) -> Iterator[str]:
     pytest.importorskip("lightning")
-    name = "lightning"
-    result = shell.run_cell(f"%%distributed --session {name} --procs 2\npass")
-    assert result.success, result.error_in_exec
-    try:
-        yield name
-    finally:
-        shell.run_line_magic("dist", f"shutdown --session {name}")
+    yield from started_session(shell, "lightning")
 
 
 def cell(run: Any, name: str, body: str) -> CellOutput:

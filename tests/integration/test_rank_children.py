@@ -14,6 +14,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.conftest import started_session
+
 pytestmark = pytest.mark.slow
 
 #: ``fn`` for mp.spawn: a group of two children, an all_reduce, the sum written to a
@@ -59,13 +61,7 @@ def workers(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def session(shell: Any) -> Iterator[str]:
-    name = "children"
-    result = shell.run_cell(f"%%distributed --session {name} --procs 2\npass")
-    assert result.success, result.error_in_exec
-    try:
-        yield name
-    finally:
-        shell.run_line_magic("dist", f"shutdown --session {name}")
+    yield from started_session(shell, "children")
 
 
 def spawn_cell(folder: Path, hang: bool) -> str:
