@@ -9,14 +9,17 @@ Ray refuses a multi-node cluster on loopback (it maps 127.0.0.1 to the machine's
 address) and traffic may only go to loopback or to namespaces the test made: hence the
 namespaces, each with its own node address, ports and temp folder.
 
-Token authentication is on, as on real clusters (Ray 2.60 turns it on by default for
-local clusters): ``RAY_AUTH_MODE=token`` and the cluster's token in ``RAY_AUTH_TOKEN``
-are in the environment of every ``ray start``, so every Ray process inherits them, and a
-driver must carry both too. Ray reads them once per process, when ``ray`` first needs them
-(``RAY_AUTH_TOKEN`` wins over ``RAY_AUTH_TOKEN_PATH`` and over ``~/.ray/auth_token``), so
-a driver gets them in its environment before it starts, never by changing ``os.environ``
-after ``import ray``. ``HOME`` points into the cluster's folder, so no token file of the
-machine's user is read or written. ``RayCluster.env`` holds these variables;
+Token authentication is on, as on real clusters (Ray turns it on by default for a local
+``ray.init()`` from 2.59 and for every cluster from 2.61; a 2.60 ``ray start`` still needs
+it asked for). Ray's token-authentication guide: the mode comes only from the environment
+(``RAY_AUTH_MODE=token``, never ``_system_config``) and must be the same on every node;
+the token from ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH`` names, else
+``~/.ray/auth_token``. Both are in the environment of every ``ray start``, so every Ray
+process inherits them, and a driver must carry both too. Ray reads them once per process
+(the C++ token loader caches them), so a driver gets them in its environment before it
+starts, never by changing ``os.environ`` after ``import ray``. ``HOME`` points into the
+cluster's folder, so no token file of the machine's user is read or written.
+``RayCluster.env`` holds these variables;
 ``RayCluster.driver_argv`` runs a driver the way a session owner runs one: in the head's
 namespace (a Ray driver needs a raylet on its own address), with that environment.
 
