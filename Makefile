@@ -24,7 +24,7 @@ BENCH_ARGS ?=
 .PHONY: help setup demo test test-loaded unit lint bench bench-multinode labextension-test
 
 help:
-	@echo "make setup   create .venv/ and install jupyter_dist with its test, dev and examples extras"
+	@echo "make setup   create .venv/ and install jupyter_dist with its test, dev, examples and ray extras"
 	@echo "make demo    run notebooks/quickstart.ipynb headless and print its outputs"
 	@echo "make test    lint, install the system packages the tests need, then run pytest"
 	@echo "make test-loaded  make test with two CPU-bound processes beside it (a busy machine)"
@@ -41,7 +41,7 @@ $(PY):
 # Re-installs only when pyproject.toml or constraints.txt change (or .venv/ is new).
 # The JupyterLab sidebar is built first, so that the editable install carries it.
 $(SETUP_STAMP): pyproject.toml constraints.txt $(LABEXT_BUILT) | $(PY)
-	$(PIP_INSTALL) -e '.[test,dev,examples]'
+	$(PIP_INSTALL) -e '.[test,dev,examples,ray]'
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .  # a link: rebuilds show at once
 	touch $@
 
@@ -55,7 +55,7 @@ $(LABEXT_BUILT): $(LABEXT_SOURCES) | $(PY)
 	cd labextension && $(JLPM) install --immutable && $(JLPM) build:prod
 
 $(BENCH_STAMP): $(SETUP_STAMP)
-	$(PIP_INSTALL) -e '.[test,dev,bench]'
+	$(PIP_INSTALL) -e '.[test,dev,ray,bench]'
 	touch $@
 
 demo: setup

@@ -123,15 +123,15 @@ def test_cleanup_stale_removes_a_crashed_run(tmp_path: Path) -> None:
         import os, signal, sys
         from pathlib import Path
         sys.path.insert(0, sys.argv[1])
-        from cluster import ssh_cluster
+        from tests.multinode.cluster import ssh_cluster
         with ssh_cluster(1, workdir=Path(sys.argv[2])) as c:
             print(c.prefix, c.namespaces[0], c.bridge, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    here = str(Path(__file__).parent)
+    root = str(Path(__file__).parents[2])
     child = subprocess.run(
-        [sys.executable, "-c", code, here, str(tmp_path)],
+        [sys.executable, "-c", code, root, str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,

@@ -1,0 +1,75 @@
+"""The ``--ray`` options of a session, checked: the cluster's address, how the bundles are
+placed and the runtime environment Ray prepares on the nodes.
+
+`resolve_ray_address` picks ``--ray-address``, else ``RAY_ADDRESS``, else ``"auto"``;
+`check_strategy` and `parse_runtime_env` turn user input into values or a `SpecError`
+naming the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from jupyter_dist.errors import SpecError
+
+#: placement strategies a session's placement group may use; the first is the default
+RAY_STRATEGIES = ("STRICT_SPREAD", "PACK", "SPREAD")
+DEFAULT_RAY_STRATEGY = RAY_STRATEGIES[0]
+#: Ray's own variable naming the cluster a driver connects to
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+def resolve_ray_address(flag: str | None, env: Mapping[str, str]) -> str:
+    """The address the driver connects to: ``--ray-address``, RAY_ADDRESS, or ``"auto"``."""
+    if flag is not None:
+        return check_ray_address(flag, "--ray-address")
+    from_env = env.get(RAY_ADDRESS_ENV, "").strip()
+    if from_env:
+        return check_ray_address(from_env, RAY_ADDRESS_ENV)
+    return "auto"
+
+
+def check_ray_address(address: str, where: str) -> str:
+    """``auto``, ``ray://HOST:PORT`` is refused (it cannot carry rank traffic), else HOST:PORT."""
+    value = address.strip()
+    if value == "auto":
+        return value
+    if value.startswith("ray://"):
+        raise SpecError(
+            f"{where} {address!r}: Ray Client addresses (ray://) are not supported; "
+            "expected the cluster's GCS address HOST:PORT (e.g. head:6379) or 'auto'"
+        )
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpecError(
+            f"{where} {address!r}: expected HOST:PORT with a port 1-65535 (e.g. head:6379) "
+            "or 'auto'"
+        )
+    return value
+
+
+def check_strategy(value: str) -> str:
+    """A placement strategy, case-insensitive, as Ray spells it."""
+    upper = value.strip().upper()
+    if upper not in RAY_STRATEGIES:
+        raise SpecError(f"--ray-strategy {value!r}: expected one of {', '.join(RAY_STRATEGIES)}")
+    return upper
+
+
+def parse_runtime_env(text: str) -> dict[str, Any]:
+    """``--ray-runtime-env JSON``: a JSON object, e.g. ``{"pip": ["jupyter_dist"]}``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(
+            f"--ray-runtime-env {text!r}: not JSON ({exc.msg} at character {exc.pos}); "
+            'expected a JSON object such as \'{"pip": ["jupyter_dist"]}\''
+        ) from None
+    if not isinstance(value, dict):
+        raise SpecError(
+            f"--ray-runtime-env {text!r}: a JSON {type(value).__name__}; expected a JSON "
+            'object such as \'{"pip": ["jupyter_dist"]}\''
+        )
+    return value

@@ -1,0 +1,34 @@
+"""The Ray fixture: a head and two worker nodes, each ``ray start`` in its own namespace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.system_needs import require
+
+from .cluster import RayCluster, missing_requirements, ray_cluster
+
+#: how long each cluster of this run took to start, for the summary at the end
+_START_SECONDS: list[float] = []
+
+
+@pytest.fixture(scope="session")
+def ray_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    """A Ray cluster with token authentication on; see ``cluster.ray_cluster``.
+
+    Skipped with the reason where it cannot run (not root, no ``ip netns``, no ray); in CI
+    that fails instead. Its start-up time is in the run's summary.
+    """
+    require("multi-node Ray cluster", missing_requirements())
+    with ray_cluster(workdir=tmp_path_factory.mktemp("ray")) as running:
+        _START_SECONDS.append(running.start_seconds)
+        yield running
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for seconds in _START_SECONDS:
+        terminalreporter.write_line(
+            f"Ray test cluster (head + 2 worker nodes): every node alive after {seconds:.1f}s"
+        )
