@@ -56,6 +56,16 @@ class HostJSON(_HostOptions):
     name: str
 
 
+class RaySpecJSON(TypedDict):
+    """`common.ray_options.RaySpec.to_json`: a session's placement on a Ray cluster."""
+
+    address: str | None
+    strategy: str
+    runtime_env: str
+    cpus: int
+    gpus: int | None
+
+
 class SpecJSON(TypedDict):
     """`common.spec.SessionSpec.to_json` (sequences are tuples before they are JSON)."""
 
@@ -71,6 +81,7 @@ class SpecJSON(TypedDict):
     node_procs: Sequence[int]
     launcher: str
     framework: Framework
+    ray: RaySpecJSON | None
 
 
 class _RelayOption(TypedDict, total=False):
@@ -263,6 +274,7 @@ class SessionRequest(TypedDict, total=False):
     python: str
     ssh_config: str
     launcher: str
+    ray: RaySpecJSON
     cwd: str
     env: dict[str, str]
     notebook: str  # the session is named after this notebook (the sender's path)

@@ -8,10 +8,13 @@ naming the bad value and what was expected.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
+from jupyter_dist.common.payloads import RaySpecJSON
 from jupyter_dist.errors import SpecError
 
 #: placement strategies a session's placement group may use; the first is the default
@@ -19,6 +22,61 @@ RAY_STRATEGIES = ("STRICT_SPREAD", "PACK", "SPREAD")
 DEFAULT_RAY_STRATEGY = RAY_STRATEGIES[0]
 #: Ray's own variable naming the cluster a driver connects to
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
+#: the most CPUs or GPUs one bundle (one node of a session) may ask for
+MAX_BUNDLE_UNITS = 4096
+
+
+@dataclass(frozen=True)
+class RaySpec:
+    """How a session's nodes are placed on a Ray cluster (``--ray`` and its options).
+
+    ``address``: the cluster (None: RAY_ADDRESS where the session's owner runs, else
+    ``auto``); ``strategy``: the placement group's (`RAY_STRATEGIES`); ``runtime_env``:
+    Ray's runtime environment for the node actors, as JSON text ("" for none); ``cpus``:
+    CPUs each node's bundle holds; ``gpus``: GPUs it holds (None: the node's ``--gpus``
+    count, 0 for ``--procs``).
+    """
+
+    address: str | None = None
+    strategy: str = DEFAULT_RAY_STRATEGY
+    runtime_env: str = ""
+    cpus: int = 1
+    gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.address is not None:
+            check_ray_address(self.address, "--ray-address")
+        if self.strategy != check_strategy(self.strategy):
+            raise SpecError(
+                f"--ray-strategy {self.strategy!r}: expected one of {', '.join(RAY_STRATEGIES)}"
+            )
+        if self.runtime_env:
+            parse_runtime_env(self.runtime_env)
+        for flag, value in (("--ray-cpus", self.cpus), ("--ray-gpus", self.gpus)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(f"{flag} {value!r}: expected a whole number")
+            low = 1 if flag == "--ray-cpus" else 0
+            if not low <= value <= MAX_BUNDLE_UNITS:
+                raise SpecError(f"{flag} {value}: expected {low} to {MAX_BUNDLE_UNITS}")
+
+    def runtime_env_dict(self) -> dict[str, Any] | None:
+        return parse_runtime_env(self.runtime_env) if self.runtime_env else None
+
+    def to_json(self) -> RaySpecJSON:
+        return cast(RaySpecJSON, dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RaySpec:
+        """From `to_json` or a request's ``ray`` object; unknown keys are refused."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(
+                f"ray: unknown field {unknown[0]!r}; expected {', '.join(sorted(known))}"
+            )
+        return cls(**dict(data))
 
 
 def resolve_ray_address(flag: str | None, env: Mapping[str, str]) -> str:
@@ -52,6 +110,8 @@ def check_ray_address(address: str, where: str) -> str:
 
 def check_strategy(value: str) -> str:
     """A placement strategy, case-insensitive, as Ray spells it."""
+    if not isinstance(value, str):
+        raise SpecError(f"--ray-strategy {value!r}: expected one of {', '.join(RAY_STRATEGIES)}")
     upper = value.strip().upper()
     if upper not in RAY_STRATEGIES:
         raise SpecError(f"--ray-strategy {value!r}: expected one of {', '.join(RAY_STRATEGIES)}")

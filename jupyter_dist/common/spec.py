@@ -22,13 +22,17 @@ from jupyter_dist.common.hosts import (
     whole_number,
 )
 from jupyter_dist.common.payloads import Backend, Device, Framework, SessionRequest, SpecJSON
+from jupyter_dist.common.ray_options import RaySpec
 from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
 from jupyter_dist.settings import MAX_RANKS_VAR, max_ranks_per_node
 
 BACKENDS: tuple[Backend, ...] = ("gloo", "nccl")
 #: what the bootstrap prepares in each rank (``--framework``); the first is the default
 FRAMEWORKS: tuple[Framework, ...] = ("torch", "jax", "none")
+#: launchers that start agents on listed hosts
 REMOTE_LAUNCHERS = ("ssh", "slurm")
+#: launchers that find their nodes themselves (a cluster manager places them)
+CLUSTER_LAUNCHERS = ("ray",)
 DEFAULT_SESSION = "default"
 DEFAULT_CPU_PROCS = 2
 #: more ranks than a session may have, whatever the nodes: ``--ranks`` is checked against it
@@ -86,7 +90,8 @@ class ShapeRequest:
     hosts: tuple[HostSpec, ...] = ()
     python: str | None = None
     ssh_config: str | None = None
-    launcher: str | None = None  # how agents start on the hosts: "ssh" (default) or "slurm"
+    launcher: str | None = None  # "ssh" (default with hosts), "slurm", or "ray" (no hosts)
+    ray: RaySpec | None = None  # with launcher "ray": how the nodes are placed
 
     def to_json(self) -> SessionRequest:
         """The request as the server's ``POST /sessions`` takes it (unsaid fields left out)."""
@@ -118,13 +123,21 @@ class SessionSpec:
     python: str | None = None  # the nodes' interpreter (default: the notebook's, else python3)
     ssh_config: str | None = None  # default: ~/.ssh/config
     node_procs: Counts = ()  # ranks on each node when they differ; empty: procs_per_node
-    launcher: str = "local"  # "local" (this machine), "ssh", "slurm" (srun in an allocation)
+    #: "local" (this machine), "ssh", "slurm" (srun in an allocation), "ray" (actors)
+    launcher: str = "local"
     #: "torch": the process group is made (unless ``--no-init``); "jax": every rank gets
     #: what ``jax.distributed.initialize()`` needs; "none": nothing is initialised
     framework: Framework = "torch"
+    ray: RaySpec | None = None  # launcher "ray": the placement on the cluster
 
     def to_json(self) -> SpecJSON:
         return cast(SpecJSON, dataclasses.asdict(self))
+
+    @property
+    def remote(self) -> bool:
+        """Whether the nodes are other machines (listed hosts, or placed by a cluster
+        manager), not this one."""
+        return bool(self.hosts) or self.launcher in CLUSTER_LAUNCHERS
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionSpec:
@@ -133,6 +146,8 @@ class SessionSpec:
         fields = {k: v for k, v in data.items() if k in known}
         fields["hosts"] = tuple(HostSpec(**h) for h in fields.get("hosts", ()))
         fields["node_procs"] = tuple(fields.get("node_procs", ()))
+        if fields.get("ray") is not None:
+            fields["ray"] = RaySpec.from_json(fields["ray"])
         return cls(**fields)
 
     def procs_on(self, node: int) -> int:
@@ -288,8 +303,14 @@ def validate_request(req: ShapeRequest) -> None:
             f"--backend nccl with --procs {_show(procs)}: NCCL needs GPUs; use --gpus N, or "
             "--backend gloo for CPU ranks"
         )
-    if req.launcher is not None and req.launcher not in REMOTE_LAUNCHERS:
-        raise SpecError(f"launcher {req.launcher!r}: expected one of {', '.join(REMOTE_LAUNCHERS)}")
+    launchers = (*REMOTE_LAUNCHERS, *CLUSTER_LAUNCHERS)
+    if req.launcher is not None and req.launcher not in launchers:
+        raise SpecError(f"launcher {req.launcher!r}: expected one of {', '.join(launchers)}")
+    if req.launcher in CLUSTER_LAUNCHERS:
+        _validate_cluster(req, gpus, procs)
+        return
+    if req.ray is not None:
+        raise SpecError("ray options without --ray: add --ray to place the nodes on a Ray cluster")
     if req.launcher is not None and not req.hosts:
         raise SpecError(f"launcher {req.launcher!r}: no hosts to start agents on")
     if req.hosts and req.nodes is not None and req.nodes != len(req.hosts):
@@ -301,7 +322,28 @@ def validate_request(req: ShapeRequest) -> None:
     if not req.hosts and req.nodes is not None and req.nodes > 1:
         raise SpecError(
             f"--nodes {req.nodes}: more than one node needs to know where they are; give "
-            "--hosts a,b or --hostfile FILE"
+            "--hosts a,b or --hostfile FILE, or --ray to place them on a Ray cluster"
+        )
+
+
+def _validate_cluster(req: ShapeRequest, gpus: Counts | None, procs: Counts | None) -> None:
+    """A cluster manager places the nodes: no hosts, and each node's ranks said."""
+    flag = f"--{req.launcher}"
+    if req.hosts:
+        raise SpecError(
+            f"{flag} and --hosts/--hostfile: give one; {flag} places the nodes on the cluster"
+        )
+    if gpus is None and procs is None:
+        raise SpecError(
+            f"{flag}: say how many ranks each node runs: --gpus G (one per GPU the node's "
+            "bundle holds) or --procs P (CPU ranks), one count or one per node"
+        )
+    counts = gpus or procs or ()
+    nodes = req.nodes or 1
+    if len(counts) > 1 and len(counts) != nodes:
+        raise SpecError(
+            f"{'--gpus' if gpus else '--procs'} {_show(counts)}: {len(counts)} counts for "
+            f"--nodes {nodes}; give one count for every node, or one per node"
         )
 
 
@@ -311,7 +353,12 @@ def resolve_shape(
     """Turn a request into a session spec, given the node's CUDA device count; refuse more
     than ``max_ranks`` ranks on a node (default: `settings.max_ranks_per_node`)."""
     validate_request(req)
-    spec = _resolve_remote(name, req) if req.hosts else _resolve_local(name, req, local_gpus, host)
+    if req.launcher in CLUSTER_LAUNCHERS:
+        spec = _resolve_cluster(name, req)
+    elif req.hosts:
+        spec = _resolve_remote(name, req)
+    else:
+        spec = _resolve_local(name, req, local_gpus, host)
     check_limits(spec, max_ranks_per_node() if max_ranks is None else max_ranks)
     return spec
 
@@ -322,7 +369,13 @@ def check_limits(spec: SessionSpec, max_ranks: int) -> None:
     for node, count in enumerate(spec.counts):
         if count > max_ranks:
             flag = "--gpus" if spec.device == "cuda" else "--procs"
-            where = f"node {spec.hosts[node]}" if spec.hosts else "this machine"
+            where = (
+                f"node {spec.hosts[node]}"
+                if spec.hosts
+                else f"node {node} of the cluster"
+                if spec.remote
+                else "this machine"
+            )
             raise SpecError(
                 f"{flag} {count}: at most {max_ranks} ranks may run on a node ({where}); "
                 f"set {MAX_RANKS_VAR} (or the server's DistServerApp.max_ranks_per_node) "
@@ -409,6 +462,24 @@ def _resolve_remote(name: str, req: ShapeRequest) -> SessionSpec:
     return spec(gpus, "cuda", _backend(req, "nccl"))
 
 
+def _resolve_cluster(name: str, req: ShapeRequest) -> SessionSpec:
+    """Nodes a cluster manager places (`validate_request` checked the counts): devices are
+    checked once each node's agent reports them."""
+    framework = _framework(req)
+    init = req.init is not False and framework == "torch"
+    gpus, procs = as_counts(req.gpus), as_counts(req.procs)
+    counts = gpus or procs or ()
+    nodes = req.nodes or len(counts)
+    per_node = counts * nodes if len(counts) == 1 else counts
+    uneven = per_node if len(set(per_node)) > 1 else ()
+    device: Device = "cuda" if gpus else "cpu"
+    return SessionSpec(
+        name, nodes, per_node[0], device, _backend(req, "nccl" if gpus else "gloo"), init,
+        python=req.python, node_procs=uneven, launcher=req.launcher or "ray",
+        framework=framework, ray=req.ray or RaySpec(),
+    )  # fmt: skip
+
+
 def _framework(req: ShapeRequest) -> Framework:
     """The framework a request names (checked by `validate_request`), else ``torch``."""
     return FRAMEWORKS[0] if req.framework is None else parse_framework(req.framework)
@@ -440,6 +511,10 @@ def check_same_shape(running: SessionSpec, req: ShapeRequest) -> None:
         said.append(f"--framework {req.framework}")
     if req.hosts and req.hosts != running.hosts:
         said.append("--hosts " + ",".join(str(h) for h in req.hosts))
+    if req.launcher is not None and req.launcher != running.launcher:
+        said.append(f"--{req.launcher}")
+    elif req.ray is not None and running.ray is not None and req.ray != running.ray:
+        said.append("other --ray-* options")
     if said:
         raise ShapeMismatchError(
             f"session {running.name!r} is running {running.describe()}; this cell asks for "

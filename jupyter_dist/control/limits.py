@@ -58,6 +58,9 @@ def ranks_by_node(spec: SessionSpec, here: str) -> Counter[str]:
     count together)."""
     found: Counter[str] = Counter()
     for index, count in enumerate(spec.counts):
+        if spec.remote and not spec.hosts:  # placed by a cluster manager: not known here
+            found[f"{spec.launcher} node {index} of session {spec.name}"] += count
+            continue
         found[node_of(spec.hosts[index] if spec.hosts else None, here)] += count
     return found
 

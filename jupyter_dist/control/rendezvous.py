@@ -89,7 +89,7 @@ async def plan_rendezvous(
     to its peers). Either way, unless the user chose one.
     """
     ports = parse_port_range(user_env[PORTS_VAR]) if user_env.get(PORTS_VAR) else None
-    if not spec.hosts:
+    if not spec.remote:
         local = Rendezvous.local(ports)
         if not local.master_port:
             raise AgentError(f"{PORTS_VAR}={user_env[PORTS_VAR]}: every port is taken here")
@@ -133,7 +133,7 @@ async def check_reachable(
     spec: SessionSpec, nodes: Sequence[AgentClient], rdzv: Rendezvous
 ) -> None:
     """Every node must reach the store rank 0 hosts, else init would just time out."""
-    if not spec.hosts:
+    if not spec.remote:
         return
     probes = await asyncio.gather(*(n.probe(rdzv.master_addr, rdzv.master_port) for n in nodes[1:]))
     for node, result in zip(nodes[1:], probes, strict=True):

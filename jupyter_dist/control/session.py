@@ -35,7 +35,7 @@ from jupyter_dist.common.proc_titles import NODE_RANK_VAR
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, GROUP_KEY
 from jupyter_dist.control.agent_client import AgentClient, AgentInfo
-from jupyter_dist.control.launchers import Launcher, launcher_for
+from jupyter_dist.control.launchers import Launcher, Placement, launcher_for, placement_for
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
 from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState, SessionState
 from jupyter_dist.control.rendezvous import Rendezvous, check_reachable, plan_rendezvous
@@ -65,6 +65,8 @@ SAMPLE_TIMEOUT_S = 10.0
 LOG_READ_TIMEOUT_S = 10.0
 #: makes the launcher of node ``node`` of a session (`launcher_for`; tests pass a fake)
 LauncherFactory = Callable[[SessionSpec, int], Launcher]
+#: makes a session's `Placement` (`placement_for`), or None when its kind needs none
+PlacementFactory = Callable[[SessionSpec, Mapping[str, str]], Placement | None]
 
 
 class Session(RankGroup):
@@ -78,12 +80,16 @@ class Session(RankGroup):
         env: Mapping[str, str] | None = None,
         launchers: LauncherFactory = launcher_for,
         rank_vars: Mapping[str, str] | None = None,
+        placements: PlacementFactory = placement_for,
     ) -> None:
         """``env``: where the session's knobs are read (default: this process's
         environment); ``rank_vars``: variables every rank gets on top of its node's
         environment (under them, the ones `rank_env` decides)."""
         super().__init__(spec, secrets.token_hex(32))
         self.launchers = launchers
+        self.placements = placements
+        #: the machines a cluster manager holds for the session (``ray``), once placed
+        self.placement: Placement | None = None
         self.timeouts = timeouts or SessionTimeouts()
         self.cwd = cwd or os.getcwd()
         self.user_env = dict(os.environ if env is None else env)
@@ -127,13 +133,18 @@ class Session(RankGroup):
             env[NODE_RANK_VAR] = str(node)  # its title names it; its ranks get the same value
             return {**env, PORTS_VAR: ports} if ports else env
 
+        launchers = self.launchers
+        self.placement = self.placements(self.spec, self.user_env)
+        if self.placement is not None:
+            await self.placement.place(progress, self.timeouts.start)
+            launchers = self.placement.launcher
         heartbeat = Heartbeat(
             self.timeouts.node_deadline
             or seconds_from_env(NODE_DEADLINE_VAR, Heartbeat.deadline_s, self.user_env)
         )
         self.nodes = [
             AgentClient(
-                self.launchers(self.spec, node),
+                launchers(self.spec, node),
                 node,
                 self._on_rank_exit,
                 self._on_node_lost,
@@ -141,7 +152,7 @@ class Session(RankGroup):
             )
             for node in range(self.spec.nodes)
         ]
-        remote = bool(self.spec.hosts)
+        remote = self.spec.remote
 
         async def start(node: AgentClient) -> AgentInfo:
             began = time.monotonic()
@@ -462,6 +473,11 @@ class Session(RankGroup):
         self.turns.clear()
         await self.close_clients()
         await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+        if self.placement is not None:
+            try:
+                await self.placement.release()
+            except Exception as err:  # the agents are gone; say what may be left
+                log.warning("session %s: releasing its placement: %s", self.name, err)
         with contextlib.suppress(Exception):
             self._context.destroy(linger=0)
         log.info("session %s shut down", self.name)
@@ -549,6 +565,7 @@ def _exit_summary(rec: RankRecord) -> str | None:
 
 __all__ = [
     "LauncherFactory",
+    "PlacementFactory",
     "RankRecord",
     "RankState",
     "Session",

@@ -18,6 +18,10 @@ When the connection ends the agent's stdin closes, and it kills its ranks. The n
 dials again (a session that restarts starts new agents on new connections) until no
 listener answers for ``--retry`` seconds, and exits.
 
+With ``--watch-stdin`` the credentials are stdin's first line, and the end of stdin
+(whoever started this process exited, or was killed: a Ray actor, a pod's main process)
+ends the node: its connection closes, its agents stop their ranks, and it exits.
+
 The credentials (JSON: ``node``, ``host_key``, the private key in OpenSSH form, and
 ``client_key``, the public key it accepts) are secret: they come in a file of this user's
 that no one else may read (mode 0600), or on stdin with ``--credentials -``; never on the
@@ -36,6 +40,7 @@ import re
 import signal
 import stat
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -106,9 +111,12 @@ def parse_credentials(text: str) -> Credentials:
     return Credentials(node, keys["host_key"], keys["client_key"])
 
 
-def read_credentials(source: str) -> Credentials:
-    """From stdin (``-``) or a file of this user's that others cannot read."""
+def read_credentials(source: str, first_line: bool = False) -> Credentials:
+    """From stdin (``-``: all of it, or its ``first_line``) or a file of this user's that
+    others cannot read."""
     if source == "-":
+        if first_line:
+            return parse_credentials(sys.stdin.readline(CREDENTIALS_MAX_BYTES))
         return parse_credentials(sys.stdin.read(CREDENTIALS_MAX_BYTES))
     try:
         mode = os.lstat(source).st_mode
@@ -183,6 +191,27 @@ class DialBackNode:
         self.credentials = credentials
         self.retry_s = retry_s
         self.agents: dict[int, asyncio.subprocess.Process] = {}
+        self._conn: asyncssh.SSHServerConnection | None = None
+        self._leaving = False
+
+    def watch_stdin(self) -> None:
+        """End the node when stdin ends (read on a thread: stdin may be a pipe or a file)."""
+        loop = asyncio.get_running_loop()
+
+        def read() -> None:
+            with contextlib.suppress(Exception):
+                while sys.stdin.buffer.read(_CHUNK):
+                    pass
+            loop.call_soon_threadsafe(self.leave)
+
+        threading.Thread(target=read, name="jupyter-dist-stdin", daemon=True).start()
+
+    def leave(self) -> None:
+        """Close the connection and dial no more; `run` returns once the agents are gone."""
+        self._leaving = True
+        log.info("dial-back node %d: stdin ended; leaving", self.credentials.node)
+        if self._conn is not None:
+            self._conn.close()
 
     def agent_socket(self, path: str) -> bool:
         """Whether ``path`` is in the private folder of an agent this process runs."""
@@ -200,10 +229,12 @@ class DialBackNode:
         """Serve connections until none can be made for ``retry_s``."""
         last = time.monotonic()
         served = False
-        while True:
+        while not self._leaving:
             try:
                 conn = await self._dial()
             except (OSError, asyncssh.Error) as err:
+                if self._leaving:
+                    break
                 if time.monotonic() - last > self.retry_s:
                     what = "no listener" if served else "cannot connect"
                     print(
@@ -215,10 +246,16 @@ class DialBackNode:
                 await asyncio.sleep(REDIAL_S)
                 continue
             served = True
+            self._conn = conn
+            if self._leaving:
+                conn.close()
             log.info("dial-back node %d: connected", self.credentials.node)
             await conn.wait_closed()
+            self._conn = None
             await self._agents_gone()
             last = time.monotonic()
+        await self._agents_gone()
+        return 0
 
     async def _dial(self) -> asyncssh.SSHServerConnection:
         creds = self.credentials
@@ -341,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a file of mode 0600 holding the node's credentials, or - to read them on stdin",
     )
     parser.add_argument(
+        "--watch-stdin",
+        action="store_true",
+        help="with --credentials -: they are stdin's first line, and the node exits (its "
+        "agents' ranks with it) when stdin ends",
+    )
+    parser.add_argument(
         "--retry",
         type=float,
         default=60.0,
@@ -349,14 +392,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         host, port = parse_address(args.address)
-        credentials = read_credentials(args.credentials)
+        if args.watch_stdin and args.credentials != "-":
+            raise ValueError("--watch-stdin: expected --credentials - (they come on stdin)")
+        credentials = read_credentials(args.credentials, first_line=args.watch_stdin)
         if not 0 < args.retry <= 86400:
             raise ValueError(f"--retry {args.retry}: expected seconds, more than 0, at most 86400")
     except ValueError as err:
         print(f"dial-back: {err}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    return asyncio.run(DialBackNode(host, port, credentials, args.retry).run())
+    node = DialBackNode(host, port, credentials, args.retry)
+
+    async def run() -> int:
+        if args.watch_stdin:
+            node.watch_stdin()
+        return await node.run()
+
+    return asyncio.run(run())
 
 
 if __name__ == "__main__":

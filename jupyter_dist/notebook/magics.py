@@ -25,6 +25,7 @@ from jupyter_dist.common import cluster_env, pickling
 from jupyter_dist.common.events import CellEvent, Notice
 from jupyter_dist.common.hosts import check_python, check_ssh_config, parse_hosts, read_hostfile
 from jupyter_dist.common.payloads import SessionStatus
+from jupyter_dist.common.ray_options import RaySpec, check_strategy
 from jupyter_dist.common.spec import (
     DEFAULT_SESSION,
     ShapeRequest,
@@ -94,6 +95,27 @@ def output_mode(shell: Any, asked: str | None) -> CellViewKind:
     if mode == "auto":
         return "widget" if getattr(shell, "kernel", None) is not None else "text"
     return "widget" if mode == "widget" else "text"
+
+
+def _ray_spec(args: Any) -> RaySpec | None:
+    """The ``--ray`` options as a `RaySpec` (any ``--ray-*`` flag implies ``--ray``), or
+    None when no Ray flag is given."""
+    flags = (
+        args.ray_address,
+        args.ray_strategy,
+        args.ray_runtime_env,
+        args.ray_cpus,
+        args.ray_gpus,
+    )
+    if not args.ray and all(v is None for v in flags):
+        return None
+    return RaySpec(
+        address=args.ray_address,
+        strategy=check_strategy(args.ray_strategy) if args.ray_strategy else RaySpec.strategy,
+        runtime_env=args.ray_runtime_env or "",
+        cpus=1 if args.ray_cpus is None else args.ray_cpus,
+        gpus=args.ray_gpus,
+    )
 
 
 def _check_syntax(shell: Any, cell: str) -> None:
@@ -195,6 +217,43 @@ class DistMagics(Magics):
         action="store_true",
         help="inside a Slurm allocation: its nodes (SLURM_JOB_NODELIST), agents started with srun",
     )
+    @argument(
+        "--ray",
+        action="store_true",
+        help="place the nodes on a Ray cluster: one placement-group bundle and one actor per "
+        "node, which starts its agent (RAY_ADDRESS, else --ray-address, else auto)",
+    )
+    @argument(
+        "--ray-address",
+        default=None,
+        help="the Ray cluster's GCS address HOST:PORT, or auto (implies --ray; default: "
+        "RAY_ADDRESS, else auto)",
+    )
+    @argument(
+        "--ray-strategy",
+        default=None,
+        help="how the nodes' bundles are placed: STRICT_SPREAD (default: one machine each), "
+        "PACK (as few machines as fit) or SPREAD (implies --ray)",
+    )
+    @argument(
+        "--ray-runtime-env",
+        default=None,
+        help='Ray runtime environment of the node actors, JSON, e.g. \'{"pip": '
+        '["jupyter_dist"]}\' (implies --ray)',
+    )
+    @argument(
+        "--ray-cpus",
+        type=int,
+        default=None,
+        help="CPUs each node's bundle holds (default 1; implies --ray)",
+    )
+    @argument(
+        "--ray-gpus",
+        type=int,
+        default=None,
+        help="GPUs each node's bundle holds (default: the --gpus count, 0 with --procs; "
+        "implies --ray)",
+    )
     @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(
         "--gpus",
@@ -248,7 +307,9 @@ class DistMagics(Magics):
         ``--gpus 4`` (one rank per CUDA device, nccl); later cells reuse the running ranks
         and their variables. Each rank sees torchrun's environment (RANK, LOCAL_RANK,
         WORLD_SIZE, MASTER_ADDR, ...) with the default process group initialised.
-        ``--hosts``, ``--hostfile`` or ``--slurm`` put the ranks on other nodes over SSH.
+        ``--hosts``, ``--hostfile`` or ``--slurm`` put the ranks on other nodes over SSH;
+        ``--ray`` places the nodes on a Ray cluster (one actor per node starts its agent,
+        which dials back to this side over an encrypted connection).
 
         In a notebook a cell still running after a quarter of a second shows a widget view
         (one that ends sooner shows only its snapshot, or nothing if it ran fine and had
@@ -325,8 +386,9 @@ class DistMagics(Magics):
             check_python(args.python)
         if args.ssh_config is not None:
             check_ssh_config(args.ssh_config)
+        ray = _ray_spec(args)
         given = [f for f, v in (("--hosts", args.hosts), ("--hostfile", args.hostfile),
-                                ("--slurm", args.slurm)) if v]  # fmt: skip
+                                ("--slurm", args.slurm), ("--ray", ray)) if v]  # fmt: skip
         if len(given) > 1:
             raise SpecError(f"{' and '.join(given)}: give one of them")
         hosts = (
@@ -347,6 +409,8 @@ class DistMagics(Magics):
                     "SLURM_JOB_NODELIST); start the notebook server under salloc or sbatch, "
                     "or give the nodes with --hosts"
                 )
+        elif ray is not None:
+            detected = None
         else:
             detected = (
                 cluster_env.detect_skypilot(os.environ) if not hosts and args.nodes != 1 else None
@@ -362,7 +426,8 @@ class DistMagics(Magics):
                     f"{len(hosts)} nodes ({', '.join(str(h) for h in hosts)}){hint}"
                 )
         request = ShapeRequest(
-            launcher="slurm" if args.slurm else None,
+            launcher="slurm" if args.slurm else "ray" if ray is not None else None,
+            ray=ray,
             nodes=args.nodes,
             gpus=gpus,
             procs=procs,

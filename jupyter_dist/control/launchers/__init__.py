@@ -1,7 +1,9 @@
 """Launchers start a node's agent; one module per kind, found by short name.
 
 Kinds are registered in the ``jupyter_dist.launchers`` entry-point group, so another
-package can add one (``local`` ships here; ``ssh`` and ``slurm`` come as their own modules).
+package can add one (``local`` ships here; ``ssh``, ``slurm`` and ``ray`` come as their
+own modules). A kind whose nodes a cluster manager places (``ray``) also has a
+`Placement` per session.
 ``dial_back`` is no kind of its own: its launchers come from a session's
 `dial_back.DialBackListener` (``Session(launchers=listener.launcher)``), which holds the keys.
 """
@@ -9,11 +11,12 @@ package can add one (``local`` ships here; ``ssh`` and ``slurm`` come as their o
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any, cast
 
 from jupyter_dist.common.spec import SessionSpec
-from jupyter_dist.control.launchers.base import AgentStreams, Launcher
+from jupyter_dist.control.launchers.base import AgentStreams, Launcher, Placement
 from jupyter_dist.errors import SpecError
 
 ENTRY_POINT_GROUP = "jupyter_dist.launchers"  # a public name: plug-ins register under it
@@ -23,6 +26,7 @@ BUILTIN = {
     "local": "jupyter_dist.control.launchers.local:LocalLauncher",
     "ssh": "jupyter_dist.control.launchers.ssh:SSHLauncher",
     "slurm": "jupyter_dist.control.launchers.slurm:SlurmLauncher",
+    "ray": "jupyter_dist.control.launchers.ray:RayLauncher",
 }
 
 
@@ -46,6 +50,14 @@ def launcher_class(kind: str) -> type[Launcher]:
     return cls
 
 
+def placement_for(spec: SessionSpec, env: Mapping[str, str]) -> Placement | None:
+    """The session-wide part of the spec's kind (``ray`` places its nodes on the
+    cluster), or None for kinds that start each node on its own."""
+    if spec.launcher == "local":
+        return None
+    return launcher_class(spec.launcher).placement(spec, env)
+
+
 def launcher_for(spec: SessionSpec, node: int) -> Launcher:
     """The launcher of node ``node`` of a session: the spec's kind for listed hosts
     (``ssh`` or ``slurm``), else ``local``."""
@@ -64,6 +76,8 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "AgentStreams",
     "Launcher",
+    "Placement",
     "launcher_class",
     "launcher_for",
+    "placement_for",
 ]

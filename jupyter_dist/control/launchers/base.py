@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from jupyter_dist.common.spec import SessionSpec
 
 from jupyter_dist._version import __version__
 
@@ -58,6 +61,26 @@ class AgentStreams:
     writer: LineWriter
 
 
+class Placement(abc.ABC):
+    """What a cluster manager does for a whole session, around its nodes' launchers: find
+    and hold the machines before any agent starts (`place`), hand out each node's
+    launcher (`launcher`), and give the machines back after the last agent stopped
+    (`release`). Kinds whose nodes are listed hosts need none (`Launcher.placement`)."""
+
+    @abc.abstractmethod
+    async def place(self, progress: Callable[[str], None], timeout: float) -> None:
+        """Hold the session's machines, saying what it waits for; raise `AgentError`
+        naming what was asked and what there is when it cannot, leaving nothing behind."""
+
+    @abc.abstractmethod
+    def launcher(self, spec: SessionSpec, node: int) -> Launcher:
+        """Node ``node``'s launcher, once placed."""
+
+    @abc.abstractmethod
+    async def release(self) -> None:
+        """Give back everything `place` took; safe to call twice, and after a failed place."""
+
+
 class Launcher(abc.ABC):
     """Starts, signals and stops one node's agent.
 
@@ -66,6 +89,12 @@ class Launcher(abc.ABC):
     """
 
     kind: ClassVar[str]
+
+    @classmethod
+    def placement(cls, spec: SessionSpec, env: Mapping[str, str]) -> Placement | None:
+        """The session-wide part of this kind, made once per session (``env``: where the
+        session's knobs are read), or None: nodes are started one by one."""
+        return None
 
     @abc.abstractmethod
     async def start(self, session: str, env: Mapping[str, str]) -> AgentStreams:

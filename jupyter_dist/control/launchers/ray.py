@@ -1,0 +1,282 @@
+"""The ``ray`` launcher: a session's nodes placed on a Ray cluster, their agents dialling back.
+
+``%%distributed --ray --nodes 2 --gpus 4`` asks Ray for one placement group with one bundle
+per node (``STRICT_SPREAD``: one machine each, unless ``--ray-strategy`` says otherwise),
+each holding the node's GPUs and ``--ray-cpus`` CPUs. One actor per bundle
+(``node.ray_host``) starts the node's ``jupyter_dist.node.dial_back`` process, which
+connects to this side's `DialBackListener` over SSH (encrypted, both ends proven by the
+session's fresh keys) and runs the node's agent exactly as on SSH nodes: the GPUs are the
+ones Ray gave the actor (``CUDA_VISIBLE_DEVICES``), node 0's address as Ray knows it is
+``MASTER_ADDR``.
+
+Ray is spoken to by a child process, the session's driver (``ray_driver``), never in this
+process: `RayPlacement` starts it, relays its progress, and stops it with the session. The
+driver ends with its stdin, so a notebook kernel or server that dies takes its sessions'
+actors and placement groups with it (Ray removes a driver's), and the actors' ends end the
+nodes' dial-back processes, agents and ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import getpass
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from jupyter_dist.common.ray_options import RaySpec, resolve_ray_address
+from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.control.launchers.base import Launcher, Placement
+from jupyter_dist.control.launchers.dial_back import DialBackLauncher, DialBackListener
+from jupyter_dist.errors import AgentError, SpecError
+
+log = logging.getLogger(__name__)
+#: the session's driver, run as ``python -m`` this module
+DRIVER_MODULE = "jupyter_dist.control.launchers.ray_driver"
+#: seconds the driver gets to give everything back when the session stops
+RELEASE_S = 20.0
+#: seconds a node's launcher waits for the driver to say why the node ended
+EXIT_NEWS_S = 2.0
+#: the most bytes of one line the driver writes
+MAX_EVENT_BYTES = 1 << 20
+
+
+def owner_id() -> str:
+    """Who owns a session's things on the cluster: ``user@host/pid`` of this process."""
+    return f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}"
+
+
+def bundles(spec: SessionSpec) -> list[dict[str, float]]:
+    """Each node's bundle: its GPUs (``--ray-gpus``, else its ``--gpus`` count, else none)
+    and ``--ray-cpus`` CPUs."""
+    ray = spec.ray or RaySpec()
+    out = []
+    for node in range(spec.nodes):
+        gpus = (
+            ray.gpus
+            if ray.gpus is not None
+            else spec.procs_on(node)
+            if spec.device == "cuda"
+            else 0
+        )
+        bundle: dict[str, float] = {"CPU": float(ray.cpus)}
+        if gpus:
+            bundle["GPU"] = float(gpus)
+        out.append(bundle)
+    return out
+
+
+class RayPlacement(Placement):
+    """One session on a Ray cluster: its driver process, its listener, its nodes."""
+
+    def __init__(self, spec: SessionSpec, env: Mapping[str, str]) -> None:
+        self.spec = spec
+        self.ray = spec.ray or RaySpec()
+        self.address = resolve_ray_address(self.ray.address, env)
+        self.env = dict(env)
+        self.owner = owner_id()
+        self.listener: DialBackListener | None = None
+        self.driver: asyncio.subprocess.Process | None = None
+        #: what the driver said of each node once placed: ``ip``, ``hostname``, ``gpu_ids``
+        self.nodes: list[dict[str, Any]] = []
+        #: why a node ended, as the driver saw it, by node
+        self.exits: dict[int, str] = {}
+        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=40)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._exit_news = asyncio.Event()
+
+    # -- place ---------------------------------------------------------------------------
+    async def place(self, progress: Callable[[str], None], timeout: float) -> None:
+        progress(f"Ray cluster {self.address}: connecting")
+        self.driver = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            DRIVER_MODULE,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **self.env},
+            limit=MAX_EVENT_BYTES,
+        )
+        self._tasks += [
+            asyncio.ensure_future(self._read_events()),
+            asyncio.ensure_future(self._read_stderr()),
+        ]
+        runtime_env = self.ray.runtime_env_dict()
+        self._send(
+            {
+                "address": self.address,
+                "owner": self.owner,
+                "session": self.spec.name,
+                "bundles": bundles(self.spec),
+                "strategy": self.ray.strategy,
+                "runtime_env": runtime_env,
+                "timeout": timeout,
+                "python": self.spec.python,
+            }
+        )
+        connected = await self._next("connected", progress, timeout)
+        ip = str(connected["ip"])
+        self.listener = DialBackListener(
+            self.spec.nodes, host=ip, advertise=ip, connect_timeout=timeout
+        )
+        await self.listener.start()
+        credentials = [self.listener.credentials(n) for n in range(self.spec.nodes)]
+        self._send({"listener": self.listener.address, "credentials": credentials})
+        placed = await self._next("placed", progress, timeout + 30)
+        self.nodes = list(placed["nodes"])
+        for node, info in enumerate(self.nodes):
+            gpus = info.get("gpu_ids") or []
+            held = f", GPUs {','.join(gpus)}" if gpus else ""
+            progress(f"node {node}: Ray node {info.get('ip')} ({info.get('hostname')}){held}")
+
+    async def _next(
+        self, wanted: str, progress: Callable[[str], None], timeout: float
+    ) -> dict[str, Any]:
+        """The driver's next ``wanted`` event, relaying its progress; `AgentError` if it
+        fails, ends or says nothing for ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = deadline - loop.time()
+            try:
+                event = await asyncio.wait_for(self._events.get(), max(left, 0.0))
+            except asyncio.TimeoutError:
+                raise AgentError(
+                    f"Ray cluster {self.address}: no answer within {timeout:.0f} s "
+                    f"(waiting for {wanted}){self._stderr_text()}"
+                ) from None
+            kind = event.get("event")
+            if kind == wanted:
+                return event
+            if kind == "progress":
+                progress(str(event.get("text", "")))
+            elif kind in ("failed", "ended"):
+                why = event.get("error") or f"the Ray driver exited{self._stderr_text()}"
+                raise AgentError(f"Ray: {why}")
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        assert self.driver is not None and self.driver.stdin is not None
+        self.driver.stdin.write(json.dumps(message).encode() + b"\n")
+
+    async def _read_events(self) -> None:
+        assert self.driver is not None and self.driver.stdout is not None
+        with contextlib.suppress(Exception):
+            while line := await self.driver.stdout.readline():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    self._stderr.append(line.decode(errors="replace").rstrip())
+                    continue
+                if event.get("event") == "node_exited":
+                    node = int(event.get("node", -1))
+                    self.exits[node] = str(event.get("detail", ""))
+                    log.warning("ray: node %d ended: %s", node, self.exits[node])
+                    self._exit_news.set()
+                self._events.put_nowait(event)
+        self._events.put_nowait({"event": "ended"})
+
+    async def _read_stderr(self) -> None:
+        assert self.driver is not None and self.driver.stderr is not None
+        with contextlib.suppress(Exception):
+            while line := await self.driver.stderr.readline():
+                self._stderr.append(line.decode(errors="replace").rstrip())
+
+    def _stderr_text(self) -> str:
+        tail = "\n".join(x for x in self._stderr if x.strip())[-3000:]
+        return f"\n{tail}" if tail else ""
+
+    # -- nodes ---------------------------------------------------------------------------
+    def launcher(self, spec: SessionSpec, node: int) -> Launcher:
+        if self.listener is None:
+            raise AgentError("Ray: the session's nodes are not placed yet")
+        return RayLauncher(self, node)
+
+    async def exit_news(self, node: int) -> str | None:
+        """Why node ``node`` ended as the driver saw it, waiting a moment for the news."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + EXIT_NEWS_S
+        while node not in self.exits and loop.time() < deadline:
+            self._exit_news.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._exit_news.wait(), deadline - loop.time())
+        return self.exits.get(node)
+
+    # -- release -------------------------------------------------------------------------
+    async def release(self) -> None:
+        driver, self.driver = self.driver, None
+        if driver is not None:
+            if driver.returncode is None and driver.stdin is not None:
+                with contextlib.suppress(Exception):
+                    driver.stdin.write(b'{"op": "stop"}\n')
+                    driver.stdin.close()
+            try:
+                await asyncio.wait_for(driver.wait(), RELEASE_S)
+            except asyncio.TimeoutError:
+                log.warning("ray: the driver did not stop within %.0f s; killing it", RELEASE_S)
+                with contextlib.suppress(ProcessLookupError):
+                    driver.kill()  # Ray removes a dead driver's actors and placement group
+                await driver.wait()
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        if self.listener is not None:
+            await self.listener.close()
+            self.listener = None
+
+
+class RayLauncher(DialBackLauncher):
+    """Node ``node`` of a session on Ray: the agent its actor's dial-back process runs."""
+
+    kind: ClassVar[str] = "ray"
+    link_name = "the connection the node's Ray actor dialled in on"
+
+    def __init__(self, placement: RayPlacement, node: int) -> None:
+        assert placement.listener is not None
+        super().__init__(placement.listener, node)
+        self.held = placement
+        self.info = placement.nodes[node] if node < len(placement.nodes) else {}
+
+    @classmethod
+    def placement(cls, spec: SessionSpec, env: Mapping[str, str]) -> RayPlacement:
+        if spec.ray is None:
+            raise SpecError("launcher 'ray': the session has no Ray options")
+        return RayPlacement(spec, env)
+
+    @property
+    def host(self) -> str:
+        return str(self.info.get("ip") or super().host)
+
+    @property
+    def label(self) -> str | None:
+        """Ray's address of the node: nodes in containers often share a hostname."""
+        return str(self.info["ip"]) if self.info.get("ip") else super().label
+
+    def peer_address(self) -> str | None:
+        """Node 0's address as Ray knows it is the rendezvous: the node holds it, where the
+        address its connection came from may be a NAT's."""
+        return str(self.info["ip"]) if self.info.get("ip") else super().peer_address()
+
+    async def describe_exit(self) -> str:
+        how = await super().describe_exit()
+        news = await self.held.exit_news(self.node)
+        return f"{how}; {news}" if news else how
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "kind": self.kind,
+            "ray_address": self.held.address,
+            "owner": self.held.owner,
+            "ip": self.info.get("ip"),
+        }
+
+
+__all__ = ["RayLauncher", "RayPlacement", "bundles", "owner_id"]

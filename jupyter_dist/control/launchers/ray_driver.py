@@ -1,0 +1,441 @@
+"""``python -m jupyter_dist.control.launchers.ray_driver``: one session's Ray driver.
+
+The ``ray`` launcher (``ray.py``) runs this as a child process of the session's owner, so
+that Ray's client, its threads and its logging stay out of the notebook kernel and the
+Jupyter server, and so that whatever this session holds on the cluster is tied to one
+process: Ray removes a driver's actors and placement groups when the driver ends, and this
+driver ends when its stdin does (its owner exited, or was killed).
+
+It speaks JSON lines. On stdin, from the owner: the request (the cluster's address, the
+bundles, the strategy, the names), then, once the driver said where it stands
+(``connected``: its address), the listener the nodes dial and each node's credentials
+(secret: they travel on this pipe and in the actors' arguments, never in a log, a
+process title or an actor's name), then ``{"op": "stop"}`` or the end of stdin. On stdout,
+events: ``connected``, ``progress``, ``placed`` (each node's address and GPUs), ``failed``,
+``node_exited``, ``released``.
+
+Names: the placement group is ``jupyter_dist/OWNER/SESSION`` and node N's actor
+``jupyter_dist/OWNER/SESSION/N``, in the ``jupyter_dist`` namespace, where OWNER is the
+owning process (``user@host/pid``). Before placing, what an earlier run of the same name
+left (a restart of the session, a driver that did not end) is removed; with ``--sweep``
+the driver removes everything of an owner prefix (a dead server's) and exits. Nothing else
+on the cluster is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jupyter_dist._version import __version__
+
+log = logging.getLogger(__name__)
+#: the Ray namespace of every session's actors and placement groups
+NAMESPACE = "jupyter_dist"
+#: the first word of every name this project gives on a cluster
+NAME_PREFIX = "jupyter_dist/"
+#: the node-side actor class, by module (the nodes import it; so must they have jupyter_dist)
+HOST_CLASS = "jupyter_dist.node.ray_host:RayNodeHost"
+#: seconds between progress lines while the placement group waits for room
+PROGRESS_EVERY_S = 3.0
+#: the most bytes of one line the owner sends
+MAX_LINE = 4 << 20
+
+
+def emit(event: str, **fields: Any) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def read_line() -> dict[str, Any] | None:
+    """The owner's next message, or None at the end of stdin."""
+    line = sys.stdin.readline(MAX_LINE)
+    if not line:
+        return None
+    value = json.loads(line)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+# -- what is asked and what the cluster has ------------------------------------------------
+def bundle_text(bundle: Mapping[str, float]) -> str:
+    """``{"GPU": 4, "CPU": 1}`` -> ``"4 GPUs, 1 CPU"``."""
+    parts = []
+    for key in ("GPU", "CPU"):
+        count = bundle.get(key, 0)
+        if count:
+            parts.append(f"{_num(count)} {key}{'s' if count != 1 else ''}")
+    parts += [f"{_num(v)} {k}" for k, v in bundle.items() if k not in ("GPU", "CPU") and v]
+    return ", ".join(parts) or "nothing"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def ask_text(bundles: Sequence[Mapping[str, float]], strategy: str) -> str:
+    """``"2 bundles of 4 GPUs, 1 CPU (STRICT_SPREAD: one machine each)"``."""
+    texts = [bundle_text(b) for b in bundles]
+    if len(set(texts)) == 1:
+        what = f"{len(bundles)} bundle{'s' if len(bundles) != 1 else ''} of {texts[0]}"
+    else:
+        what = "bundles of " + "; ".join(texts)
+    how = {"STRICT_SPREAD": "one machine each", "PACK": "as few machines as fit"}
+    return f"{what} ({strategy}{': ' + how[strategy] if strategy in how else ''})"
+
+
+def node_text(node: Mapping[str, Any], key: str = "Resources") -> str:
+    resources = node.get(key) or {}
+    shown = {k: v for k, v in resources.items() if k in ("CPU", "GPU")}
+    return f"{node.get('NodeManagerAddress', '?')} ({bundle_text(shown)})"
+
+
+def cluster_text(nodes: Sequence[Mapping[str, Any]]) -> str:
+    alive = [n for n in nodes if n.get("Alive")]
+    listed = "; ".join(node_text(n) for n in alive[:16])
+    more = f"; and {len(alive) - 16} more" if len(alive) > 16 else ""
+    return f"the cluster has {len(alive)} node{'s' if len(alive) != 1 else ''}: {listed}{more}"
+
+
+def fits(bundle: Mapping[str, float], resources: Mapping[str, float]) -> bool:
+    return all(resources.get(k, 0) >= v for k, v in bundle.items() if v)
+
+
+def infeasible(
+    bundles: Sequence[Mapping[str, float]], strategy: str, nodes: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Why no placement could ever hold the bundles on these nodes (their totals), or None."""
+    totals = [dict(n.get("Resources") or {}) for n in nodes if n.get("Alive")]
+    for index, bundle in enumerate(bundles):
+        if not any(fits(bundle, t) for t in totals):
+            return f"no node can hold bundle {index} ({bundle_text(bundle)})"
+    if strategy == "STRICT_SPREAD":
+        # one machine each: match the largest bundles first, each to a free node it fits
+        free = list(range(len(totals)))
+        order = sorted(range(len(bundles)), key=lambda i: -sum(bundles[i].values()))
+        for index in order:
+            home = next((n for n in free if fits(bundles[index], totals[n])), None)
+            if home is None:
+                holding = sum(1 for t in totals if fits(bundles[index], t))
+                return (
+                    f"{len(bundles)} bundles need {len(bundles)} machines, and "
+                    f"{holding} can hold one"
+                )
+            free.remove(home)
+        return None
+    for key in {k for b in bundles for k in b}:
+        want = sum(b.get(key, 0) for b in bundles)
+        have = sum(t.get(key, 0) for t in totals)
+        if want > have:
+            return f"{_num(want)} {key} asked in all, {_num(have)} in the cluster"
+    return None
+
+
+def free_nodes(bundles: Sequence[Mapping[str, float]], nodes: Sequence[Mapping[str, Any]]) -> int:
+    """How many alive nodes could take one more bundle now (from what Ray says is free)."""
+    from ray._private.state import available_resources_per_node
+
+    available: dict[str, dict[str, float]] = available_resources_per_node()  # type: ignore[no-untyped-call]
+    count = 0
+    for node in nodes:
+        if not node.get("Alive"):
+            continue
+        free = available.get(str(node.get("NodeID")), {})
+        if any(fits(b, free) for b in bundles):
+            count += 1
+    return count
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    """Ray's list of the cluster's nodes (``Alive``, ``Resources``, ``NodeManagerAddress``)."""
+    import ray
+
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return nodes
+
+
+def node_ip() -> str:
+    """This process's address as Ray sees it."""
+    import ray
+
+    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    return ip
+
+
+# -- names ---------------------------------------------------------------------------------
+def group_name(owner: str, session: str) -> str:
+    return f"{NAME_PREFIX}{owner}/{session}"
+
+
+def actor_name(owner: str, session: str, node: int) -> str:
+    return f"{group_name(owner, session)}/{node}"
+
+
+def remove_named(prefix: str, exact_group: str | None = None) -> list[str]:
+    """Kill this namespace's actors named under ``prefix`` and remove its placement groups
+    named ``exact_group`` (or under ``prefix``); what was removed, by name."""
+    import ray
+    from ray.util import placement_group_table, remove_placement_group
+    from ray.util.placement_group import PlacementGroup
+
+    removed = []
+    for name in ray.util.list_named_actors(all_namespaces=False):
+        if not name.startswith(prefix):
+            continue
+        with contextlib.suppress(ValueError):  # gone in between
+            ray.kill(ray.get_actor(name), no_restart=True)
+            removed.append(name)
+    for pg_id, info in placement_group_table().items():
+        name = str(info.get("name", ""))
+        wanted = name == exact_group if exact_group is not None else name.startswith(prefix)
+        if wanted and info.get("state") not in ("REMOVED",):
+            pg = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id)))
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+                removed.append(name)
+    return removed
+
+
+# -- the session ---------------------------------------------------------------------------
+class Driver:
+    """Places one session's nodes, watches them, and gives everything back."""
+
+    def __init__(self, request: Mapping[str, Any]) -> None:
+        self.owner = str(request["owner"])
+        self.session = str(request["session"])
+        self.bundles: list[dict[str, float]] = [dict(b) for b in request["bundles"]]
+        self.strategy = str(request["strategy"])
+        self.runtime_env: dict[str, Any] | None = request.get("runtime_env")
+        self.timeout = float(request["timeout"])
+        self.python: str | None = request.get("python")
+        self.group: Any = None
+        self.actors: list[Any] = []
+        self.stopping = threading.Event()
+
+    def place(self) -> None:
+        """Make the placement group and wait for it, saying why while it waits."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        name = group_name(self.owner, self.session)
+        left = remove_named(name + "/", exact_group=name)
+        if left:
+            emit("progress", text=f"removed what an earlier run left: {', '.join(left)}")
+        nodes = cluster_nodes()
+        ask = ask_text(self.bundles, self.strategy)
+        why = infeasible(self.bundles, self.strategy, nodes)
+        if why is not None:
+            raise PlacementError(f"cannot place {ask}: {why}; {cluster_text(nodes)}")
+        self.group = placement_group(self.bundles, strategy=self.strategy, name=name)
+        deadline = time.monotonic() + self.timeout
+        said = 0.0
+        while True:
+            ready, _ = ray.wait([self.group.ready()], timeout=1.0)
+            if ready:
+                return
+            if self.stopping.is_set():
+                raise PlacementError("stopped while waiting for the placement group")
+            now = time.monotonic()
+            if now >= deadline:
+                nodes = cluster_nodes()
+                raise PlacementError(
+                    f"waited {self.timeout:.0f} s for {ask}: {free_nodes(self.bundles, nodes)} "
+                    f"node(s) have room now; {cluster_text(nodes)}"
+                )
+            if now - said >= PROGRESS_EVERY_S:
+                said = now
+                nodes = cluster_nodes()
+                emit(
+                    "progress",
+                    text=f"waiting for {ask}: {free_nodes(self.bundles, nodes)} node(s) "
+                    f"have room now; {cluster_text(nodes)}",
+                )
+
+    def start_nodes(self, listener: str, credentials: Sequence[str]) -> list[dict[str, Any]]:
+        """One actor per bundle, each starting its node's dial-back process."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        module, _, cls_name = HOST_CLASS.partition(":")
+        host_class = getattr(__import__(module, fromlist=[cls_name]), cls_name)
+        remote = ray.remote(host_class)
+        for index, bundle in enumerate(self.bundles):
+            options: dict[str, Any] = {
+                "name": actor_name(self.owner, self.session, index),
+                "num_cpus": bundle.get("CPU", 0),
+                "num_gpus": bundle.get("GPU", 0),
+                "max_restarts": 0,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self.group, placement_group_bundle_index=index
+                ),
+            }
+            if self.runtime_env:
+                options["runtime_env"] = self.runtime_env
+            self.actors.append(remote.options(**options).remote())
+        refs = [
+            a.start.remote(listener, creds, self.python)
+            for a, creds in zip(self.actors, credentials, strict=True)
+        ]
+        deadline = time.monotonic() + self.timeout
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            if self.stopping.is_set():
+                raise PlacementError("stopped while the node actors started")
+            if pending and time.monotonic() >= deadline:
+                raise PlacementError(
+                    f"{len(pending)} of {len(refs)} node actors did not start within "
+                    f"{self.timeout:.0f} s (a runtime environment still being prepared?)"
+                )
+        return [self._result(i, ref) for i, ref in enumerate(refs)]
+
+    def _result(self, index: int, ref: Any) -> dict[str, Any]:
+        import ray
+
+        try:
+            value: dict[str, Any] = ray.get(ref)
+        except Exception as err:
+            raise PlacementError(f"node {index}'s actor failed: {explain(err)}") from None
+        return value
+
+    def watch(self) -> None:
+        """Until stopped: say when a node's dial-back process or actor ends."""
+        import ray
+
+        waits = {a.wait.remote(): i for i, a in enumerate(self.actors)}
+        while waits and not self.stopping.is_set():
+            done, _ = ray.wait(list(waits), timeout=1.0)
+            for ref in done:
+                node = waits.pop(ref)
+                try:
+                    result = ray.get(ref)
+                    detail = f"its dial-back process exited with {result.get('code')}"
+                    if result.get("stderr"):
+                        detail += f": {result['stderr'][-2000:]}"
+                except Exception as err:
+                    detail = f"its Ray actor ended: {explain(err)}"
+                emit("node_exited", node=node, detail=detail)
+        self.stopping.wait()
+
+    def release(self) -> None:
+        import ray
+        from ray.util import remove_placement_group
+
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        if self.group is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.group)
+
+
+class PlacementError(Exception):
+    """The session cannot be placed; the message says what was asked and what there is."""
+
+
+def explain(err: BaseException) -> str:
+    """A Ray error in a line or a few, with what to do when the nodes lack jupyter_dist."""
+    text = str(err).strip()
+    if "No module named 'jupyter_dist" in text or "No module named jupyter_dist" in text:
+        return (
+            "the cluster's Python has no jupyter_dist: install "
+            f"jupyter_dist=={__version__} on the cluster, or pass --ray-runtime-env "
+            f'\'{{"pip": ["jupyter_dist=={__version__}"]}}\''
+        )
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(lines[-12:]) if lines else type(err).__name__
+
+
+def serve(request: Mapping[str, Any]) -> int:
+    import ray
+
+    driver = Driver(request)
+
+    def stdin_ended() -> None:
+        with contextlib.suppress(Exception):
+            while True:
+                message = read_line()
+                if message is None or message.get("op") == "stop":
+                    break
+        driver.stopping.set()
+
+    try:
+        ray.init(
+            address=str(request["address"]),
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+    except Exception as err:
+        emit("failed", error=f"cannot connect to the Ray cluster at {request['address']}: "
+             f"{explain(err)}")  # fmt: skip
+        return 1
+    try:
+        emit("connected", ip=node_ip(), ray_version=ray.__version__)
+        nodes = read_line()
+        if nodes is None:
+            return 0
+        threading.Thread(target=stdin_ended, name="stdin", daemon=True).start()
+        driver.place()
+        placed = driver.start_nodes(str(nodes["listener"]), list(nodes["credentials"]))
+        emit("placed", nodes=placed)
+        driver.watch()
+        return 0
+    except PlacementError as err:
+        emit("failed", error=str(err))
+        return 1
+    except Exception as err:
+        emit("failed", error=f"Ray: {explain(err)}")
+        return 1
+    finally:
+        driver.release()
+        emit("released")
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+
+def sweep(address: str, prefix: str) -> int:
+    """Remove everything named under ``prefix`` (a dead owner's) and say what, as JSON."""
+    import ray
+
+    if not prefix.startswith(NAME_PREFIX) or prefix.count("/") < 3:
+        print(f"--sweep {prefix!r}: expected {NAME_PREFIX}USER@HOST/PID/", file=sys.stderr)
+        return 2
+    ray.init(
+        address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING
+    )
+    try:
+        emit("swept", removed=remove_named(prefix))
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jupyter_dist.control.launchers.ray_driver")
+    parser.add_argument("--sweep", default=None, help="remove what this owner prefix left")
+    parser.add_argument("--address", default="auto", help="with --sweep: the cluster")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.sweep is not None:
+        return sweep(args.address, args.sweep)
+    try:
+        request = read_line()
+    except ValueError as err:
+        emit("failed", error=f"bad request: {err}")
+        return 2
+    if request is None:
+        return 0
+    return serve(request)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
