@@ -64,6 +64,7 @@ class RaySpecJSON(TypedDict):
     runtime_env: str
     cpus: int
     gpus: int | None
+    timeout: float | None
 
 
 class SpecJSON(TypedDict):

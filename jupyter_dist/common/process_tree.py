@@ -46,6 +46,16 @@ def become_subreaper() -> bool:
         return False
 
 
+def unblock_signals() -> None:
+    """Deliver every signal to this process again, as a fresh program expects.
+
+    A blocked-signal mask is inherited across fork and exec: a process started by a
+    thread that blocks SIGINT (a Ray actor's task thread does) would pass the mask to the
+    agent and every rank, and an interrupt would never reach a cell."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def descendants(pid: int, skip: Collection[int] = ()) -> list[psutil.Process]:
     """Every live process below ``pid`` (children, their children...), those in ``skip``
     left out (their own descendants are not); empty when ``pid`` is gone."""

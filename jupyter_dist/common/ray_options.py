@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -22,6 +23,8 @@ RAY_STRATEGIES = ("STRICT_SPREAD", "PACK", "SPREAD")
 DEFAULT_RAY_STRATEGY = RAY_STRATEGIES[0]
 #: Ray's own variable naming the cluster a driver connects to
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
+#: the longest a session may wait for the cluster to have room (a day)
+MAX_WAIT_S = 86400.0
 #: the most CPUs or GPUs one bundle (one node of a session) may ask for
 MAX_BUNDLE_UNITS = 4096
 
@@ -42,6 +45,7 @@ class RaySpec:
     runtime_env: str = ""
     cpus: int = 1
     gpus: int | None = None
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.address is not None:
@@ -52,6 +56,16 @@ class RaySpec:
             )
         if self.runtime_env:
             parse_runtime_env(self.runtime_env)
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not math.isfinite(self.timeout)
+            or not 0 < self.timeout <= MAX_WAIT_S
+        ):
+            raise SpecError(
+                f"--ray-timeout {self.timeout!r}: expected seconds, more than 0, at most "
+                f"{MAX_WAIT_S:.0f}"
+            )
         for flag, value in (("--ray-cpus", self.cpus), ("--ray-gpus", self.gpus)):
             if value is None:
                 continue

@@ -69,6 +69,10 @@ LauncherFactory = Callable[[SessionSpec, int], Launcher]
 PlacementFactory = Callable[[SessionSpec, Mapping[str, str]], Placement | None]
 
 
+def _no_placement(spec: SessionSpec, env: Mapping[str, str]) -> None:
+    return None
+
+
 class Session(RankGroup):
     """Persistent rank kernels plus everything needed to start, restart and stop them."""
 
@@ -80,14 +84,18 @@ class Session(RankGroup):
         env: Mapping[str, str] | None = None,
         launchers: LauncherFactory = launcher_for,
         rank_vars: Mapping[str, str] | None = None,
-        placements: PlacementFactory = placement_for,
+        placements: PlacementFactory | None = None,
     ) -> None:
         """``env``: where the session's knobs are read (default: this process's
         environment); ``rank_vars``: variables every rank gets on top of its node's
         environment (under them, the ones `rank_env` decides)."""
         super().__init__(spec, secrets.token_hex(32))
         self.launchers = launchers
-        self.placements = placements
+        #: by default the spec's kind places the nodes, unless the caller makes the
+        #: launchers itself
+        self.placements: PlacementFactory = placements or (
+            placement_for if launchers is launcher_for else _no_placement
+        )
         #: the machines a cluster manager holds for the session (``ray``), once placed
         self.placement: Placement | None = None
         self.timeouts = timeouts or SessionTimeouts()

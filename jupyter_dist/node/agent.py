@@ -83,7 +83,7 @@ from jupyter_dist.common.proc_titles import (
     set_title,
 )
 from jupyter_dist.common.process_folders import pid_alive
-from jupyter_dist.common.process_tree import become_subreaper
+from jupyter_dist.common.process_tree import become_subreaper, unblock_signals
 from jupyter_dist.common.temp_space import unwritable
 from jupyter_dist.node.rank_trees import RankTrees
 from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
@@ -913,6 +913,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out_fd = os.dup(1)
     os.dup2(2, 1)  # stray prints from imported libraries must not corrupt the protocol
+    unblock_signals()  # an interrupt reaches the ranks whoever started the agent
     set_parent_death_signal(signal.SIGTERM)
     become_subreaper()  # orphans of the ranks' programs come to the agent (`node.rank_trees`)
     if args.parent_pid and os.getppid() != args.parent_pid:

@@ -48,6 +48,7 @@ from typing import Any
 import asyncssh
 
 from jupyter_dist.common.private_files import read_private_file
+from jupyter_dist.common.process_tree import unblock_signals
 from jupyter_dist.node.agent import DIR_PREFIX
 
 log = logging.getLogger(__name__)
@@ -390,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds to keep dialling while no listener answers (default 60)",
     )
     args = parser.parse_args(argv)
+    unblock_signals()  # started by a thread that blocks some (a Ray actor's)
     try:
         host, port = parse_address(args.address)
         if args.watch_stdin and args.credentials != "-":

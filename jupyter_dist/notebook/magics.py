@@ -115,6 +115,7 @@ def _ray_spec(args: Any) -> RaySpec | None:
         runtime_env=args.ray_runtime_env or "",
         cpus=1 if args.ray_cpus is None else args.ray_cpus,
         gpus=args.ray_gpus,
+        timeout=args.ray_timeout,
     )
 
 
@@ -253,6 +254,13 @@ class DistMagics(Magics):
         default=None,
         help="GPUs each node's bundle holds (default: the --gpus count, 0 with --procs; "
         "implies --ray)",
+    )
+    @argument(
+        "--ray-timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for the Ray cluster to have room for the nodes (default: the "
+        "session's start timeout; implies --ray)",
     )
     @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(

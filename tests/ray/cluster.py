@@ -1,7 +1,7 @@
 """A real multi-node Ray cluster on one Linux machine, for the Ray tests.
 
 Three nodes, each a separate ``ray start`` in its own network namespace of a private
-network (``tests/netns.py``, shared with the ssh cluster): the head ``head`` (no GPUs, one
+network (``tests/netns.py``, shared with the ssh cluster): the head ``head`` (no GPUs,
 CPU, the dashboard on so that Ray's state API works) and two worker nodes ``worker1`` and
 ``worker2``, each advertising ``GPUS_PER_WORKER`` fake GPUs (``--num-gpus``) and a custom
 resource named after the node (``{"worker1": 1}``), so a test can send work to one node.
@@ -23,7 +23,7 @@ cluster's folder, so no token file of the machine's user is read or written.
 ``RayCluster.driver_argv`` runs a driver the way a session owner runs one: in the head's
 namespace (a Ray driver needs a raylet on its own address), with that environment.
 
-Kept small for a shared 2-core machine: one CPU per node, no prestarted workers, 80 MiB
+Kept small for a shared 2-core machine: no prestarted workers, 80 MiB
 object stores, usage stats off, and generous start-up deadlines.
 
     with ray_cluster(workdir=tmp_path) as cluster:
@@ -52,6 +52,8 @@ __all__ = ["GPUS_PER_WORKER", "HOSTS", "RayCluster", "missing_requirements", "ra
 
 HOSTS = ("head", "worker1", "worker2")
 GPUS_PER_WORKER = 4
+#: logical CPUs each node advertises: room for a few sessions' bundles, whatever the cores
+CPUS_PER_NODE = 4
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 #: Ray's smallest object store (``ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES``) + 5 MiB
@@ -77,6 +79,8 @@ class RayCluster:
     env: Mapping[str, str]
     workdir: Path
     start_seconds: float
+    #: each node's Ray temp folder is ``temp_root / host``
+    temp_root: Path = Path()
 
     @property
     def worker_hosts(self) -> tuple[str, ...]:
@@ -117,6 +121,16 @@ class RayCluster:
     def kill_node(self, i: int) -> None:
         """SIGKILL every process of node ``i`` (a machine that dies)."""
         netns.kill_netns(self.network.namespaces[i])
+
+    def restart_node(self, i: int) -> None:
+        """Node ``i`` anew after `kill_node` (its Ray processes, with a fresh temp folder),
+        once a driver sees every node alive again."""
+        netns.kill_netns(self.network.namespaces[i])
+        host = self.network.hosts[i]
+        temp_dir = self.temp_root / f"{host}{len(list(self.temp_root.glob(host + '*')))}"
+        deadline = time.monotonic() + START_TIMEOUT
+        _ray_start(self, i, temp_dir, deadline)
+        _wait_for_nodes(self, deadline)
 
 
 def missing_requirements() -> list[str]:
@@ -168,6 +182,7 @@ def ray_cluster(*, workdir: Path) -> Iterator[RayCluster]:
                 env=env,
                 workdir=workdir,
                 start_seconds=0.0,
+                temp_root=temp_root,
             )
             try:
                 deadline = started + START_TIMEOUT
@@ -197,7 +212,7 @@ def _ray_start(cluster: RayCluster, i: int, temp_dir: Path, deadline: float) -> 
     host, address = net.hosts[i], net.addresses[i]
     argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--disable-usage-stats"]
     argv += ["--node-ip-address", address, "--temp-dir", str(temp_dir)]
-    argv += ["--num-cpus", "1", "--object-store-memory", str(OBJECT_STORE_BYTES)]
+    argv += ["--num-cpus", str(CPUS_PER_NODE), "--object-store-memory", str(OBJECT_STORE_BYTES)]
     if i == 0:
         argv += ["--head", "--port", str(GCS_PORT), "--num-gpus", "0"]
         argv += ["--include-dashboard", "true", "--dashboard-host", address]

@@ -36,7 +36,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 FORBIDDEN_AT_IMPORT: dict[str, tuple[str, ...]] = {
     "base": ("IPython", "ipykernel", "tornado", "jupyter_server", "ipywidgets", "torch"),
     "common": ("IPython", "ipykernel", "tornado", "jupyter_server", "ipywidgets", "torch"),
-    "control": ("IPython", "ipykernel", "tornado", "jupyter_server", "ipywidgets", "bqplot"),
+    "control": ("IPython", "ipykernel", "tornado", "jupyter_server", "ipywidgets", "bqplot", "ray"),
 }
 
 

@@ -104,6 +104,9 @@ class RayPlacement(Placement):
             stderr=asyncio.subprocess.PIPE,
             env={**os.environ, **self.env},
             limit=MAX_EVENT_BYTES,
+            # not in the notebook kernel's process group: the stop button SIGINTs that
+            # group, and the driver ending would end the session's nodes
+            start_new_session=True,
         )
         self._tasks += [
             asyncio.ensure_future(self._read_events()),
@@ -118,7 +121,7 @@ class RayPlacement(Placement):
                 "bundles": bundles(self.spec),
                 "strategy": self.ray.strategy,
                 "runtime_env": runtime_env,
-                "timeout": timeout,
+                "timeout": self.ray.timeout or timeout,
                 "python": self.spec.python,
             }
         )
@@ -130,7 +133,7 @@ class RayPlacement(Placement):
         await self.listener.start()
         credentials = [self.listener.credentials(n) for n in range(self.spec.nodes)]
         self._send({"listener": self.listener.address, "credentials": credentials})
-        placed = await self._next("placed", progress, timeout + 30)
+        placed = await self._next("placed", progress, (self.ray.timeout or timeout) + 30)
         self.nodes = list(placed["nodes"])
         for node, info in enumerate(self.nodes):
             gpus = info.get("gpu_ids") or []

@@ -43,8 +43,10 @@ NAMESPACE = "jupyter_dist"
 NAME_PREFIX = "jupyter_dist/"
 #: the node-side actor class, by module (the nodes import it; so must they have jupyter_dist)
 HOST_CLASS = "jupyter_dist.node.ray_host:RayNodeHost"
-#: seconds between progress lines while the placement group waits for room
+#: seconds between looks at the cluster while the placement group waits for room; what it
+#: sees is said when it changed, or again after `PROGRESS_REPEAT_S`
 PROGRESS_EVERY_S = 3.0
+PROGRESS_REPEAT_S = 30.0
 #: the most bytes of one line the owner sends
 MAX_LINE = 4 << 20
 
@@ -236,7 +238,8 @@ class Driver:
             raise PlacementError(f"cannot place {ask}: {why}; {cluster_text(nodes)}")
         self.group = placement_group(self.bundles, strategy=self.strategy, name=name)
         deadline = time.monotonic() + self.timeout
-        said = 0.0
+        looked = said = 0.0
+        last = ""
         while True:
             ready, _ = ray.wait([self.group.ready()], timeout=1.0)
             if ready:
@@ -250,14 +253,16 @@ class Driver:
                     f"waited {self.timeout:.0f} s for {ask}: {free_nodes(self.bundles, nodes)} "
                     f"node(s) have room now; {cluster_text(nodes)}"
                 )
-            if now - said >= PROGRESS_EVERY_S:
-                said = now
+            if now - looked >= PROGRESS_EVERY_S:
+                looked = now
                 nodes = cluster_nodes()
-                emit(
-                    "progress",
-                    text=f"waiting for {ask}: {free_nodes(self.bundles, nodes)} node(s) "
-                    f"have room now; {cluster_text(nodes)}",
+                text = (
+                    f"waiting for {ask}: {free_nodes(self.bundles, nodes)} node(s) have "
+                    f"room now; {cluster_text(nodes)}"
                 )
+                if text != last or now - said >= PROGRESS_REPEAT_S:
+                    emit("progress", text=text)
+                    last, said = text, now
 
     def start_nodes(self, listener: str, credentials: Sequence[str]) -> list[dict[str, Any]]:
         """One actor per bundle, each starting its node's dial-back process."""
