@@ -134,6 +134,15 @@ def test_a_bad_ray_request_is_a_400_naming_the_value_and_starts_nothing(
     assert code == 400 and "ray options without --ray" in body["message"], body
     code, body = call("POST", "sessions", {"nodes": 2, "launcher": "ray"})
     assert code == 400 and "--ray: say how many ranks each node runs" in body["message"], body
+    # what the sidebar's form asks before it closes: checked, nothing started
+    form = {**ray, "name": "r", "ray": {"strategy": "pack", "cpus": 2, "runtime_env": "{}"}}
+    code, body = call("POST", "sessions", form, params={"validate": "true"})
+    assert (code, body) == (200, {"valid": True, "name": "r"})
+    code, body = call(
+        "POST", "sessions", {**form, "ray": {"gpus": 5000}}, params={"validate": "true"}
+    )
+    assert code == 200 and body["valid"] is False, body
+    assert body["message"] == "ray: --ray-gpus 5000: expected 0 to 4096"
     assert call("GET", "sessions") == (200, [])
     assert not cluster.agents
 
