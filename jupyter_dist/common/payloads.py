@@ -158,6 +158,15 @@ class QueueStatus(TypedDict):
     queue: list[TurnStatus]
 
 
+class ClusterHold(TypedDict):
+    """What a session holds on a cluster manager, found by name there
+    (`control.launchers.base.Placement.hold`): a later server sweeps a dead one's."""
+
+    kind: str  # the launcher: "ray"
+    address: str  # the cluster, as the owner's driver reached it
+    owner: str  # ``user@host/pid``: everything the owner named is under it
+
+
 class SessionStatus(TypedDict):
     """A JSON-able picture of a session, for ``%dist status``, the UI and the REST API."""
 
@@ -179,6 +188,7 @@ class SessionStatus(TypedDict):
     notebooks: list[NotebookJSON]  # the notebook kernels attached to it
     running: TurnStatus | None  # the request its ranks run now, and its sender
     queue: list[TurnStatus]  # the requests waiting for its ranks, in order
+    cluster: ClusterHold | None  # what it holds on a cluster manager (None: no cluster)
 
 
 # -- connection details (`Session.connection_info`, ``GET /sessions/NAME/connection``) -----

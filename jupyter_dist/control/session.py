@@ -561,6 +561,7 @@ class Session(RankGroup):
             "notebook": self.notebook,
             "notebooks": sorted(self.notebooks.values(), key=lambda n: n["since"]),
             **self.turns.status(),
+            "cluster": self.placement.hold() if self.placement is not None else None,
         }
 
 

@@ -5,8 +5,9 @@ Enabled on install (``jupyter_server_config.d/jupyter_dist.json``). It runs the 
 session when the server stops.
 
 It keeps a record of its sessions' processes in the Jupyter runtime folder
-(`server.process_records`), and on start stops what a dead predecessor's sessions left running
-and removes its rank consoles (`server.rank_consoles`).
+(`server.process_records`), and on start stops what a dead predecessor's sessions left running,
+removes what they held on Ray clusters (`server.cluster_sweep`) and removes its rank consoles
+(`server.rank_consoles`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from jupyter_dist.control.limits import SessionLimits
 from jupyter_dist.control.manager import SessionDefaults, SessionManager
 from jupyter_dist.control.session import SessionTimeouts
 from jupyter_dist.errors import SpecError
+from jupyter_dist.server.cluster_sweep import sweep_clusters
 from jupyter_dist.server.log_files import LOG_HANDLERS
 from jupyter_dist.server.notebook_kernels import prune
 from jupyter_dist.server.process_records import (
@@ -234,6 +236,10 @@ class DistServerApp(ExtensionApp):
                 reap(found, self.log, self.reap_grace)
             except Exception:
                 self.log.exception("jupyter_dist: cannot reap the sessions in %s", found.path)
+            try:  # what its sessions held on clusters (Ray), by the dead server's names
+                sweep_clusters(found.record, self.log)
+            except Exception:
+                self.log.exception("jupyter_dist: cannot sweep the clusters of %s", found.path)
 
     async def stop_extension(self) -> None:
         if self._pruner is not None:

@@ -31,6 +31,7 @@ from jupyter_dist.common.hosts import (
     parse_hosts,
 )
 from jupyter_dist.common.payloads import ServerEvent, SessionStatus, StacksReply
+from jupyter_dist.common.ray_options import RaySpec, check_strategy
 from jupyter_dist.common.spec import (
     DEFAULT_SESSION,
     ShapeRequest,
@@ -77,11 +78,20 @@ REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "python": (str,),
     "ssh_config": (str,),
     "launcher": (str,),
+    "ray": (dict,),  # with launcher "ray": a `RaySpecJSON` (address, strategy, cpus, ...)
     "init": (bool,),
     "framework": (str,),  # torch (default), jax or none
     "cwd": (str,),  # where the ranks run (default: the server's folder)
     "env": (dict,),  # variables the ranks get on top of the server's environment
     "notebook": (str,),  # the session is named after this notebook (its path)
+}
+#: ``ray`` field -> the JSON types it may have (`RaySpec` checks the values)
+RAY_FIELDS: dict[str, tuple[type, ...]] = {
+    "address": (str,),  # HOST:PORT or "auto"; absent or null: RAY_ADDRESS, else auto
+    "strategy": (str,),
+    "runtime_env": (str,),  # JSON text of an object
+    "cpus": (int,),
+    "gpus": (int,),  # absent or null: each node's --gpus count
 }
 #: the fields of a host given as an object
 HOST_FIELDS = ("name", "user", "port", "slots", "python")
@@ -153,6 +163,26 @@ def _env(value: dict[str, Any] | None) -> dict[str, str] | None:
         if "\0" in val:
             raise SpecError(f"env: {name}: its value holds a NUL character")
     return dict(value)
+
+
+def _ray(value: dict[str, Any] | None) -> RaySpec | None:
+    """The ``ray`` object, each field typed, then checked as the ``--ray-*`` options are
+    (the strategy in any case); every error starts with ``ray``."""
+    if value is None:
+        return None
+    fields = dict(value)
+    for key, kinds in RAY_FIELDS.items():
+        got = fields.get(key)
+        if got is not None and type(got) not in kinds:
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise SpecError(f"ray.{key}: {str(got)[:80]!r} is not a {expected}")
+    try:
+        if "strategy" in fields:
+            fields["strategy"] = check_strategy(fields["strategy"])
+        return RaySpec.from_json(fields)
+    except SpecError as err:
+        message = str(err)
+        raise SpecError(message if message.startswith("ray:") else f"ray: {message}") from None
 
 
 def _notebook(value: str | None) -> str:
@@ -234,6 +264,7 @@ def shape_from_json(body: Any) -> CreateRequest:
         python=None if python is None else check_python(python, "python"),
         ssh_config=body.get("ssh_config"),
         launcher=body.get("launcher"),
+        ray=_ray(body.get("ray")),
     )
     name = check_session_name(body.get("name") or DEFAULT_SESSION)
     return CreateRequest(

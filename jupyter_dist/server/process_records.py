@@ -42,9 +42,10 @@ from typing import Any, TypeGuard
 
 import psutil
 
-from jupyter_dist.common.payloads import ManagerEvent, SessionStatus
+from jupyter_dist.common.payloads import ClusterHold, ManagerEvent, SessionStatus
 from jupyter_dist.common.private_files import read_private_file
 from jupyter_dist.common.proc_titles import command_line, is_ours
+from jupyter_dist.common.spec import CLUSTER_LAUNCHERS
 
 RECORD_PREFIX = "jupyter_dist-sessions-"
 RECORD_VERSION = 2
@@ -216,19 +217,46 @@ class RecordedProcess:
 
 
 @dataclass(frozen=True)
+class ClusterRecord:
+    """What a session holds on a cluster manager (`common.payloads.ClusterHold`): on
+    ``kind``'s cluster at ``address``, everything named under ``owner``."""
+
+    kind: str
+    address: str
+    owner: str
+
+    def to_json(self) -> ClusterHold:
+        return {"kind": self.kind, "address": self.address, "owner": self.owner}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ClusterRecord:
+        if not isinstance(data, dict):
+            raise ValueError(f"a cluster entry is not an object: {data!r}")
+        kind, address, owner = (data.get(k) for k in ("kind", "address", "owner"))
+        if not all(isinstance(v, str) and v for v in (kind, address, owner)):
+            raise ValueError(f"bad cluster kind {kind!r}, address {address!r} or owner {owner!r}")
+        return cls(str(kind), str(address), str(owner))
+
+
+@dataclass(frozen=True)
 class SessionRecord:
-    """One session's processes: ``local`` ones can be checked and killed from here."""
+    """One session's processes: ``local`` ones can be checked and killed from here; and
+    what it holds on a cluster manager, if anything."""
 
     name: str
     local: tuple[RecordedProcess, ...] = ()
     remote: tuple[RecordedProcess, ...] = ()
+    cluster: ClusterRecord | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "local": [p.to_json() for p in self.local],
             "remote": [p.to_json() for p in self.remote],
         }
+        if self.cluster is not None:
+            data["cluster"] = self.cluster.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> SessionRecord:
@@ -240,7 +268,9 @@ class SessionRecord:
             if not isinstance(entries, list):
                 raise ValueError(f"session {data['name']!r}: {key!r} is not a list")
             parts[key] = tuple(RecordedProcess.from_json(e, local) for e in entries)
-        return cls(data["name"], parts["local"], parts["remote"])
+        held = data.get("cluster")
+        cluster = None if held is None else ClusterRecord.from_json(held)
+        return cls(data["name"], parts["local"], parts["remote"], cluster)
 
 
 @dataclass(frozen=True)
@@ -384,9 +414,13 @@ def session_record(status: SessionStatus, server_pid: int) -> SessionRecord:
 
     Local processes are kept only while they are what the session started: the agent a
     child of the server, each rank a child of its agent; a process already gone is left
-    out. Sessions on listed hosts (ssh, slurm) are remote, even when a host is this machine.
+    out. Sessions on listed hosts (ssh, slurm) or placed by a cluster manager (ray) are
+    remote, even when a node is this machine; what a session holds on a cluster is kept.
     """
-    remote_session = bool(status.get("spec", {}).get("hosts"))
+    spec = status.get("spec", {})
+    remote_session = bool(spec.get("hosts")) or spec.get("launcher") in CLUSTER_LAUNCHERS
+    held = status.get("cluster")
+    cluster = None if not held else ClusterRecord(held["kind"], held["address"], held["owner"])
     agents: dict[int, int] = {}
     local: list[RecordedProcess] = []
     remote: list[RecordedProcess] = []
@@ -406,12 +440,14 @@ def session_record(status: SessionStatus, server_pid: int) -> SessionRecord:
         pid, agent = rank.get("pid"), agents.get(int(rank.get("node_rank", 0)))
         if pid and agent and rank.get("state") != "dead":
             add(int(pid), f"rank {rank['rank']}", str(rank.get("host", "")), agent)
-    return SessionRecord(str(status["name"]), tuple(local), tuple(remote))
+    return SessionRecord(str(status["name"]), tuple(local), tuple(remote), cluster)
 
 
 def _identity(status: SessionStatus) -> tuple[Any, ...]:
-    """What in a status changes the record: the processes, not the cells run."""
+    """What in a status changes the record: the processes and what the session holds on
+    a cluster, not the cells run."""
     return (
+        tuple(sorted((status.get("cluster") or {}).items())),
         tuple((n.get("node_rank"), n.get("agent_pid")) for n in status.get("nodes", [])),
         tuple(
             (r.get("rank"), r.get("pid"), r.get("state") == "dead") for r in status.get("ranks", [])
@@ -600,10 +636,15 @@ def log_reaped(
     if stuck:
         parts.append("could not stop " + ", ".join(p.describe() for p in stuck))
     if session.remote:
+        how = (
+            "their agents stop them when the SSH connection drops"
+            if session.cluster is None
+            else f"they end with the session's {session.cluster.kind} actors"
+        )
         parts.append(
             "did not check its processes on other nodes "
             + ", ".join(p.describe() for p in session.remote)
-            + " (their agents stop them when the SSH connection drops)"
+            + f" ({how})"
         )
     if not parts:
         log.info(
@@ -622,6 +663,7 @@ def log_reaped(
 
 __all__ = [
     "RECORD_PREFIX",
+    "ClusterRecord",
     "Identity",
     "Machine",
     "Orphaned",

@@ -1,14 +1,16 @@
 /**
- * The "new session" form: launcher, hosts, nodes, GPUs or CPU processes per node, backend.
+ * The "new session" form: launcher, hosts, nodes, GPUs or CPU processes per node, backend;
+ * with the Ray launcher, the cluster's address, the placement strategy, the CPUs and GPUs
+ * each node's bundle holds and Ray's runtime environment (shown only for Ray).
  * It is checked in place before it closes (`checkForm`, then the server's own check,
  * ``POST /sessions?validate=true``): a bad value is marked at its field with what is
  * expected, and nothing typed is lost.
  */
 import { Widget } from '@lumino/widgets';
 
-import { FormField, INewSession } from './sessionRequest';
+import { FormField, INewSession, RAY_STRATEGIES } from './sessionRequest';
 
-export { INewSession, checkForm, fieldOfMessage, requestOf } from './sessionRequest';
+export { INewSession, RAY_STRATEGIES, checkForm, fieldOfMessage, requestOf } from './sessionRequest';
 
 function field(label: string, input: HTMLElement, error: HTMLElement, hint = ''): HTMLElement {
   const row = document.createElement('label');
@@ -63,7 +65,8 @@ export class NewSessionForm extends Widget {
         [
           ['local', 'local (this machine)'],
           ['ssh', 'SSH'],
-          ['slurm', 'Slurm']
+          ['slurm', 'Slurm'],
+          ['ray', 'Ray cluster']
         ],
         defaultLauncher
       ),
@@ -86,7 +89,20 @@ export class NewSessionForm extends Widget {
           ['nccl', 'nccl']
         ],
         ''
-      )
+      ),
+      rayAddress: input('rayAddress', 'RAY_ADDRESS, else auto'),
+      rayStrategy: select(
+        'rayStrategy',
+        [
+          ['STRICT_SPREAD', 'STRICT_SPREAD (one machine a node)'],
+          ['PACK', 'PACK (as few machines as fit)'],
+          ['SPREAD', 'SPREAD (apart where there is room)']
+        ],
+        RAY_STRATEGIES[0]
+      ),
+      rayCpus: input('rayCpus', '1'),
+      rayGpus: input('rayGpus', 'GPUs per node, else 0'),
+      rayRuntimeEnv: input('rayRuntimeEnv', '{"pip": ["jupyter_dist"]}')
     };
     const i = this.inputs;
     const e = (name: string) => {
@@ -96,10 +112,37 @@ export class NewSessionForm extends Widget {
       return line;
     };
     this.general = errorLine('form');
+    this.hostsRow = field('Hosts', i.hosts, e('hosts'), 'for SSH: comma-separated hosts, or leave empty');
+    this.rayRows = [
+      field(
+        'Ray address',
+        i.rayAddress,
+        e('rayAddress'),
+        "the cluster's HOST:PORT (head:6379); empty: RAY_ADDRESS where the server runs, else auto"
+      ),
+      field('Placement', i.rayStrategy, e('rayStrategy'), "the placement group's strategy"),
+      field('CPUs per node', i.rayCpus, e('rayCpus'), "CPUs each node's bundle holds (default 1)"),
+      field(
+        'GPUs per node',
+        i.rayGpus,
+        e('rayGpus'),
+        "GPUs each node's bundle holds; empty: the node's GPU count (0 for CPU processes)"
+      ),
+      field(
+        'Runtime env',
+        i.rayRuntimeEnv,
+        e('rayRuntimeEnv'),
+        "Ray's runtime environment for the nodes, a JSON object; empty: none (the nodes need jupyter_dist)"
+      )
+    ];
+    for (const row of this.rayRows) {
+      row.classList.add('jp-DistForm-ray');
+    }
     this.node.append(
       field('Name', i.name, e('name'), 'letters, digits, ".", "_" and "-"'),
       field('Launcher', i.launcher, e('launcher')),
-      field('Hosts', i.hosts, e('hosts'), 'for SSH: comma-separated hosts, or leave empty'),
+      this.hostsRow,
+      ...this.rayRows,
       field('Nodes', i.nodes, e('nodes')),
       field('Ranks', i.kind, e('kind')),
       field('Count', i.count, e('count'), 'one count, or one per node: 4,2'),
@@ -109,6 +152,17 @@ export class NewSessionForm extends Widget {
     for (const element of Object.values(i)) {
       element.addEventListener('input', () => this.clear(element.name));
     }
+    i.launcher.addEventListener('change', () => this.showLauncher());
+    this.showLauncher();
+  }
+
+  /** Ray's fields for the Ray launcher, the hosts for the others. */
+  private showLauncher(): void {
+    const ray = this.inputs.launcher.value === 'ray';
+    for (const row of this.rayRows) {
+      row.hidden = !ray;
+    }
+    this.hostsRow.hidden = ray;
   }
 
   /** Mark each bad field with what is wrong and what is expected; ``form``: the rest. */
@@ -153,11 +207,18 @@ export class NewSessionForm extends Widget {
       nodes: (i.nodes as HTMLInputElement).value,
       kind: (i.kind as HTMLSelectElement).value as 'procs' | 'gpus',
       count: (i.count as HTMLInputElement).value,
-      backend: (i.backend as HTMLSelectElement).value
+      backend: (i.backend as HTMLSelectElement).value,
+      rayAddress: (i.rayAddress as HTMLInputElement).value,
+      rayStrategy: (i.rayStrategy as HTMLSelectElement).value,
+      rayCpus: (i.rayCpus as HTMLInputElement).value,
+      rayGpus: (i.rayGpus as HTMLInputElement).value,
+      rayRuntimeEnv: (i.rayRuntimeEnv as HTMLInputElement).value
     };
   }
 
   private inputs: Record<string, HTMLInputElement | HTMLSelectElement>;
+  private hostsRow: HTMLElement;
+  private rayRows: HTMLElement[];
   private errors: Record<string, HTMLElement> = {};
   private general: HTMLElement;
 }

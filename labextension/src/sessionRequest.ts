@@ -8,6 +8,46 @@ export interface INewSession {
   kind: 'procs' | 'gpus';
   count: string;
   backend: string;
+  /** With launcher "ray": the cluster's HOST:PORT (empty: RAY_ADDRESS where the server runs, else auto). */
+  rayAddress?: string;
+  /** With launcher "ray": STRICT_SPREAD (one machine a node), PACK or SPREAD. */
+  rayStrategy?: string;
+  /** With launcher "ray": CPUs each node's bundle holds (empty: 1). */
+  rayCpus?: string;
+  /** With launcher "ray": GPUs each node's bundle holds (empty: the node's GPU count). */
+  rayGpus?: string;
+  /** With launcher "ray": Ray's runtime environment, a JSON object (empty: none). */
+  rayRuntimeEnv?: string;
+}
+
+/** The Ray placement strategies, the default first. */
+export const RAY_STRATEGIES = ['STRICT_SPREAD', 'PACK', 'SPREAD'];
+
+/** A count typed in a field: a number when it is one, else the text for the server to name. */
+function countOf(text: string): number | string {
+  return /^\d+$/.test(text) ? Number(text) : text;
+}
+
+/** The ``ray`` object of the request: what was filled in, and the strategy. */
+function rayOf(form: INewSession): Record<string, unknown> {
+  const ray: Record<string, unknown> = { strategy: form.rayStrategy || RAY_STRATEGIES[0] };
+  const address = (form.rayAddress ?? '').trim();
+  if (address) {
+    ray.address = address;
+  }
+  const cpus = (form.rayCpus ?? '').trim();
+  if (cpus) {
+    ray.cpus = countOf(cpus);
+  }
+  const gpus = (form.rayGpus ?? '').trim();
+  if (gpus) {
+    ray.gpus = countOf(gpus);
+  }
+  const runtimeEnv = (form.rayRuntimeEnv ?? '').trim();
+  if (runtimeEnv) {
+    ray.runtime_env = runtimeEnv;
+  }
+  return ray;
 }
 
 /** The request body for a filled-in form (empty fields are left to the server). */
@@ -27,8 +67,11 @@ export function requestOf(form: INewSession): Record<string, unknown> {
   if (form.launcher !== 'local') {
     body.launcher = form.launcher;
   }
-  if (form.hosts.trim()) {
+  if (form.hosts.trim() && form.launcher !== 'ray') {
     body.hosts = form.hosts.trim();
+  }
+  if (form.launcher === 'ray') {
+    body.ray = rayOf(form);
   }
   if (form.backend) {
     body.backend = form.backend;
@@ -60,11 +103,66 @@ export function checkForm(form: INewSession): Partial<Record<FormField, string>>
   if (form.launcher === 'ssh' && !form.hosts.trim()) {
     wrong.hosts = 'expected the hosts to start the nodes on, for SSH: node1,alice@node2:2222';
   }
+  if (form.launcher === 'ray') {
+    Object.assign(wrong, checkRay(form));
+  }
+  return wrong;
+}
+
+/** The Ray fields' own checks (the server checks the ranges and the address's form too). */
+function checkRay(form: INewSession): Partial<Record<FormField, string>> {
+  const wrong: Partial<Record<FormField, string>> = {};
+  const address = (form.rayAddress ?? '').trim();
+  if (address.startsWith('ray://')) {
+    wrong.rayAddress = `'${address}': Ray Client addresses (ray://) cannot carry the ranks' traffic; expected the cluster's HOST:PORT (head:6379), or empty for RAY_ADDRESS or auto`;
+  } else if (address && address !== 'auto' && !/^[^\s:]+(:[^\s:]+)*:\d{1,5}$/.test(address)) {
+    wrong.rayAddress = `'${address}': expected the cluster's HOST:PORT (head:6379), auto, or empty for RAY_ADDRESS or auto`;
+  }
+  for (const [key, low] of [['rayCpus', 1], ['rayGpus', 0]] as [FormField, number][]) {
+    const text = (form[key] ?? '').trim();
+    if (text && (!/^\d{1,4}$/.test(text) || Number(text) < low)) {
+      const what = key === 'rayCpus' ? 'CPUs' : 'GPUs';
+      wrong[key] = `'${text}': expected a whole number of ${what} each node's bundle holds, ${low} or more`;
+    }
+  }
+  const runtimeEnv = (form.rayRuntimeEnv ?? '').trim();
+  if (runtimeEnv) {
+    let value: unknown = undefined;
+    let problem = '';
+    try {
+      value = JSON.parse(runtimeEnv);
+    } catch (error) {
+      problem = `not JSON (${error instanceof Error ? error.message : error})`;
+    }
+    if (!problem && (value === null || typeof value !== 'object' || Array.isArray(value))) {
+      problem = 'not a JSON object';
+    }
+    if (problem) {
+      const shown = runtimeEnv.length > 60 ? `${runtimeEnv.slice(0, 60)}…` : runtimeEnv;
+      wrong.rayRuntimeEnv = `'${shown}': ${problem}; expected a JSON object such as {"pip": ["jupyter_dist"]}`;
+    }
+  }
+  if (form.hosts.trim()) {
+    wrong.hosts = 'Ray places the nodes on the cluster: leave Hosts empty';
+  }
   return wrong;
 }
 
 /** The field a server's 400 message is about (it begins with the field's name), if any. */
 export function fieldOfMessage(message: string): FormField | null {
+  // the ray object's: "ray: --ray-cpus 0: ..." or "ray.cpus: '2' is not a int"
+  const ray = /^\s*ray(?::\s*--ray-|\.)([a-z_-]+)/.exec(message)?.[1];
+  if (ray !== undefined) {
+    const rayFields: Record<string, FormField> = {
+      address: 'rayAddress',
+      strategy: 'rayStrategy',
+      cpus: 'rayCpus',
+      gpus: 'rayGpus',
+      'runtime-env': 'rayRuntimeEnv',
+      runtime_env: 'rayRuntimeEnv'
+    };
+    return rayFields[ray] ?? 'launcher';
+  }
   const head = /^\s*(?:--)?([a-z_]+)\b/.exec(message)?.[1] ?? '';
   const fields: Record<string, FormField> = {
     session: 'name',
@@ -74,7 +172,8 @@ export function fieldOfMessage(message: string): FormField | null {
     nodes: 'nodes',
     procs: 'count',
     gpus: 'count',
-    backend: 'backend'
+    backend: 'backend',
+    ray: 'launcher'
   };
   return fields[head] ?? null;
 }

@@ -155,6 +155,47 @@ describe('the new-session form', () => {
     expect(fieldOfMessage('the server is gone')).toBeNull();
   });
 
+  it('posts launcher "ray" and a ray object with what was filled in', () => {
+    const ray = form({ launcher: 'ray', nodes: '2', kind: 'gpus', count: '4', rayStrategy: 'PACK' });
+    expect(requestOf(ray)).toEqual({
+      name: 'train', launcher: 'ray', nodes: 2, gpus: 4, ray: { strategy: 'PACK' }
+    });
+    const full = form({
+      launcher: 'ray', nodes: '2', count: '2', hosts: 'left,from,ssh', rayAddress: ' head:6379 ',
+      rayStrategy: 'SPREAD', rayCpus: '2', rayGpus: '0', rayRuntimeEnv: '{"pip": ["jupyter_dist"]}'
+    });
+    expect(requestOf(full)).toEqual({
+      name: 'train', launcher: 'ray', nodes: 2, procs: 2,
+      ray: { address: 'head:6379', strategy: 'SPREAD', cpus: 2, gpus: 0, runtime_env: '{"pip": ["jupyter_dist"]}' }
+    });
+    // nothing of Ray's for another launcher, whatever its hidden fields hold
+    expect(requestOf(form({ rayCpus: '3', rayAddress: 'head:6379' }))).toEqual({ name: 'train', procs: 2 });
+  });
+
+  it("checks Ray's fields in place, naming the value and what is expected", () => {
+    const ray = (extra: Partial<INewSession>) => checkForm(form({ launcher: 'ray', nodes: '2', ...extra }));
+    expect(ray({})).toEqual({});
+    expect(ray({ rayAddress: 'auto', rayCpus: '4', rayGpus: '0', rayRuntimeEnv: '{}' })).toEqual({});
+    const wrong = ray({
+      rayAddress: 'ray://head:10001', rayCpus: '0', rayGpus: 'two', rayRuntimeEnv: '["pip"]', hosts: 'a,b'
+    });
+    expect(Object.keys(wrong).sort()).toEqual(['hosts', 'rayAddress', 'rayCpus', 'rayGpus', 'rayRuntimeEnv']);
+    expect(wrong.rayAddress).toContain("'ray://head:10001': Ray Client addresses (ray://)");
+    expect(wrong.rayCpus).toContain("'0': expected a whole number of CPUs");
+    expect(wrong.rayGpus).toContain("'two': expected a whole number of GPUs");
+    expect(wrong.rayRuntimeEnv).toContain('\'["pip"]\': not a JSON object; expected a JSON object');
+    expect(ray({ rayRuntimeEnv: '{pip' }).rayRuntimeEnv).toContain("'{pip': not JSON");
+    expect(ray({ rayAddress: 'head' }).rayAddress).toContain("'head': expected the cluster's HOST:PORT");
+  });
+
+  it("puts the server's messages about the ray object at their field", () => {
+    expect(fieldOfMessage('ray: --ray-cpus 0: expected 1 to 4096')).toBe('rayCpus');
+    expect(fieldOfMessage("ray: --ray-runtime-env '{': not JSON")).toBe('rayRuntimeEnv');
+    expect(fieldOfMessage("ray: --ray-address 'h': expected HOST:PORT")).toBe('rayAddress');
+    expect(fieldOfMessage("ray.gpus: 'x' is not a int")).toBe('rayGpus');
+    expect(fieldOfMessage('ray options without --ray: add --ray')).toBe('launcher');
+  });
+
   it('sends counts per node as a list', () => {
     expect(requestOf(form({ count: '4,2', nodes: '2' }))).toEqual({ name: 'train', procs: [4, 2], nodes: 2 });
     expect(requestOf(form({ count: '3' }))).toEqual({ name: 'train', procs: 3 });

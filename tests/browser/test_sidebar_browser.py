@@ -272,3 +272,59 @@ def test_form_use_here_interrupt_and_shut_down(open_lab_notebook: OpenNotebook) 
     expect(card).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
     expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()
     nb.screenshot("sidebar-after-shutdown")
+
+
+def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
+    open_lab_notebook: OpenNotebook,
+) -> None:
+    """Ray in the form: its fields appear (the hosts go), a bad value is marked at its
+    field by the form itself or by the server's check (no cluster needed: nothing
+    starts until both passed), and what was typed stays."""
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook("sidebar_ray_form", ["print('nothing runs here')"])
+    open_sidebar(nb)
+    new_session(nb)
+    dialog = nb.page.locator(".jp-Dialog")
+    form = dialog.locator(".jp-DistForm")
+    ray_rows = form.locator(".jp-DistForm-ray")
+    expect(ray_rows).to_have_count(5, timeout=RENDER_TIMEOUT_MS)
+    for i in range(5):
+        expect(ray_rows.nth(i)).to_be_hidden()  # local: no Ray fields
+    form.locator('select[name="launcher"]').select_option("ray")
+    for i in range(5):
+        expect(ray_rows.nth(i)).to_be_visible()
+    expect(form.locator('input[name="hosts"]')).to_be_hidden()
+    expect(form.locator('select[name="rayStrategy"]')).to_have_value("STRICT_SPREAD")
+    expect(form.locator('input[name="rayAddress"]')).to_have_attribute(
+        "placeholder", "RAY_ADDRESS, else auto"
+    )
+
+    form.locator('input[name="name"]').fill("on-ray")
+    form.locator('input[name="nodes"]').fill("2")
+    form.locator('input[name="count"]').fill("1")
+    form.locator('select[name="rayStrategy"]').select_option("PACK")
+    form.locator('input[name="rayRuntimeEnv"]').fill('["pip"]')
+    dialog.get_by_role("button", name="Start").click()
+    expect(form.locator("#jp-DistForm-error-rayRuntimeEnv")).to_contain_text(
+        "'[\"pip\"]': not a JSON object; expected a JSON object", timeout=RENDER_TIMEOUT_MS
+    )
+    expect(form.locator('input[name="rayRuntimeEnv"]')).to_have_attribute("aria-invalid", "true")
+    nb.screenshot("form-ray-runtime-env")
+
+    # the server's own check: the CPUs a bundle may hold
+    form.locator('input[name="rayRuntimeEnv"]').fill('{"env_vars": {"A": "1"}}')
+    form.locator('input[name="rayCpus"]').fill("5000")
+    dialog.get_by_role("button", name="Start").click()
+    expect(form.locator("#jp-DistForm-error-rayCpus")).to_contain_text(
+        "ray: --ray-cpus 5000: expected 1 to 4096", timeout=RENDER_TIMEOUT_MS
+    )
+    expect(form.locator("#jp-DistForm-error-rayRuntimeEnv")).to_be_hidden()
+    expect(form.locator('select[name="rayStrategy"]')).to_have_value("PACK")  # kept
+    expect(form.locator('input[name="name"]')).to_have_value("on-ray")
+    nb.screenshot("form-ray-cpus")
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_have_count(0)
+    expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()
+    ours = [e for e in nb.console_errors if "jupyter-dist" in e or "DistForm" in e]
+    assert not ours, ours

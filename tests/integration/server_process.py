@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,9 +69,17 @@ def start_server(
     extension: bool = True,
     args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
+    argv_prefix: Sequence[str] = (),
+    ip: str = "127.0.0.1",
+    base_env: Mapping[str, str] | None = None,
 ) -> Server:
     """A server in ``root``, with its own config and runtime folders; its kernels
-    inherit them, so they find the server as they would anywhere."""
+    inherit them, so they find the server as they would anywhere.
+
+    ``argv_prefix`` runs it under a wrapper that execs it (``ip netns exec NS``: the
+    server's pid stays the one started), ``ip`` is where it listens (an address of that
+    namespace the tests reach), ``base_env`` the environment ``extra_env`` goes on top of
+    (this process's by default)."""
     config_dir.mkdir(parents=True, exist_ok=True)
     (config_dir / "jupyter_server_config.json").write_text(
         json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_dist": extension}}})
@@ -79,7 +87,7 @@ def start_server(
     token, port = secrets.token_hex(16), free_port()
     runtime_dir = root / "runtime"
     env = {
-        **os.environ,
+        **(os.environ if base_env is None else base_env),
         "JUPYTER_CONFIG_DIR": str(config_dir),
         "JUPYTER_RUNTIME_DIR": str(runtime_dir),
     }
@@ -87,12 +95,12 @@ def start_server(
     env.update(extra_env or {})
     log = open(root / "server.log", "wb")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1",
+        [*argv_prefix, sys.executable, "-m", "jupyter_server", "--no-browser", f"--ip={ip}",
          f"--port={port}", f"--IdentityProvider.token={token}", "--allow-root",
          f"--ServerApp.root_dir={root}", *args],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
     )  # fmt: skip
-    server = Server(f"http://127.0.0.1:{port}", token, process, runtime_dir)
+    server = Server(f"http://{ip}:{port}", token, process, runtime_dir)
     # a server starting beside other work may take a minute to import its extensions:
     # waited for while it runs, up to a limit that only a hung one reaches
     deadline = time.monotonic() + START_S

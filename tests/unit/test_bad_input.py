@@ -247,6 +247,16 @@ def test_timeouts_must_be_finite_and_positive(value: float) -> None:
         ({"env": {"A": "x\0y"}}, "env: A: its value holds a NUL character"),
         ({"cwd": "relative/dir"}, "cwd 'relative/dir': expected an absolute path"),
         ({"name": "-x"}, "--session '-x'"),
+        ({"ray": "head:6379"}, "ray: 'head:6379' is not a dict"),
+        ({"ray": {"cpu": 2}}, "ray: unknown field 'cpu'; expected address, cpus, gpus"),
+        ({"ray": {"cpus": "2"}}, "ray.cpus: '2' is not a int"),
+        ({"ray": {"cpus": 0}}, "ray: --ray-cpus 0: expected 1 to 4096"),
+        ({"ray": {"gpus": True}}, "ray.gpus: 'True' is not a int"),
+        ({"ray": {"strategy": "diagonal"}}, "ray: --ray-strategy 'diagonal': expected one of"),
+        ({"ray": {"address": "ray://head:10001"}}, "ray: --ray-address 'ray://head:10001'"),
+        ({"ray": {"address": "head"}}, "ray: --ray-address 'head': expected HOST:PORT"),
+        ({"ray": {"runtime_env": "{pip"}}, "ray: --ray-runtime-env '{pip': not JSON"),
+        ({"ray": {"runtime_env": {"pip": []}}}, "ray.runtime_env: \"{'pip': []}\" is not a str"),
     ],
 )
 def test_bad_bodies_are_refused_at_parsing(body: dict[str, Any], fragment: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.common.ray_options import RaySpec
 from jupyter_dist.common.spec import (
     SessionSpec,
     ShapeRequest,
@@ -110,6 +111,23 @@ def test_a_shape_request_survives_the_trip_through_json() -> None:
     body = json.loads(json.dumps({"name": "s1", **request.to_json(), "cwd": "/w"}))
     parsed = shape_from_json(body)
     assert (parsed.name, parsed.shape, parsed.cwd, parsed.env) == ("s1", request, "/w", None)
+
+
+def test_a_ray_request_survives_the_trip_through_json() -> None:
+    """What the magic sends for ``--ray ...`` is what the server parses: the ``ray``
+    object goes through whole."""
+    ray = RaySpec("head:6379", "PACK", '{"pip": ["jupyter_dist"]}', cpus=2, gpus=0)
+    request = ShapeRequest(nodes=2, procs=2, launcher="ray", ray=ray)
+    sent = json.loads(json.dumps({"name": "r", **request.to_json()}))
+    assert sent["ray"] == {
+        "address": "head:6379", "strategy": "PACK", "runtime_env": '{"pip": ["jupyter_dist"]}',
+        "cpus": 2, "gpus": 0,
+    }  # fmt: skip
+    assert shape_from_json(sent).shape == request
+    # the sidebar's form leaves the address and the GPUs unsaid, and may write the
+    # strategy in lower case
+    form = {"nodes": 2, "procs": 1, "launcher": "ray", "ray": {"strategy": "spread"}}
+    assert shape_from_json(form).shape.ray == RaySpec(strategy="SPREAD")
 
 
 @pytest.mark.parametrize(

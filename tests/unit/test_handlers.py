@@ -119,6 +119,34 @@ def test_domain_errors_become_json_with_a_status_that_means_something(
     assert call("DELETE", "sessions/t")[0] == 204
 
 
+def test_a_bad_ray_request_is_a_400_naming_the_value_and_starts_nothing(
+    call: Callable[..., Any], cluster: FakeCluster
+) -> None:
+    ray = {"nodes": 2, "procs": 1, "launcher": "ray"}
+    code, body = call("POST", "sessions", {**ray, "ray": {"strategy": "diagonal"}})
+    assert code == 400, body
+    assert "ray: --ray-strategy 'diagonal': expected one of STRICT_SPREAD" in body["message"]
+    code, body = call("POST", "sessions", {**ray, "ray": {"cpus": 0}})
+    assert code == 400 and "ray: --ray-cpus 0: expected 1 to 4096" in body["message"], body
+    code, body = call("POST", "sessions", {**ray, "ray": []})
+    assert code == 400 and "ray: '[]' is not a dict" in body["message"], body
+    code, body = call("POST", "sessions", {"procs": 1, "ray": {"cpus": 2}})
+    assert code == 400 and "ray options without --ray" in body["message"], body
+    code, body = call("POST", "sessions", {"nodes": 2, "launcher": "ray"})
+    assert code == 400 and "--ray: say how many ranks each node runs" in body["message"], body
+    # what the sidebar's form asks before it closes: checked, nothing started
+    form = {**ray, "name": "r", "ray": {"strategy": "pack", "cpus": 2, "runtime_env": "{}"}}
+    code, body = call("POST", "sessions", form, params={"validate": "true"})
+    assert (code, body) == (200, {"valid": True, "name": "r"})
+    code, body = call(
+        "POST", "sessions", {**form, "ray": {"gpus": 5000}}, params={"validate": "true"}
+    )
+    assert code == 200 and body["valid"] is False, body
+    assert body["message"] == "ray: --ray-gpus 5000: expected 0 to 4096"
+    assert call("GET", "sessions") == (200, [])
+    assert not cluster.agents
+
+
 def test_an_agent_that_fails_to_start_is_a_502_naming_the_node(
     call: Callable[..., Any], cluster: FakeCluster
 ) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
+    from jupyter_dist.common.payloads import ClusterHold
     from jupyter_dist.common.spec import SessionSpec
 
 from jupyter_dist._version import __version__
@@ -79,6 +80,11 @@ class Placement(abc.ABC):
     @abc.abstractmethod
     async def release(self) -> None:
         """Give back everything `place` took; safe to call twice, and after a failed place."""
+
+    def hold(self) -> ClusterHold | None:
+        """What the session holds on the cluster, by name, so that a later process can
+        sweep it when this one died (None: nothing named)."""
+        return None
 
 
 class Launcher(abc.ABC):

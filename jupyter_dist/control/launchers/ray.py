@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from jupyter_dist.common.payloads import ClusterHold
 from jupyter_dist.common.ray_options import RaySpec, resolve_ray_address
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.launchers.base import Launcher, Placement
@@ -211,6 +212,10 @@ class RayPlacement(Placement):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._exit_news.wait(), deadline - loop.time())
         return self.exits.get(node)
+
+    def hold(self) -> ClusterHold:
+        """The cluster and the owner prefix that every name of the session is under."""
+        return {"kind": "ray", "address": self.address, "owner": self.owner}
 
     # -- release -------------------------------------------------------------------------
     async def release(self) -> None:
