@@ -107,10 +107,11 @@ def ratio(mine: float | None, reference: float | None) -> float | None:
 
 
 def verdict(value: float | None, at_most: float) -> str:
-    """``PASS (0.31x)`` / ``FAIL (0.62x)`` against an upper bound, ``-`` without a value."""
+    """``PASS (0.31x)`` / ``FAIL (0.62x)`` against an upper bound, ``-`` without a value;
+    two significant digits, so a re-run's small ratio (``0.005x``) does not read as 0."""
     if value is None:
         return "-"
-    return f"{'PASS' if value <= at_most else 'FAIL'} ({value:.2f}x)"
+    return f"{'PASS' if value <= at_most else 'FAIL'} ({value:.2g}x)"
 
 
 def seconds(value: float | None) -> str:

@@ -33,7 +33,8 @@ def test_ratio_needs_both_sides_and_a_positive_reference(bench: ModuleType) -> N
 
 def test_verdict_is_against_an_upper_bound(bench: ModuleType) -> None:
     assert bench.verdict(0.31, 0.5) == "PASS (0.31x)"
-    assert bench.verdict(0.5, 0.5) == "PASS (0.50x)"
+    assert bench.verdict(0.5, 0.5) == "PASS (0.5x)"
+    assert bench.verdict(0.38 / 75.56, 0.05) == "PASS (0.005x)"
     assert bench.verdict(0.62, 0.5) == "FAIL (0.62x)"
     assert bench.verdict(None, 0.5) == "-"
 
@@ -66,7 +67,7 @@ def test_report_has_both_targets_with_verdicts_and_the_breakdown(bench: ModuleTy
     rows = [line for line in report.splitlines() if line.startswith("| cold start")]
     assert rows == [
         "| cold start, 2 nodes x 2 CPU ranks, to the first all_reduce | 6.00 s | 20.00 s "
-        "(fit() to the all_reduce; whole fit() 24.00 s) | <= 0.5x Ray Train | PASS (0.30x) |"
+        "(fit() to the all_reduce; whole fit() 24.00 s) | <= 0.5x Ray Train | PASS (0.3x) |"
     ]
     assert "| <= 0.05x Ray Train | PASS (0.04x) |" in report
     assert "| 1.00 | `%load_ext jupyter_dist` (its cell) |" in report
