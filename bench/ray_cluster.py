@@ -1,6 +1,6 @@
 """Ray benchmark: jupyter_dist on a Ray cluster vs Ray Train's ``TorchTrainer``, same cluster.
 
-    .venv/bin/python bench/ray_cluster.py      # needs root, `ip netns` and ray[train]
+    make bench-ray        # = .venv/bin/python bench/ray_cluster.py: root, `ip netns`, ray[train]
 
 The cluster is the test suite's (``tests/ray/cluster.py``): a head and two worker nodes,
 each a ``ray start`` in its own network namespace, token authentication on, one CPU a
@@ -10,14 +10,16 @@ kernel, the Ray Train script) runs in the head's namespace, as a Ray driver must
 * cold start: jupyter_dist from ``%load_ext jupyter_dist`` in a fresh notebook kernel
   (its start not counted) to the all_reduce result of the first ``%%distributed --ray
   --nodes 2 --procs 2`` cell; Ray Train from calling ``TorchTrainer.fit()`` (after
-  ``ray.init()``) to the moment its workers finished the same all_reduce, and to the end
-  of ``fit()``. Target: <= 0.5x Ray Train's time to the all_reduce.
+  ``ray.init()``) to the moment rank 0's worker finished the same all_reduce, and to the
+  end of ``fit()``. Target: <= 0.5x Ray Train's time to the all_reduce.
 * re-run: a training cell (a tiny model under DDP, a few steps), changed (another
   learning rate) and run again in the warm session, against ``fit()`` of a trainer whose
   loop runs the same code. Target: <= 0.05x.
 
 The progress lines jupyter_dist prints while the session starts are timed as they arrive,
-so the report says where the cold start goes. Nothing here fails the build.
+and a bare Ray driver then times the steps the session's driver takes before any agent
+starts (``import ray``, connecting, the placement group, the actors), so the report says
+where the cold start goes. Nothing here fails the build.
 """
 
 from __future__ import annotations
