@@ -21,7 +21,7 @@ JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help setup demo test test-loaded unit lint bench bench-multinode labextension-test
+.PHONY: help setup demo test test-loaded unit lint bench bench-multinode bench-ray labextension-test
 
 help:
 	@echo "make setup   create .venv/ and install jupyter_dist with its test, dev, examples and ray extras"
@@ -32,6 +32,7 @@ help:
 	@echo "make lint    ruff check, ruff format --check, mypy"
 	@echo "make bench   run the benchmarks in bench/"
 	@echo "make bench-multinode  SSH sessions on two local sshd nodes (needs root)"
+	@echo "make bench-ray  a --ray session vs Ray Train on a local 3-node Ray cluster (needs root)"
 
 setup: $(SETUP_STAMP)
 
@@ -92,3 +93,7 @@ bench: $(BENCH_STAMP)
 bench-multinode: $(BENCH_STAMP)
 	.ci/setup-system
 	$(PY) bench/multinode.py
+
+bench-ray: $(BENCH_STAMP)
+	.ci/setup-system
+	$(PY) bench/ray_cluster.py

@@ -28,6 +28,7 @@ from typing import IO, Any
 
 import psutil
 import zmq
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 TAG_VAR = "JUPYTER_DIST_BENCH_TAG"
@@ -168,8 +169,16 @@ class NotebookKernel:
         extra_env: Mapping[str, str] | None = None,
         startup_timeout: float = 60.0,
         log_path: Path | None = None,
+        kernel_spec: KernelSpecManager | None = None,
+        kernel_name: str = "python3",
+        transport: str = "tcp",
     ) -> None:
         self.cwd = cwd
+        # where `kernel_name` is looked up (default: the machine's kernelspecs); transport
+        # "ipc" for a kernel in another network namespace, whose loopback is not ours
+        self.kernel_spec = kernel_spec
+        self.kernel_name = kernel_name
+        self.transport = transport
         self.log_path = log_path
         self._log: IO[bytes] | None = None
         self.tag = uuid.uuid4().hex
@@ -200,7 +209,13 @@ class NotebookKernel:
 
     def start(self) -> NotebookKernel:
         t0 = time.perf_counter()
-        self.km = KernelManager(kernel_name="python3")
+        options: dict[str, Any] = {"kernel_name": self.kernel_name, "transport": self.transport}
+        if self.kernel_spec is not None:
+            options["kernel_spec_manager"] = self.kernel_spec
+        if self.transport == "ipc":
+            # the sockets' path prefix: absolute, as the kernel runs in cwd and we do not
+            options["ip"] = str(self.cwd.absolute() / f"kernel-{self.tag[:8]}")
+        self.km = KernelManager(**options)
         popen_kwargs: dict[str, Any] = {}
         if self.log_path is not None:
             # the kernel's own stdout/stderr (and whatever its children write there)
@@ -451,9 +466,11 @@ def notebook_kernel(
     cleanup_code: str | None = None,
     log_path: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
+    **options: Any,
 ) -> Iterator[NotebookKernel]:
-    """A started kernel that is always shut down (peer teardown cell first)."""
-    nk = NotebookKernel(cwd=cwd, log_path=log_path, extra_env=extra_env)
+    """A started kernel that is always shut down (peer teardown cell first); ``options``
+    go to `NotebookKernel` (kernel_spec, kernel_name, transport, startup_timeout)."""
+    nk = NotebookKernel(cwd=cwd, log_path=log_path, extra_env=extra_env, **options)
     try:
         nk.start()
         yield nk

@@ -13,8 +13,9 @@ from tests.integration.rank_lines import by_rank, with_start
 
 pytestmark = pytest.mark.slow
 NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
-#: needs SSH nodes: run against the test suite's sshd nodes in tests/multinode
-ON_NODES = {"multi_node.ipynb"}
+#: need a cluster: multi_node against the test suite's sshd nodes (tests/multinode),
+#: ray_cluster against its Ray cluster with the kernel on the head node (tests/ray)
+ON_NODES = {"multi_node.ipynb", "ray_cluster.ipynb"}
 HERE = [p for p in NOTEBOOKS if p.name not in ON_NODES]
 
 
