@@ -237,24 +237,32 @@ class CellTracker:
         """``rank`` died with ``returncode``, or, with ``lost`` saying why, is out of reach
         (its node unreachable, its agent gone): ``NodeLost``."""
         prog = self.progress.get(rank)
-        if prog is None or prog.finished:
+        if prog is None:
+            return
+        given_up = prog.failure is not None and prog.failure.ename == "AnswerLost"
+        if prog.finished and not given_up:
             return
         if lost is not None:
             failure = self._failure(prog, "died", "NodeLost", lost)
+        else:
+            how = describe_returncode(returncode) if returncode is not None else "is gone"
+            lines = tuple(f"    {line}" for line in crash_report(log_tail))
+            traceback = ("  last output of the rank process:", *lines) if lines else ()
+            failure = self._failure(
+                prog,
+                "died",
+                "RankDied",
+                f"rank process (pid {pid}) {how}",
+                traceback,
+                exit_code=returncode,
+            )
+        if not prog.finished:
             self._finish(prog, "died", failure)
             return
-        how = describe_returncode(returncode) if returncode is not None else "is gone"
-        lines = tuple(f"    {line}" for line in crash_report(log_tail))
-        traceback = ("  last output of the rank process:", *lines) if lines else ()
-        failure = self._failure(
-            prog,
-            "died",
-            "RankDied",
-            f"rank process (pid {pid}) {how}",
-            traceback,
-            exit_code=returncode,
-        )
-        self._finish(prog, "died", failure)
+        # given up on when its relay stopped, it has died since (its node lost, say): the
+        # death is the cause, and the ranks still running wind down as after any death
+        prog.failure = failure
+        self.first_failure_at = self.first_failure_at or time.monotonic()
 
     def answers_lost(self, ranks: list[int], why: str) -> list[int]:
         """The way back from ``ranks`` broke (their node's relay stopped, and what it

@@ -92,6 +92,7 @@ RAY_FIELDS: dict[str, tuple[type, ...]] = {
     "runtime_env": (str,),  # JSON text of an object
     "cpus": (int,),
     "gpus": (int,),  # absent or null: each node's --gpus count
+    "timeout": (int, float),  # seconds to wait for room; absent or null: the start timeout
 }
 #: the fields of a host given as an object
 HOST_FIELDS = ("name", "user", "port", "slots", "python")

@@ -14,22 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
 
 from tests.conftest import wait_until_ready
 
 from .cluster import RayCluster
-
-KERNEL = "jupyter-dist-ray-head"
+from .head_kernel import HEAD_KERNEL, TRANSPORT, head_kernelspecs, socket_prefix
 
 
 @dataclasses.dataclass
@@ -89,21 +85,11 @@ def notebook_kernel(
     cluster: RayCluster, folder: Path, env: Mapping[str, str] | None = None
 ) -> Iterator[NetnsKernel]:
     """A started kernel in the head's namespace; shut down (or killed) on exit."""
-    specs = folder / "kernels"
-    spec_dir = specs / KERNEL
-    spec_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    spec = {
-        "argv": cluster.driver_argv(argv),
-        "display_name": "jupyter_dist on the Ray head",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
     km = KernelManager(
-        kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)])
+        kernel_name=HEAD_KERNEL, kernel_spec_manager=head_kernelspecs(cluster, folder)
     )
-    km.transport = "ipc"
-    km.ip = str(folder / "kernel")
+    km.transport = TRANSPORT
+    km.ip = socket_prefix(folder)
     kernel_env = cluster.driver_env(JUPYTER_DIST_OUTPUT="text", **dict(env or {}))
     km.start_kernel(env=kernel_env, cwd=str(folder))
     kernel: NetnsKernel | None = None

@@ -109,3 +109,24 @@ def test_ranks_whose_answers_were_lost_end_as_their_reply_says_or_are_given_up()
     assert failures[1].kind == "stuck" and failures[1].ename == "AnswerLost"
     assert failures[1].evalue == "the relay stopped"
     assert failures[2].kind == "error"  # its reply still decides how it ended
+
+
+def test_a_rank_given_up_with_its_relay_that_then_dies_starts_the_others_wind_down() -> None:
+    """A node that dies often loses its relay first (the rank is given up on, as
+    ``AnswerLost``) and is declared lost a moment later: the death must then count, or
+    the ranks on other nodes would wait in their collective for good."""
+    run = run_of(0, 1)
+    run.on_message(0, "iopub", status("busy"))
+    run.on_message(1, "iopub", status("busy"))
+    assert run.answers_lost([0], "the relay stopped") == [0]
+    assert run.root_failure() is None and not run.first_failure_at  # nothing died yet
+    run.rank_died(0, None, 42, "", lost="node 'n0' unreachable since 12:00:00")
+    root = run.root_failure()
+    assert root is not None and (root.rank, root.ename) == (0, "NodeLost")
+    assert run.first_failure_at  # rank 1 gets its seconds, then is interrupted
+    assert not run.done.is_set()
+    # a rank that finished on its own is not made a death afterwards
+    run.on_message(1, "shell", reply())
+    run.on_message(1, "iopub", status("idle"))
+    run.rank_died(1, -9, 43, "")
+    assert {f.rank for f in run.result().failures} == {0}

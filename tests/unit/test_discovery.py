@@ -121,7 +121,7 @@ def test_a_ray_request_survives_the_trip_through_json() -> None:
     sent = json.loads(json.dumps({"name": "r", **request.to_json()}))
     assert sent["ray"] == {
         "address": "head:6379", "strategy": "PACK", "runtime_env": '{"pip": ["jupyter_dist"]}',
-        "cpus": 2, "gpus": 0,
+        "cpus": 2, "gpus": 0, "timeout": None,
     }  # fmt: skip
     assert shape_from_json(sent).shape == request
     # the sidebar's form leaves the address and the GPUs unsaid, and may write the

@@ -325,8 +325,8 @@ class Driver:
                     detail = f"its dial-back process exited with {result.get('code')}"
                     if result.get("stderr"):
                         detail += f": {result['stderr'][-2000:]}"
-                except Exception as err:
-                    detail = f"its Ray actor ended: {explain(err)}"
+                except Exception as err:  # the actor's worker or its Ray node is gone
+                    detail = f"its Ray actor is gone ({type(err).__name__})"
                 emit("node_exited", node=node, detail=detail)
         self.stopping.wait()
 
