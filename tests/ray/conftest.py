@@ -8,7 +8,7 @@ import pytest
 
 from tests.system_needs import require
 
-from .cluster import RayCluster, missing_requirements, ray_cluster
+from .cluster import START_TIMEOUT, RayCluster, missing_requirements, ray_cluster
 
 #: how long each cluster of this run took to start, for the summary at the end
 _START_SECONDS: list[float] = []
@@ -25,6 +25,15 @@ def ray_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     with ray_cluster(workdir=tmp_path_factory.mktemp("ray")) as running:
         _START_SECONDS.append(running.start_seconds)
         yield running
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The first test on the cluster pays for its start (pytest-timeout counts fixtures):
+    every test using it gets the start-up deadline on top of the usual limit."""
+    for item in items:
+        uses = "ray_nodes" in getattr(item, "fixturenames", ())
+        if uses and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(START_TIMEOUT + 240))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
