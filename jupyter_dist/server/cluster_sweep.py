@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from jupyter_dist.control.launchers.ray import DRIVER_MODULE
-from jupyter_dist.control.launchers.ray_driver import NAME_PREFIX
+from jupyter_dist.control.launchers.ray_driver import owner_prefix
 from jupyter_dist.server.process_records import ClusterRecord, ServerRecord
 
 #: seconds one sweep may take (connecting to the cluster included) before it is given up
@@ -28,11 +28,6 @@ SWEEP_TIMEOUT_S = 120.0
 MAX_LOGGED_CHARS = 2000
 
 Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
-
-
-def owner_prefix(owner: str) -> str:
-    """The prefix of every name ``owner`` gave on a cluster: ``jupyter_dist/OWNER/``."""
-    return f"{NAME_PREFIX}{owner}/"
 
 
 def sweep_argv(cluster: ClusterRecord) -> list[str]:

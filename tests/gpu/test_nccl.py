@@ -13,6 +13,8 @@ from jupyter_dist.common.spec import ShapeRequest, resolve_shape
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.session import Session, SessionTimeouts
 
+from .nccl_cell import run_and_pull
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA devices"),
@@ -21,22 +23,9 @@ pytestmark = [
 
 def test_one_rank_per_gpu_all_reduce_over_nccl(shell: Any) -> None:
     gpus = torch.cuda.device_count()
-    result = shell.run_cell(
-        f"%%distributed --session gpu --gpus {gpus}\n"
-        "import os, torch, torch.distributed as dist\n"
-        "dev = torch.cuda.current_device()\n"
-        "t = torch.ones(1024, device='cuda') * (dist.get_rank() + 1)\n"
-        "dist.all_reduce(t)\n"
-        "total = t[0].item()\n"
-        "backend = dist.get_backend()\n"
+    devices, totals, backends = run_and_pull(
+        shell, "gpu", f"--gpus {gpus}", "import torch\ndev = torch.cuda.current_device()\n", "dev"
     )
-    try:
-        assert result.success, result.error_in_exec
-        devices = shell.run_line_magic("dist", "pull dev --session gpu")
-        totals = shell.run_line_magic("dist", "pull total --session gpu")
-        backends = shell.run_line_magic("dist", "pull backend --session gpu")
-    finally:
-        shell.run_line_magic("dist", "shutdown --session gpu")
     assert devices == list(range(gpus))  # set_device(LOCAL_RANK) before the first cell
     assert totals == [gpus * (gpus + 1) / 2] * gpus
     assert backends == ["nccl"] * gpus

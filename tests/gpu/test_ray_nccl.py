@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from .nccl_cell import run_and_pull
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA devices"),
@@ -50,22 +52,14 @@ def one_node_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def test_ranks_on_the_gpus_ray_gave_all_reduce_over_nccl(one_node_cluster: str, shell: Any) -> None:
     gpus = torch.cuda.device_count()
-    result = shell.run_cell(
-        f"%%distributed --session rg --ray --ray-address {one_node_cluster} --gpus {gpus}\n"
-        "import os, torch, torch.distributed as dist\n"
-        "visible = os.environ.get('CUDA_VISIBLE_DEVICES')\n"
-        "t = torch.ones(1024, device='cuda') * (dist.get_rank() + 1)\n"
-        "dist.all_reduce(t)\n"
-        "total = t[0].item()\n"
-        "backend = dist.get_backend()\n"
+    flags = f"--ray --ray-address {one_node_cluster} --gpus {gpus}"
+    visible, totals, backends = run_and_pull(
+        shell,
+        "rg",
+        flags,
+        "import os\nvisible = os.environ.get('CUDA_VISIBLE_DEVICES')\n",
+        "visible",
     )
-    try:
-        assert result.success, result.error_in_exec
-        visible = shell.run_line_magic("dist", "pull visible --session rg")
-        totals = shell.run_line_magic("dist", "pull total --session rg")
-        backends = shell.run_line_magic("dist", "pull backend --session rg")
-    finally:
-        shell.run_line_magic("dist", "shutdown --session rg")
     # Ray gave the node's actor every GPU; each rank sees them and picks its own
     assert sorted(map(int, visible[0].split(","))) == list(range(gpus))
     assert totals == [gpus * (gpus + 1) / 2] * gpus

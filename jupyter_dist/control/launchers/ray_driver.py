@@ -173,8 +173,13 @@ def node_ip() -> str:
 
 
 # -- names ---------------------------------------------------------------------------------
+def owner_prefix(owner: str) -> str:
+    """The prefix of every name ``owner`` gives on a cluster: ``jupyter_dist/OWNER/``."""
+    return f"{NAME_PREFIX}{owner}/"
+
+
 def group_name(owner: str, session: str) -> str:
-    return f"{NAME_PREFIX}{owner}/{session}"
+    return f"{owner_prefix(owner)}{session}"
 
 
 def actor_name(owner: str, session: str, node: int) -> str:
