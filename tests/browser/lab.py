@@ -365,6 +365,17 @@ _SAVE_JS = f"""(path) => {{
 
 _SAVED_JS = """() => window.__browserTestSaved === true"""
 
+# True once the console panel holding ``el`` has a connected kernel that is idle: keys
+# sent to a console before its kernel is there run nothing (the prompt keeps them)
+_CONSOLE_IDLE_JS = """(el) => {
+    for (const w of window.jupyterapp.shell.widgets('main')) {
+        if (!w.node.contains(el) || !w.sessionContext) continue;
+        const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+        return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+    }
+    return false;
+}"""
+
 _RUN_DONE_JS = f"""(path) => {{
     {_PANEL_JS}
     const run = window.__browserTestRun;
@@ -422,6 +433,24 @@ class NotebookPage:
         if result["error"]:
             raise RuntimeError(f"run all cells failed in the page: {result['error']}")
         return bool(result["ok"])
+
+    def run_in_console(self, console: Locator, code: str, timeout: float = 60) -> None:
+        """Type ``code`` into the prompt of ``console`` (a ``.jp-CodeConsole``) and run it
+        with Shift+Enter, as a person does once the console's kernel is idle. Returns once
+        the prompt has taken the code (it is then in the console's cells)."""
+        from playwright.sync_api import expect
+
+        prompt = console.locator(".jp-CodeConsole-promptCell .cm-content")
+        expect(prompt).to_be_visible(timeout=timeout * 1000)
+        self.page.wait_for_function(
+            _CONSOLE_IDLE_JS, arg=console.element_handle(), timeout=timeout * 1000, polling=250
+        )
+        prompt.click()
+        expect(prompt).to_be_focused(timeout=timeout * 1000)  # keys typed before are lost
+        self.page.keyboard.type(code)
+        expect(prompt).to_have_text(code, timeout=timeout * 1000)
+        self.page.keyboard.press("Shift+Enter")
+        expect(prompt).not_to_have_text(code, timeout=timeout * 1000)
 
     def keep_console_error(self, msg: ConsoleMessage) -> None:
         if msg.type == "error":

@@ -15,17 +15,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 SESSION = "consoles"
 
 
-def run_in_console(nb: NotebookPage, console, code: str) -> None:  # type: ignore[no-untyped-def]
-    from playwright.sync_api import expect
-
-    prompt = console.locator(".jp-CodeConsole-promptCell .cm-content")
-    expect(prompt).to_be_visible(timeout=RENDER_TIMEOUT_MS)
-    prompt.click()
-    expect(prompt).to_be_focused(timeout=RENDER_TIMEOUT_MS)
-    nb.page.keyboard.type(code)
-    nb.page.keyboard.press("Shift+Enter")
-
-
 def kernel_menu(nb: NotebookPage, item: str) -> None:
     nb.page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
     nb.page.locator(".lm-Menu-itemLabel", has_text=item).first.click()
@@ -58,7 +47,7 @@ def test_a_rank_console_interrupts_restarts_and_follows_its_session(
     content = console.locator(".jp-CodeConsole-content")
 
     # Kernel > Interrupt while the rank sleeps: the sleep ends in KeyboardInterrupt
-    run_in_console(nb, console, "import time; print('sleeping'); time.sleep(60)")
+    nb.run_in_console(console, "import time; print('sleeping'); time.sleep(60)")
     expect(content).to_contain_text("sleeping", timeout=RENDER_TIMEOUT_MS)
     expect(console.locator(".jp-InputPrompt", has_text="[*]")).to_have_count(1)
     kernel_menu(nb, "Interrupt Kernel")
@@ -69,7 +58,7 @@ def test_a_rank_console_interrupts_restarts_and_follows_its_session(
     assert status == 200 and [r["state"] for r in session["ranks"]] == ["idle", "idle"], session
 
     # a collective typed here is refused before it blocks the rank
-    run_in_console(nb, console, "import torch.distributed as dist; dist.barrier()")
+    nb.run_in_console(console, "import torch.distributed as dist; dist.barrier()")
     expect(content).to_contain_text("CollectiveInConsole", timeout=RENDER_TIMEOUT_MS)
     expect(content).to_contain_text("this console runs on rank 1 alone")
     nb.screenshot("rank-console-collective")
@@ -90,7 +79,7 @@ def test_a_rank_console_interrupts_restarts_and_follows_its_session(
     expect(toasts).to_contain_text("now runs on the restarted rank", timeout=RENDER_TIMEOUT_MS)
     new_pid = rank_pid(nb, 1)
     assert new_pid != old_pid
-    run_in_console(nb, console, "import os; print('pid', os.getpid(), 'rank', os.environ['RANK'])")
+    nb.run_in_console(console, "import os; print('pid', os.getpid(), 'rank', os.environ['RANK'])")
     expect(content).to_contain_text(f"pid {new_pid} rank 1", timeout=RENDER_TIMEOUT_MS)
     expect(console.locator(".jp-CodeConsole-promptCell")).to_be_visible()
     nb.screenshot("rank-console-after-restart")
@@ -101,9 +90,9 @@ def test_a_rank_console_interrupts_restarts_and_follows_its_session(
     expect(toasts.get_by_text("now runs on the restarted rank")).to_have_count(
         2, timeout=RENDER_TIMEOUT_MS
     )
-    run_in_console(nb, console, "print('pid', os.getpid() if 'os' in dir() else 'fresh')")
+    nb.run_in_console(console, "print('pid', os.getpid() if 'os' in dir() else 'fresh')")
     expect(content).to_contain_text("pid fresh", timeout=RENDER_TIMEOUT_MS)
-    run_in_console(nb, console, "import os; print('now', os.getpid())")
+    nb.run_in_console(console, "import os; print('now', os.getpid())")
     expect(content).to_contain_text(f"now {third_pid}", timeout=RENDER_TIMEOUT_MS)
 
     # shut down: the console closes, saying why
