@@ -42,7 +42,7 @@ $(PY):
 # Re-installs only when pyproject.toml or constraints.txt change (or .venv/ is new).
 # The JupyterLab sidebar is built first, so that the editable install carries it.
 $(SETUP_STAMP): pyproject.toml constraints.txt $(LABEXT_BUILT) | $(PY)
-	$(PIP_INSTALL) -e '.[test,dev,examples,ray]'
+	$(PIP_INSTALL) -e '.[test,dev,examples,ray,k8s]'
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .  # a link: rebuilds show at once
 	touch $@
 

@@ -67,6 +67,23 @@ class RaySpecJSON(TypedDict):
     timeout: float | None
 
 
+class K8sSpecJSON(TypedDict):
+    """`common.k8s_options.K8sSpec.to_json`: a session's pods on a Kubernetes cluster."""
+
+    namespace: str | None
+    context: str | None
+    image: str | None
+    cpus: str | None
+    memory: str | None
+    node_selector: list[str]
+    tolerations: list[str]
+    pod_template: str | None
+    callback: str | None
+    timeout: float | None
+    deadline: int
+    grace: float
+
+
 class SpecJSON(TypedDict):
     """`common.spec.SessionSpec.to_json` (sequences are tuples before they are JSON)."""
 
@@ -83,6 +100,7 @@ class SpecJSON(TypedDict):
     launcher: str
     framework: Framework
     ray: RaySpecJSON | None
+    k8s: K8sSpecJSON | None
 
 
 class _RelayOption(TypedDict, total=False):
@@ -158,11 +176,16 @@ class QueueStatus(TypedDict):
     queue: list[TurnStatus]
 
 
-class ClusterHold(TypedDict):
+class _ClusterPlace(TypedDict, total=False):
+    namespace: str  # k8s: where the session's Job and Secret are
+    context: str | None  # k8s: the kubeconfig context that reached it
+
+
+class ClusterHold(_ClusterPlace):
     """What a session holds on a cluster manager, found by name there
     (`control.launchers.base.Placement.hold`): a later server sweeps a dead one's."""
 
-    kind: str  # the launcher: "ray"
+    kind: str  # the launcher: "ray" or "k8s"
     address: str  # the cluster, as the owner's driver reached it
     owner: str  # ``user@host/pid``: everything the owner named is under it
 
@@ -286,6 +309,7 @@ class SessionRequest(TypedDict, total=False):
     ssh_config: str
     launcher: str
     ray: RaySpecJSON
+    k8s: K8sSpecJSON
     cwd: str
     env: dict[str, str]
     notebook: str  # the session is named after this notebook (the sender's path)

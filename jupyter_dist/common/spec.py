@@ -21,6 +21,7 @@ from jupyter_dist.common.hosts import (
     check_python,
     whole_number,
 )
+from jupyter_dist.common.k8s_options import K8sSpec
 from jupyter_dist.common.payloads import Backend, Device, Framework, SessionRequest, SpecJSON
 from jupyter_dist.common.ray_options import RaySpec
 from jupyter_dist.errors import NoGPUError, ShapeMismatchError, SpecError
@@ -32,7 +33,7 @@ FRAMEWORKS: tuple[Framework, ...] = ("torch", "jax", "none")
 #: launchers that start agents on listed hosts
 REMOTE_LAUNCHERS = ("ssh", "slurm")
 #: launchers that find their nodes themselves (a cluster manager places them)
-CLUSTER_LAUNCHERS = ("ray",)
+CLUSTER_LAUNCHERS = ("ray", "k8s")
 DEFAULT_SESSION = "default"
 DEFAULT_CPU_PROCS = 2
 #: more ranks than a session may have, whatever the nodes: ``--ranks`` is checked against it
@@ -90,8 +91,9 @@ class ShapeRequest:
     hosts: tuple[HostSpec, ...] = ()
     python: str | None = None
     ssh_config: str | None = None
-    launcher: str | None = None  # "ssh" (default with hosts), "slurm", or "ray" (no hosts)
+    launcher: str | None = None  # "ssh" (default with hosts), "slurm", "ray" or "k8s" (no hosts)
     ray: RaySpec | None = None  # with launcher "ray": how the nodes are placed
+    k8s: K8sSpec | None = None  # with launcher "k8s": the nodes' pods
 
     def to_json(self) -> SessionRequest:
         """The request as the server's ``POST /sessions`` takes it (unsaid fields left out)."""
@@ -123,12 +125,14 @@ class SessionSpec:
     python: str | None = None  # the nodes' interpreter (default: the notebook's, else python3)
     ssh_config: str | None = None  # default: ~/.ssh/config
     node_procs: Counts = ()  # ranks on each node when they differ; empty: procs_per_node
-    #: "local" (this machine), "ssh", "slurm" (srun in an allocation), "ray" (actors)
+    #: "local" (this machine), "ssh", "slurm" (srun in an allocation), "ray" (actors),
+    #: "k8s" (pods of a Kubernetes Job)
     launcher: str = "local"
     #: "torch": the process group is made (unless ``--no-init``); "jax": every rank gets
     #: what ``jax.distributed.initialize()`` needs; "none": nothing is initialised
     framework: Framework = "torch"
     ray: RaySpec | None = None  # launcher "ray": the placement on the cluster
+    k8s: K8sSpec | None = None  # launcher "k8s": the pods on the cluster
 
     def to_json(self) -> SpecJSON:
         return cast(SpecJSON, dataclasses.asdict(self))
@@ -148,6 +152,8 @@ class SessionSpec:
         fields["node_procs"] = tuple(fields.get("node_procs", ()))
         if fields.get("ray") is not None:
             fields["ray"] = RaySpec.from_json(fields["ray"])
+        if fields.get("k8s") is not None:
+            fields["k8s"] = K8sSpec.from_json(fields["k8s"])
         return cls(**fields)
 
     def procs_on(self, node: int) -> int:
@@ -311,6 +317,8 @@ def validate_request(req: ShapeRequest) -> None:
         return
     if req.ray is not None:
         raise SpecError("ray options without --ray: add --ray to place the nodes on a Ray cluster")
+    if req.k8s is not None:
+        raise SpecError("k8s options without --k8s: add --k8s to run the nodes as Kubernetes pods")
     if req.launcher is not None and not req.hosts:
         raise SpecError(f"launcher {req.launcher!r}: no hosts to start agents on")
     if req.hosts and req.nodes is not None and req.nodes != len(req.hosts):
@@ -322,7 +330,8 @@ def validate_request(req: ShapeRequest) -> None:
     if not req.hosts and req.nodes is not None and req.nodes > 1:
         raise SpecError(
             f"--nodes {req.nodes}: more than one node needs to know where they are; give "
-            "--hosts a,b or --hostfile FILE, or --ray to place them on a Ray cluster"
+            "--hosts a,b or --hostfile FILE, --ray to place them on a Ray cluster, or --k8s "
+            "to run them as Kubernetes pods"
         )
 
 
@@ -338,6 +347,10 @@ def _validate_cluster(req: ShapeRequest, gpus: Counts | None, procs: Counts | No
             f"{flag}: say how many ranks each node runs: --gpus G (one per GPU the node's "
             "bundle holds) or --procs P (CPU ranks), one count or one per node"
         )
+    if req.launcher != "ray" and req.ray is not None:
+        raise SpecError(f"{flag} and --ray options: give one cluster manager")
+    if req.launcher != "k8s" and req.k8s is not None:
+        raise SpecError(f"{flag} and --k8s options: give one cluster manager")
     counts = gpus or procs or ()
     nodes = req.nodes or 1
     if len(counts) > 1 and len(counts) != nodes:
@@ -476,7 +489,9 @@ def _resolve_cluster(name: str, req: ShapeRequest) -> SessionSpec:
     return SessionSpec(
         name, nodes, per_node[0], device, _backend(req, "nccl" if gpus else "gloo"), init,
         python=req.python, node_procs=uneven, launcher=req.launcher or "ray",
-        framework=framework, ray=req.ray or RaySpec(),
+        framework=framework,
+        ray=(req.ray or RaySpec()) if req.launcher in (None, "ray") else None,
+        k8s=(req.k8s or K8sSpec()) if req.launcher == "k8s" else None,
     )  # fmt: skip
 
 
@@ -515,6 +530,8 @@ def check_same_shape(running: SessionSpec, req: ShapeRequest) -> None:
         said.append(f"--{req.launcher}")
     elif req.ray is not None and running.ray is not None and req.ray != running.ray:
         said.append("other --ray-* options")
+    elif req.k8s is not None and running.k8s is not None and req.k8s != running.k8s:
+        said.append("other --k8s options")
     if said:
         raise ShapeMismatchError(
             f"session {running.name!r} is running {running.describe()}; this cell asks for "

@@ -24,6 +24,7 @@ from IPython.display import publish_display_data
 from jupyter_dist.common import cluster_env, pickling
 from jupyter_dist.common.events import CellEvent, Notice
 from jupyter_dist.common.hosts import check_python, check_ssh_config, parse_hosts, read_hostfile
+from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
 from jupyter_dist.common.payloads import SessionStatus
 from jupyter_dist.common.ray_options import RaySpec, check_strategy
 from jupyter_dist.common.spec import (
@@ -117,6 +118,30 @@ def _ray_spec(args: Any) -> RaySpec | None:
         gpus=args.ray_gpus,
         timeout=args.ray_timeout,
     )
+
+
+def _k8s_spec(args: Any) -> K8sSpec | None:
+    """The ``--k8s`` options as a `K8sSpec` (any of its flags implies ``--k8s``), or None
+    when none is given."""
+    given = {
+        "namespace": args.namespace,
+        "context": args.context,
+        "image": args.image,
+        "cpus": args.cpus,
+        "memory": args.memory,
+        "node_selector": tuple(args.node_selector or ()),
+        "tolerations": tuple(args.toleration or ()),
+        "pod_template": args.pod_template,
+        "callback": args.k8s_callback,
+        "timeout": args.k8s_timeout,
+        "deadline": args.k8s_deadline,
+    }
+    if not args.k8s and all(v in (None, ()) for v in given.values()):
+        return None
+    spec = K8sSpec(**{k: v for k, v in given.items() if v not in (None, ())})
+    if spec.pod_template is not None:
+        read_pod_template(spec.pod_template)  # its errors now, before anything starts
+    return spec
 
 
 def _check_syntax(shell: Any, cell: str) -> None:
@@ -262,6 +287,61 @@ class DistMagics(Magics):
         help="seconds to wait for the Ray cluster to have room for the nodes (default: the "
         "session's start timeout; implies --ray)",
     )
+    @argument(
+        "--k8s",
+        action="store_true",
+        help="run the nodes as pods of one Kubernetes Job (kubeconfig or in-cluster service "
+        "account); they dial back to this notebook",
+    )
+    @argument("--namespace", default=None, help="--k8s: the namespace (default: the context's)")
+    @argument("--context", default=None, help="--k8s: the kubeconfig context (default: current)")
+    @argument(
+        "--image",
+        default=None,
+        help="--k8s: the pods' image, with jupyter_dist installed (default: this notebook "
+        "pod's image)",
+    )
+    @argument("--cpus", default=None, help="--k8s: CPUs of each pod, e.g. 8 or 500m")
+    @argument("--memory", default=None, help="--k8s: memory of each pod, e.g. 64Gi")
+    @argument(
+        "--node-selector",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="--k8s: a label the pods' machines must have (repeatable)",
+    )
+    @argument(
+        "--toleration",
+        action="append",
+        default=None,
+        metavar="KEY[=VALUE]:EFFECT",
+        help="--k8s: a taint the pods tolerate, e.g. nvidia.com/gpu:NoSchedule (repeatable)",
+    )
+    @argument(
+        "--pod-template",
+        default=None,
+        help="--k8s: a YAML/JSON pod template merged under what the flags set (volumes, "
+        "service account, devices)",
+    )
+    @argument(
+        "--k8s-callback",
+        default=None,
+        metavar="HOST:PORT",
+        help="--k8s: the address the pods dial back to (default: this pod's IP, in-cluster)",
+    )
+    @argument(
+        "--k8s-timeout",
+        type=float,
+        default=None,
+        help="--k8s: seconds to wait for the pods to be scheduled and connected (default: "
+        "the session's start timeout)",
+    )
+    @argument(
+        "--k8s-deadline",
+        type=int,
+        default=None,
+        help="--k8s: seconds the session's Job may live (default 7 days)",
+    )
     @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(
         "--gpus",
@@ -395,8 +475,10 @@ class DistMagics(Magics):
         if args.ssh_config is not None:
             check_ssh_config(args.ssh_config)
         ray = _ray_spec(args)
+        k8s = _k8s_spec(args)
         given = [f for f, v in (("--hosts", args.hosts), ("--hostfile", args.hostfile),
-                                ("--slurm", args.slurm), ("--ray", ray)) if v]  # fmt: skip
+                                ("--slurm", args.slurm), ("--ray", ray), ("--k8s", k8s))
+                 if v]  # fmt: skip
         if len(given) > 1:
             raise SpecError(f"{' and '.join(given)}: give one of them")
         hosts = (
@@ -417,7 +499,7 @@ class DistMagics(Magics):
                     "SLURM_JOB_NODELIST); start the notebook server under salloc or sbatch, "
                     "or give the nodes with --hosts"
                 )
-        elif ray is not None:
+        elif ray is not None or k8s is not None:
             detected = None
         else:
             detected = (
@@ -434,8 +516,15 @@ class DistMagics(Magics):
                     f"{len(hosts)} nodes ({', '.join(str(h) for h in hosts)}){hint}"
                 )
         request = ShapeRequest(
-            launcher="slurm" if args.slurm else "ray" if ray is not None else None,
+            launcher="slurm"
+            if args.slurm
+            else "ray"
+            if ray is not None
+            else "k8s"
+            if k8s is not None
+            else None,
             ray=ray,
+            k8s=k8s,
             nodes=args.nodes,
             gpus=gpus,
             procs=procs,

@@ -27,6 +27,7 @@ BUILTIN = {
     "ssh": "jupyter_dist.control.launchers.ssh:SSHLauncher",
     "slurm": "jupyter_dist.control.launchers.slurm:SlurmLauncher",
     "ray": "jupyter_dist.control.launchers.ray:RayLauncher",
+    "k8s": "jupyter_dist.control.launchers.k8s:K8sLauncher",
 }
 
 

@@ -1,0 +1,296 @@
+"""The ``--k8s`` options of a session, checked: where its pods run (namespace, kubeconfig
+context, image), what each holds (CPUs, memory, GPUs come from ``--gpus``), which machines
+take them (node selector, tolerations, a pod template), the address the pods dial back to,
+and how long the session waits and may live.
+
+Every check raises a `SpecError` naming the flag, the bad value and what was expected.
+Values are kept as the user wrote them (Kubernetes quantities, ``key=value``) and turned
+into manifest fields by `control.launchers.k8s_manifests`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from jupyter_dist.common.payloads import K8sSpecJSON
+from jupyter_dist.errors import SpecError
+
+#: the longest a session may wait for its pods to be scheduled and started (a day)
+MAX_WAIT_S = 86400.0
+#: the longest a session's Job may live (``activeDeadlineSeconds``): 30 days
+MAX_DEADLINE_S = 30 * 86400
+#: a session's Job lives this long unless ``--k8s-deadline`` says otherwise (7 days)
+DEFAULT_DEADLINE_S = 7 * 86400
+#: seconds a pod keeps dialling the notebook after its connection is lost, then exits
+DEFAULT_GRACE_S = 60.0
+MAX_GRACE_S = 3600.0
+#: the most node selectors or tolerations one session may give
+MAX_SELECTORS = 64
+#: the largest pod template file read
+MAX_TEMPLATE_BYTES = 256 * 1024
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+_QUANTITY = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_IMAGE = re.compile(r"[^\s\x00-\x1f\x7f]{1,1024}")
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):(?P<port>\d{1,5})")
+
+
+@dataclass(frozen=True)
+class K8sSpec:
+    """How a session's nodes run as pods of one Kubernetes Job (``--k8s`` and its options).
+
+    ``namespace``/``context``: where (None: the kubeconfig context's namespace, or the
+    pod's own in-cluster, else ``default``); ``image``: the pods' image (None: the image of
+    the notebook's own pod); ``cpus``/``memory``: each pod's requests and limits, as
+    Kubernetes quantities (``"8"``, ``"500m"``, ``"32Gi"``); ``node_selector``:
+    ``key=value`` labels the machines must have; ``tolerations``: ``key[=value]:Effect``;
+    ``pod_template``: a YAML or JSON file whose pod spec is merged under what the flags
+    set; ``callback``: ``HOST:PORT`` the pods dial (None: found in-cluster); ``timeout``:
+    seconds to wait for the pods (None: the session's start timeout); ``deadline``:
+    seconds the Job may live; ``grace``: seconds a pod keeps dialling a lost notebook.
+    """
+
+    namespace: str | None = None
+    context: str | None = None
+    image: str | None = None
+    cpus: str | None = None
+    memory: str | None = None
+    node_selector: tuple[str, ...] = ()
+    tolerations: tuple[str, ...] = ()
+    pod_template: str | None = None
+    callback: str | None = None
+    timeout: float | None = None
+    deadline: int = DEFAULT_DEADLINE_S
+    grace: float = DEFAULT_GRACE_S
+
+    def __post_init__(self) -> None:
+        if self.namespace is not None:
+            check_namespace(self.namespace)
+        if self.context is not None and not (
+            isinstance(self.context, str)
+            and 0 < len(self.context) <= 253
+            and self.context.isprintable()
+        ):
+            raise SpecError(f"--context {self.context!r}: expected a kubeconfig context's name")
+        if self.image is not None and not (
+            isinstance(self.image, str) and _IMAGE.fullmatch(self.image)
+        ):
+            raise SpecError(
+                f"--image {self.image!r}: expected an image reference such as "
+                "registry/team/image:tag (no spaces)"
+            )
+        for flag, value in (("--cpus", self.cpus), ("--memory", self.memory)):
+            if value is not None:
+                check_quantity(flag, value)
+        if len(self.node_selector) > MAX_SELECTORS or len(self.tolerations) > MAX_SELECTORS:
+            raise SpecError(
+                f"--node-selector/--toleration: {len(self.node_selector)} and "
+                f"{len(self.tolerations)} given; expected at most {MAX_SELECTORS} of each"
+            )
+        for item in self.node_selector:
+            parse_selector(item)
+        for item in self.tolerations:
+            parse_toleration(item)
+        if self.pod_template is not None and not (
+            isinstance(self.pod_template, str) and self.pod_template.strip()
+        ):
+            raise SpecError(f"--pod-template {self.pod_template!r}: expected a file's path")
+        if self.callback is not None:
+            check_callback(self.callback)
+        _check_seconds("--k8s-timeout", self.timeout, MAX_WAIT_S, optional=True)
+        _check_seconds("--k8s-grace", self.grace, MAX_GRACE_S)
+        if (
+            isinstance(self.deadline, bool)
+            or not isinstance(self.deadline, int)
+            or not 60 <= self.deadline <= MAX_DEADLINE_S
+        ):
+            raise SpecError(
+                f"--k8s-deadline {self.deadline!r}: expected whole seconds, 60 to {MAX_DEADLINE_S}"
+            )
+
+    def selector_dict(self) -> dict[str, str]:
+        return dict(parse_selector(item) for item in self.node_selector)
+
+    def toleration_dicts(self) -> list[dict[str, str]]:
+        return [parse_toleration(item) for item in self.tolerations]
+
+    def to_json(self) -> K8sSpecJSON:
+        data = dataclasses.asdict(self)
+        data["node_selector"] = list(self.node_selector)
+        data["tolerations"] = list(self.tolerations)
+        return cast(K8sSpecJSON, data)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> K8sSpec:
+        """From `to_json` or a request's ``k8s`` object; unknown keys are refused."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(
+                f"k8s: unknown field {unknown[0]!r}; expected {', '.join(sorted(known))}"
+            )
+        fields = dict(data)
+        for key in ("node_selector", "tolerations"):
+            value = fields.get(key, ())
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise SpecError(f"k8s.{key}: {str(value)[:80]!r}: expected a list of strings")
+            fields[key] = tuple(value)
+        return cls(**fields)
+
+
+def read_pod_template(path: str) -> dict[str, Any]:
+    """``--pod-template FILE``: a Pod, a PodTemplateSpec (``metadata``/``spec``) or a bare
+    pod spec, YAML or JSON, at most `MAX_TEMPLATE_BYTES`; returned as a PodTemplateSpec."""
+    import yaml
+
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            raw = f.read(MAX_TEMPLATE_BYTES + 1)
+    except OSError as err:
+        raise SpecError(f"--pod-template {path!r}: {err.strerror or err}") from None
+    if len(raw) > MAX_TEMPLATE_BYTES:
+        raise SpecError(
+            f"--pod-template {path!r}: larger than {MAX_TEMPLATE_BYTES // 1024} KiB; expected a "
+            "pod template"
+        )
+    try:
+        data = yaml.safe_load(raw.decode())
+    except (UnicodeDecodeError, yaml.YAMLError) as err:
+        raise SpecError(f"--pod-template {path!r}: not YAML or JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"--pod-template {path!r}: expected a mapping (a Pod, a pod template or a pod "
+            f"spec), got {type(data).__name__}"
+        )
+    if data.get("kind") not in (None, "Pod", "PodTemplate"):
+        raise SpecError(
+            f"--pod-template {path!r}: kind {data.get('kind')!r}; expected Pod or PodTemplate"
+        )
+    if data.get("kind") == "PodTemplate":
+        data = data.get("template") or {}
+    if "spec" not in data and "metadata" not in data:
+        data = {"spec": data}
+    spec, metadata = data.get("spec") or {}, data.get("metadata") or {}
+    if not isinstance(spec, dict) or not isinstance(metadata, dict):
+        raise SpecError(f"--pod-template {path!r}: spec and metadata must be mappings")
+    containers = spec.get("containers", [])
+    if not isinstance(containers, list) or len(containers) > 1:
+        raise SpecError(
+            f"--pod-template {path!r}: {len(containers) if isinstance(containers, list) else '?'}"
+            " containers; expected at most one (its fields are merged into the node's "
+            "container; add sidecars as initContainers with restartPolicy Always)"
+        )
+    return {"metadata": metadata, "spec": spec}
+
+
+def _check_seconds(flag: str, value: object, most: float, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= most
+    ):
+        raise SpecError(f"{flag} {value!r}: expected seconds, more than 0, at most {most:.0f}")
+
+
+def check_namespace(value: str) -> str:
+    if not isinstance(value, str) or not _DNS_LABEL.fullmatch(value):
+        raise SpecError(
+            f"--namespace {value!r}: expected a Kubernetes namespace (lower-case letters, "
+            "digits and '-', at most 63, starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def check_quantity(flag: str, value: str) -> str:
+    """A Kubernetes resource quantity: ``8``, ``0.5``, ``500m``, ``32Gi``."""
+    if (
+        not isinstance(value, str)
+        or not _QUANTITY.fullmatch(value)
+        or float(re.sub(r"[A-Za-z]+$", "", value) or "0") <= 0
+    ):
+        raise SpecError(
+            f"{flag} {value!r}: expected a Kubernetes quantity more than 0, such as 8, 500m, 16Gi"
+        )
+    return value
+
+
+def check_label_key(flag: str, key: str) -> str:
+    prefix, slash, name = key.rpartition("/")
+    if not _LABEL_NAME.fullmatch(name) or (slash and not _LABEL_PREFIX.fullmatch(prefix)):
+        raise SpecError(
+            f"{flag} {key!r}: expected a label key such as kubernetes.io/arch or "
+            "gpu-type (an optional DNS prefix and '/', then at most 63 letters, digits, "
+            "'-', '_', '.')"
+        )
+    return key
+
+
+def parse_selector(item: str) -> tuple[str, str]:
+    """``--node-selector key=value``."""
+    key, eq, value = item.partition("=") if isinstance(item, str) else ("", "", "")
+    if not eq:
+        raise SpecError(
+            f"--node-selector {item!r}: expected key=value, e.g. "
+            "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+        )
+    check_label_key("--node-selector", key)
+    if value and not _LABEL_NAME.fullmatch(value):
+        raise SpecError(
+            f"--node-selector {item!r}: value {value!r}: expected at most 63 letters, digits, "
+            "'-', '_', '.'"
+        )
+    return key, value
+
+
+def parse_toleration(item: str) -> dict[str, str]:
+    """``--toleration key[=value]:Effect`` (no value: the key exists with any value)."""
+    rest, colon, effect = item.rpartition(":") if isinstance(item, str) else ("", "", "")
+    if not colon or effect not in TOLERATION_EFFECTS or not rest:
+        raise SpecError(
+            f"--toleration {item!r}: expected key[=value]:Effect with Effect one of "
+            f"{', '.join(TOLERATION_EFFECTS)}, e.g. nvidia.com/gpu:NoSchedule"
+        )
+    key, eq, value = rest.partition("=")
+    check_label_key("--toleration", key)
+    if eq:
+        if value and not _LABEL_NAME.fullmatch(value):
+            raise SpecError(f"--toleration {item!r}: value {value!r}: expected a label value")
+        return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}
+
+
+def check_callback(value: str) -> tuple[str, int]:
+    """``--k8s-callback HOST:PORT``: where the pods dial (this side listens on PORT)."""
+    match = _HOST_PORT.fullmatch(value) if isinstance(value, str) else None
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise SpecError(
+            f"--k8s-callback {value!r}: expected HOST:PORT the pods can reach, with a port "
+            "1-65535 (e.g. 10.0.3.7:7077 or notebook.team.svc:7077)"
+        )
+    return match["host"].strip("[]"), int(match["port"])
+
+
+__all__ = [
+    "DEFAULT_DEADLINE_S",
+    "DEFAULT_GRACE_S",
+    "MAX_TEMPLATE_BYTES",
+    "K8sSpec",
+    "check_callback",
+    "check_namespace",
+    "check_quantity",
+    "parse_selector",
+    "parse_toleration",
+    "read_pod_template",
+]
