@@ -30,10 +30,15 @@ seconds is read from one.
   ``JUPYTER_DIST_FRAMEWORK`` (rank, set by the control plane): the session's name, ``cuda``
   or ``cpu``, the process group's backend, what the bootstrap prepares (``torch``, ``jax``
   or ``none``).
+* ``JUPYTER_DIST_K8S_POD`` (control plane, ``--k8s``): the name of the pod the notebook
+  runs in (default: ``HOSTNAME``, which Kubernetes sets to it); its IP is where the
+  session's pods dial back, its image their default, and it owns what the session makes.
+* ``JUPYTER_DIST_NODE_CREDENTIALS`` (a ``--k8s`` pod, set from the session's Secret): the
+  nodes' dial-back keys, read once by `node.dial_back` and removed from its environment.
 
-The first ten are the user's to set; the last four are set on every rank, as torchrun's
-own variables are. A test checks that no module names a ``JUPYTER_DIST_`` variable
-anywhere but here.
+The first ten and ``JUPYTER_DIST_K8S_POD`` are the user's to set; the rest are set by
+jupyter_dist (the rank's four on every rank, as torchrun's own variables are). A test
+checks that no module names a ``JUPYTER_DIST_`` variable anywhere but here.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ SESSION_VAR = "JUPYTER_DIST_SESSION"
 DEVICE_VAR = "JUPYTER_DIST_DEVICE"
 BACKEND_VAR = "JUPYTER_DIST_BACKEND"
 FRAMEWORK_VAR = "JUPYTER_DIST_FRAMEWORK"
+K8S_POD_VAR = "JUPYTER_DIST_K8S_POD"
+NODE_CREDENTIALS_VAR = "JUPYTER_DIST_NODE_CREDENTIALS"
 
 ALL_VARS = (
     OUTPUT_VAR,
@@ -75,6 +82,8 @@ ALL_VARS = (
     DEVICE_VAR,
     BACKEND_VAR,
     FRAMEWORK_VAR,
+    K8S_POD_VAR,
+    NODE_CREDENTIALS_VAR,
 )
 
 

@@ -50,6 +50,7 @@ import asyncssh
 from jupyter_dist.common.private_files import read_private_file
 from jupyter_dist.common.process_tree import unblock_signals
 from jupyter_dist.node.agent import DIR_PREFIX
+from jupyter_dist.settings import NODE_CREDENTIALS_VAR
 
 log = logging.getLogger(__name__)
 #: the agent this process runs for the owner (``control.launchers.base.AGENT_MODULE``)
@@ -89,12 +90,24 @@ class Credentials:
     client_key: asyncssh.SSHKey
 
 
-def parse_credentials(text: str) -> Credentials:
-    """The credentials' JSON; errors name the field, never its value."""
+def parse_credentials(text: str, node: int | None = None) -> Credentials:
+    """The credentials' JSON; errors name the field, never its value. A list holds every
+    node's (a Kubernetes session's Secret): ``node`` picks this one's."""
     try:
         data = json.loads(text)
     except ValueError:
         raise ValueError("credentials: not JSON (expected node, host_key, client_key)") from None
+    if isinstance(data, list):
+        if node is None:
+            raise ValueError("credentials: a list of nodes' credentials; expected --node N")
+        mine = [d for d in data if isinstance(d, dict) and d.get("node") == node]
+        if len(mine) != 1:
+            raise ValueError(
+                f"credentials: node {node}: expected one entry for it among {len(data)}"
+            )
+        data = mine[0]
+    elif node is not None and isinstance(data, dict) and data.get("node") != node:
+        raise ValueError(f"credentials: they are node {data.get('node')!r}'s, not node {node}'s")
     if not isinstance(data, dict):
         raise ValueError("credentials: expected a JSON object with node, host_key, client_key")
     node = data.get("node")
@@ -112,13 +125,21 @@ def parse_credentials(text: str) -> Credentials:
     return Credentials(node, keys["host_key"], keys["client_key"])
 
 
-def read_credentials(source: str, first_line: bool = False) -> Credentials:
-    """From stdin (``-``: all of it, or its ``first_line``) or a file of this user's that
-    others cannot read."""
+def read_credentials(source: str, first_line: bool = False, node: int | None = None) -> Credentials:
+    """From stdin (``-``: all of it, or its ``first_line``), from the environment (``env``:
+    `NODE_CREDENTIALS_VAR`, then removed so that the agent and ranks do not inherit it), or
+    a file of this user's that others cannot read."""
     if source == "-":
         if first_line:
-            return parse_credentials(sys.stdin.readline(CREDENTIALS_MAX_BYTES))
-        return parse_credentials(sys.stdin.read(CREDENTIALS_MAX_BYTES))
+            return parse_credentials(sys.stdin.readline(CREDENTIALS_MAX_BYTES), node)
+        return parse_credentials(sys.stdin.read(CREDENTIALS_MAX_BYTES), node)
+    if source == "env":
+        text = os.environ.pop(NODE_CREDENTIALS_VAR, None)
+        if not text:
+            raise ValueError(f"credentials: {NODE_CREDENTIALS_VAR} is not set (--credentials env)")
+        if len(text) > CREDENTIALS_MAX_BYTES * 64:
+            raise ValueError(f"credentials: {NODE_CREDENTIALS_VAR} is larger than expected")
+        return parse_credentials(text, node)
     try:
         mode = os.lstat(source).st_mode
         if stat.S_IMODE(mode) & 0o077:
@@ -126,7 +147,7 @@ def read_credentials(source: str, first_line: bool = False) -> Credentials:
         text = read_private_file(source, CREDENTIALS_MAX_BYTES).decode()  # type: ignore[arg-type]
     except (OSError, ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"credentials file {source!r}: {err}") from None
-    return parse_credentials(text)
+    return parse_credentials(text, node)
 
 
 def agent_request(command: str | None) -> tuple[str, dict[str, str]]:
@@ -376,7 +397,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--credentials",
         required=True,
-        help="a file of mode 0600 holding the node's credentials, or - to read them on stdin",
+        help="a file of mode 0600 holding the node's credentials, - to read them on stdin, "
+        "or env to read them from the environment",
+    )
+    parser.add_argument(
+        "--node",
+        type=int,
+        default=None,
+        help="which node this is, where the credentials are every node's (a list)",
     )
     parser.add_argument(
         "--watch-stdin",
@@ -396,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         host, port = parse_address(args.address)
         if args.watch_stdin and args.credentials != "-":
             raise ValueError("--watch-stdin: expected --credentials - (they come on stdin)")
-        credentials = read_credentials(args.credentials, first_line=args.watch_stdin)
+        credentials = read_credentials(args.credentials, args.watch_stdin, args.node)
         if not 0 < args.retry <= 86400:
             raise ValueError(f"--retry {args.retry}: expected seconds, more than 0, at most 86400")
     except ValueError as err:

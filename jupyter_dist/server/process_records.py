@@ -219,14 +219,21 @@ class RecordedProcess:
 @dataclass(frozen=True)
 class ClusterRecord:
     """What a session holds on a cluster manager (`common.payloads.ClusterHold`): on
-    ``kind``'s cluster at ``address``, everything named under ``owner``."""
+    ``kind``'s cluster at ``address``, everything named under ``owner``; on Kubernetes, in
+    ``namespace``, reached through the kubeconfig's ``context``."""
 
     kind: str
     address: str
     owner: str
+    namespace: str | None = None
+    context: str | None = None
 
     def to_json(self) -> ClusterHold:
-        return {"kind": self.kind, "address": self.address, "owner": self.owner}
+        out: ClusterHold = {"kind": self.kind, "address": self.address, "owner": self.owner}
+        if self.namespace is not None:
+            out["namespace"] = self.namespace
+            out["context"] = self.context
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> ClusterRecord:
@@ -235,7 +242,10 @@ class ClusterRecord:
         kind, address, owner = (data.get(k) for k in ("kind", "address", "owner"))
         if not all(isinstance(v, str) and v for v in (kind, address, owner)):
             raise ValueError(f"bad cluster kind {kind!r}, address {address!r} or owner {owner!r}")
-        return cls(str(kind), str(address), str(owner))
+        namespace, context = data.get("namespace"), data.get("context")
+        if not all(v is None or isinstance(v, str) for v in (namespace, context)):
+            raise ValueError(f"bad cluster namespace {namespace!r} or context {context!r}")
+        return cls(str(kind), str(address), str(owner), namespace, context)
 
 
 @dataclass(frozen=True)
@@ -420,7 +430,7 @@ def session_record(status: SessionStatus, server_pid: int) -> SessionRecord:
     spec = status.get("spec", {})
     remote_session = bool(spec.get("hosts")) or spec.get("launcher") in CLUSTER_LAUNCHERS
     held = status.get("cluster")
-    cluster = None if not held else ClusterRecord(held["kind"], held["address"], held["owner"])
+    cluster = None if not held else ClusterRecord.from_json(held)
     agents: dict[int, int] = {}
     local: list[RecordedProcess] = []
     remote: list[RecordedProcess] = []

@@ -200,7 +200,7 @@ def test_environment_variables_are_defined_in_settings_alone() -> None:
     (docstrings may mention them)."""
     from jupyter_dist import settings
 
-    pattern = re.compile(r"""["'](JUPYTER_DIST_[A-Z_]+)["']""")
+    pattern = re.compile(r"""["'](JUPYTER_DIST_[A-Z0-9_]+)["']""")
     elsewhere = {
         f"{module_name(path)}: {name}"
         for path in MODULES

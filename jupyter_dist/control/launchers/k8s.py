@@ -1,0 +1,419 @@
+"""The ``k8s`` launcher: a session's nodes as pods of one Kubernetes Job, dialling back.
+
+``%%distributed --k8s --nodes 2 --gpus 4`` makes one Secret and one Indexed ``batch/v1``
+Job (`k8s_manifests`); node N is the pod of completion index N. Its one process,
+``jupyter_dist.node.dial_back``, connects to this side's `DialBackListener` over SSH
+(encrypted, both ends proven by the session's fresh keys, which reach the pod through the
+Secret) and runs the node's agent exactly as on SSH nodes. ``MASTER_ADDR`` is node 0's
+pod IP as the API reports it: an address, never a DNS name that may not resolve yet.
+
+Where the pods dial: ``--k8s-callback HOST:PORT``, else (in a pod) this pod's IP. A
+notebook outside the cluster is refused with what to do. Start-up relays the pods'
+phases; a pod that cannot be scheduled fails the start when the timeout ends, with the
+scheduler's reason; a pod that cannot start (its image, its config) fails it at once.
+Whatever fails, what the start made is deleted.
+
+Nothing outlives the session, in layers: `K8sPlacement.release` deletes the Job and the
+Secret; the notebook's pod owns both (ownerReferences), so they go when it goes; a
+notebook process that dies leaves its pods without a listener, and they exit after
+``--k8s``'s grace (`K8sSpec.grace`); a hung session ends at the Job's deadline; a later
+server removes a dead owner's leftovers by label (`k8s_sweep`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from jupyter_dist.common.k8s_options import K8sSpec, check_callback, read_pod_template
+from jupyter_dist.common.payloads import ClusterHold
+from jupyter_dist.common.spec import SessionSpec
+from jupyter_dist.control.launchers import k8s_manifests as manifests
+from jupyter_dist.control.launchers.base import Launcher, Placement
+from jupyter_dist.control.launchers.dial_back import DialBackLauncher, DialBackListener
+from jupyter_dist.control.launchers.k8s_api import KubeClient
+from jupyter_dist.errors import AgentError, SpecError
+from jupyter_dist.settings import K8S_POD_VAR
+
+log = logging.getLogger(__name__)
+#: seconds between looks at the session's pods while they start
+POLL_S = 0.5
+#: seconds `K8sPlacement.release` may take
+RELEASE_S = 60.0
+#: a container waiting for one of these will not start by waiting longer
+FATAL_WAITING = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+)
+#: the variable Kubernetes sets in every pod (and nowhere else)
+IN_CLUSTER_VAR = "KUBERNETES_SERVICE_HOST"
+
+
+def pod_index(pod: Mapping[str, Any]) -> int | None:
+    """A Job pod's completion index (its label, else its annotation)."""
+    meta = pod.get("metadata") or {}
+    for where in (meta.get("labels") or {}, meta.get("annotations") or {}):
+        value = where.get(manifests.COMPLETION_INDEX_LABEL)
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
+
+
+def pod_state(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """A pod's phase and, where it is not plainly running, why: the scheduler's message,
+    the container's waiting or terminated reason."""
+    status = pod.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            why = f"{cond.get('reason') or 'not scheduled'}: {cond.get('message') or ''}"
+            return phase, why.strip(": ")
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "waiting" in state:
+            w = state["waiting"] or {}
+            reason = str(w.get("reason") or "waiting")
+            return phase, f"{reason}: {w.get('message') or ''}".strip(": ")
+        if "terminated" in state:
+            t = state["terminated"] or {}
+            return phase, (
+                f"{t.get('reason') or 'terminated'}, exit code {t.get('exitCode')}"
+                f"{': ' + t['message'] if t.get('message') else ''}"
+            )
+    return phase, ""
+
+
+class K8sPlacement(Placement):
+    """One session on a Kubernetes cluster: its Secret, its Job and pods, its listener."""
+
+    def __init__(self, spec: SessionSpec, env: Mapping[str, str]) -> None:
+        self.spec = spec
+        self.k8s = spec.k8s or K8sSpec()
+        self.env = dict(env)
+        self.client: KubeClient | None = None
+        self.listener: DialBackListener | None = None
+        self.owner = manifests.Owner(getpass.getuser(), socket.gethostname(), os.getpid())
+        self.name = manifests.object_name(spec.name)
+        #: each node's pod, once running: ``name``, ``ip``, ``node`` (the machine)
+        self.pods: list[dict[str, str]] = []
+        self._made: list[tuple[str, str]] = []  # (kind, name) to delete, in order
+
+    # -- place ---------------------------------------------------------------------------
+    async def place(self, progress: Callable[[str], None], timeout: float) -> None:
+        try:
+            await self._place(progress, self.k8s.timeout or timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.release())
+            raise
+
+    async def _place(self, progress: Callable[[str], None], timeout: float) -> None:
+        template = (
+            await asyncio.to_thread(read_pod_template, self.k8s.pod_template)
+            if self.k8s.pod_template
+            else None
+        )
+        self.client = client = await KubeClient.connect(
+            self.env.get("KUBECONFIG"), self.k8s.context, self.k8s.namespace
+        )
+        progress(f"Kubernetes {client.url}, namespace {client.namespace}: connecting")
+        own_pod = await self._own_pod(client, progress)
+        if own_pod is not None:
+            own_ns = own_pod.get("metadata", {}).get("namespace")
+            if own_ns == client.namespace:
+                self.owner = manifests.Owner(
+                    self.owner.user, self.owner.host, self.owner.pid, own_pod
+                )
+            else:
+                progress(
+                    f"this notebook's pod is in namespace {own_ns}, the session's in "
+                    f"{client.namespace}: its objects cannot be owned by the pod (they are "
+                    "still deleted when the session stops)"
+                )
+        image = self.k8s.image or _image_of(own_pod)
+        if not image:
+            raise SpecError(
+                "--k8s: no --image given, and this notebook does not run in a pod whose image "
+                "could be used; give --image with jupyter_dist installed"
+            )
+        listen_port, advertise = self._callback(own_pod)
+        labels = manifests.session_labels(self.spec.name, self.owner)
+        await self._remove_leftovers(client, labels, progress)
+
+        self.listener = DialBackListener(
+            self.spec.nodes, host="", port=listen_port, advertise=advertise,
+            connect_timeout=timeout,
+        )  # fmt: skip
+        await self.listener.start()
+        callback = self.listener.address
+        credentials = [self.listener.credentials(n) for n in range(self.spec.nodes)]
+        ns = client.namespace
+        try:
+            secret = manifests.secret_manifest(self.name, ns, labels, self.owner, credentials)
+        except ValueError as err:
+            raise SpecError(f"--k8s --nodes {self.spec.nodes}: {err}") from None
+        gpus = max(self.spec.counts) if self.spec.device == "cuda" else 0
+        job = manifests.job_manifest(
+            self.name, ns, labels, self.owner, self.k8s,
+            nodes=self.spec.nodes, gpus=gpus, image=image, callback=callback,
+            python=self.spec.python or "python", template=template,
+        )  # fmt: skip
+        await client.call("POST", "Secret", body=secret)
+        self._made.append(("Secret", self.name))
+        made = await client.call("POST", "Job", body=job)
+        self._made.insert(0, ("Job", self.name))
+        uid = ((made or {}).get("metadata") or {}).get("uid")
+        if uid:  # the Secret goes with the Job (a TTL, a kubectl delete job)
+            refs = [*manifests.owner_references(self.owner)]
+            refs.append(
+                {"apiVersion": "batch/v1", "kind": "Job", "name": self.name, "uid": uid,
+                 "blockOwnerDeletion": False}
+            )  # fmt: skip
+            await client.call(
+                "PATCH", "Secret", self.name, body={"metadata": {"ownerReferences": refs}}
+            )
+        progress(
+            f"job {ns}/{self.name}: {self.spec.nodes} pod(s) of image {image}"
+            f"{f', {gpus} GPUs each' if gpus else ''}; they dial back to {callback}"
+        )
+        await self._wait_running(client, progress, timeout)
+
+    async def _own_pod(
+        self, client: KubeClient, progress: Callable[[str], None]
+    ) -> dict[str, Any] | None:
+        """This notebook's pod, in-cluster (None outside, or when it cannot be read)."""
+        if not self.env.get(IN_CLUSTER_VAR) and not os.environ.get(IN_CLUSTER_VAR):
+            return None
+        name = self.env.get(K8S_POD_VAR) or os.environ.get(K8S_POD_VAR) or socket.gethostname()
+        namespace = _own_namespace() or client.namespace
+        try:
+            return await client.call("GET", "Pod", name, namespace=namespace, missing_ok=True)
+        except AgentError as err:
+            progress(f"cannot read this notebook's pod {namespace}/{name}: {err}")
+            return None
+
+    def _callback(self, own_pod: Mapping[str, Any] | None) -> tuple[int, str | None]:
+        """The port to listen on and the address the pods are told to dial."""
+        if self.k8s.callback:
+            host, port = check_callback(self.k8s.callback)
+            return port, host
+        ip = ((own_pod or {}).get("status") or {}).get("podIP")
+        if ip:
+            return 0, str(ip)
+        raise SpecError(
+            "--k8s: the pods must dial back to this notebook, and it does not run in the "
+            "cluster (no pod of its own was found). Run the notebook in the cluster (for "
+            "example a JupyterHub on it), or give --k8s-callback HOST:PORT, an address of "
+            "this machine the pods can reach (a free port there)"
+        )
+
+    async def _remove_leftovers(
+        self, client: KubeClient, labels: Mapping[str, str], progress: Callable[[str], None]
+    ) -> None:
+        """What an earlier start of this session by this same process left (a start that
+        was cut off) goes before the new one is made."""
+        for kind in ("Job", "Secret"):
+            for item in await client.items(kind, labels):
+                name = str(item.get("metadata", {}).get("name"))
+                if await client.delete(kind, name):
+                    progress(f"removed {kind.lower()} {name}, left by an earlier start")
+
+    async def _wait_running(
+        self, client: KubeClient, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        """Until every node's pod runs with an IP; the scheduler's or the container's
+        reason when one cannot."""
+        began = time.monotonic()
+        said = ""
+        reasons: dict[int, str] = {}
+        while True:
+            pods = await client.items("Pod", {manifests.JOB_NAME_LABEL: self.name})
+            by_index: dict[int, dict[str, Any]] = {}
+            for pod in pods:
+                index = pod_index(pod)
+                if index is not None and not pod.get("metadata", {}).get("deletionTimestamp"):
+                    by_index[index] = pod
+            counts: dict[str, int] = {}
+            reasons = {}
+            for index in range(self.spec.nodes):
+                mine = by_index.get(index)
+                phase, why = pod_state(mine) if mine else ("not created", "")
+                counts[phase] = counts.get(phase, 0) + 1
+                if why:
+                    reasons[index] = why
+                if mine is None:
+                    continue
+                name = mine["metadata"]["name"]
+                if phase in ("Failed", "Succeeded"):
+                    raise AgentError(
+                        f"Kubernetes: node {index}'s pod {name} ended before it connected: "
+                        f"{why or phase}"
+                    )
+                if why.split(":")[0] in FATAL_WAITING:
+                    raise AgentError(f"Kubernetes: node {index}'s pod {name} cannot start: {why}")
+            line = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items()))
+            detail = "; ".join(f"node {i}: {w}" for i, w in sorted(reasons.items()))
+            now = f"pods: {line}" + (f" ({detail})" if detail else "")
+            if now != said:
+                progress(now)
+                said = now
+            ready = [by_index.get(i) for i in range(self.spec.nodes)]
+            if all(
+                p is not None
+                and (p.get("status") or {}).get("phase") == "Running"
+                and (p.get("status") or {}).get("podIP")
+                for p in ready
+            ):
+                self.pods = [_pod_info(p) for p in ready if p is not None]
+                for index, info in enumerate(self.pods):
+                    progress(f"node {index}: pod {info['name']} on {info['node']}, IP {info['ip']}")
+                return
+            if time.monotonic() - began > timeout:
+                why = f": {detail}" if detail else f" ({line})"
+                raise AgentError(
+                    f"Kubernetes: the session's pods were not all running within "
+                    f"{timeout:.0f} s{why}; deleted job {client.namespace}/{self.name} and "
+                    "its secret"
+                )
+            await asyncio.sleep(POLL_S)
+
+    # -- nodes ---------------------------------------------------------------------------
+    def launcher(self, spec: SessionSpec, node: int) -> Launcher:
+        if self.listener is None or len(self.pods) != self.spec.nodes:
+            raise AgentError("Kubernetes: the session's pods are not running yet")
+        return K8sLauncher(self, node)
+
+    async def pod_news(self, node: int) -> str | None:
+        """How node ``node``'s pod stands now, as the API says: why it ended, if it did."""
+        if self.client is None or node >= len(self.pods):
+            return None
+        try:
+            pod = await self.client.call("GET", "Pod", self.pods[node]["name"], missing_ok=True)
+        except AgentError as err:
+            return str(err)
+        if pod is None:
+            return f"pod {self.pods[node]['name']} was deleted"
+        phase, why = pod_state(pod)
+        return f"pod {self.pods[node]['name']} is {phase}{': ' + why if why else ''}"
+
+    def hold(self) -> ClusterHold:
+        url = self.client.url if self.client is not None else ""
+        return {
+            "kind": "k8s",
+            "address": url,
+            "owner": self.owner.text,
+            "namespace": self.client.namespace if self.client else (self.k8s.namespace or ""),
+            "context": self.k8s.context,
+        }
+
+    # -- release -------------------------------------------------------------------------
+    async def release(self) -> None:
+        made, self._made = self._made, []
+        client = self.client
+        if client is not None and made:
+            try:
+                await asyncio.wait_for(self._delete(client, made), RELEASE_S)
+            except (asyncio.TimeoutError, AgentError) as err:
+                log.warning(
+                    "k8s: deleting %s: %s; the owner's labels find them (a later server "
+                    "removes them), and the Job's deadline ends them",
+                    ", ".join(f"{k.lower()} {n}" for k, n in made), err,
+                )  # fmt: skip
+        if self.listener is not None:
+            await self.listener.close()
+            self.listener = None
+        if client is not None:
+            await client.close()
+
+    @staticmethod
+    async def _delete(client: KubeClient, made: list[tuple[str, str]]) -> None:
+        for kind, name in made:
+            await client.delete(kind, name)
+            log.info("k8s: deleted %s %s/%s", kind.lower(), client.namespace, name)
+
+
+def _own_namespace() -> str | None:
+    path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        return f.read(256).strip() or None
+    return None
+
+
+def _image_of(pod: Mapping[str, Any] | None) -> str | None:
+    """The image of the notebook's container: the pod's first (JupyterHub's ``notebook``)."""
+    containers = ((pod or {}).get("spec") or {}).get("containers") or []
+    for container in containers:
+        if container.get("name") == "notebook":
+            return str(container.get("image") or "") or None
+    return str(containers[0].get("image") or "") or None if containers else None
+
+
+def _pod_info(pod: Mapping[str, Any]) -> dict[str, str]:
+    status = pod.get("status") or {}
+    return {
+        "name": str(pod["metadata"]["name"]),
+        "ip": str(status.get("podIP")),
+        "node": str((pod.get("spec") or {}).get("nodeName") or status.get("hostIP") or "?"),
+    }
+
+
+class K8sLauncher(DialBackLauncher):
+    """Node ``node`` of a session on Kubernetes: the agent its pod's dial-back runs."""
+
+    kind: ClassVar[str] = "k8s"
+    link_name = "the connection the node's pod dialled in on"
+
+    def __init__(self, placement: K8sPlacement, node: int) -> None:
+        assert placement.listener is not None
+        super().__init__(placement.listener, node)
+        self.held = placement
+        self.pod = placement.pods[node]
+
+    @classmethod
+    def placement(cls, spec: SessionSpec, env: Mapping[str, str]) -> K8sPlacement:
+        if spec.k8s is None:
+            raise SpecError("launcher 'k8s': the session has no Kubernetes options")
+        return K8sPlacement(spec, env)
+
+    @property
+    def host(self) -> str:
+        return self.pod["ip"]
+
+    @property
+    def label(self) -> str | None:
+        """The pod's name: what ``kubectl`` shows."""
+        return self.pod["name"]
+
+    def peer_address(self) -> str | None:
+        """Node 0's pod IP is the rendezvous: an address the other pods reach at once,
+        where a pod's DNS name may not resolve yet."""
+        return self.pod["ip"]
+
+    async def describe_exit(self) -> str:
+        how = await super().describe_exit()
+        news = await self.held.pod_news(self.node)
+        return f"{how}; {news}" if news else how
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "kind": self.kind,
+            "namespace": self.held.client.namespace if self.held.client else None,
+            "job": self.held.name,
+            "pod": self.pod["name"],
+            "ip": self.pod["ip"],
+        }
+
+
+__all__ = ["K8sLauncher", "K8sPlacement", "pod_index", "pod_state"]

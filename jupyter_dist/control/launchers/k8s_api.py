@@ -1,0 +1,169 @@
+"""The few Kubernetes API calls a ``--k8s`` session makes, through ``kr8s``.
+
+kr8s finds the credentials as kubectl does: ``KUBECONFIG`` (or ``~/.kube/config``, exec
+plugins included) and its context, else the pod's service account in-cluster. Every
+failure becomes an `AgentError` that says what was asked and why it failed; a refusal
+(HTTP 403) names the verb and resource the account lacks and where the README's Role is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from jupyter_dist.errors import AgentError
+
+#: seconds one API call may take
+CALL_TIMEOUT_S = 30.0
+#: the most items one list returns (a label selector keeps them few)
+LIST_LIMIT = 500
+#: kind -> (API version, plural resource name)
+KINDS = {
+    "Pod": ("v1", "pods"),
+    "Secret": ("v1", "secrets"),
+    "Event": ("v1", "events"),
+    "Job": ("batch/v1", "jobs"),
+}
+_VERBS = {"GET": "get", "POST": "create", "DELETE": "delete", "PATCH": "patch"}
+
+
+class KubeClient:
+    """One cluster and namespace, as the notebook's credentials reach them."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+
+    @classmethod
+    async def connect(
+        cls, kubeconfig: str | None, context: str | None, namespace: str | None
+    ) -> KubeClient:
+        try:
+            import kr8s.asyncio
+        except ImportError:
+            raise AgentError(
+                "--k8s needs the Kubernetes client: pip install 'jupyter_dist[k8s]'"
+            ) from None
+        try:
+            api = await asyncio.wait_for(
+                kr8s.asyncio.api(kubeconfig=kubeconfig or None, context=context), CALL_TIMEOUT_S
+            )
+        except asyncio.TimeoutError:
+            raise AgentError(
+                f"Kubernetes: no credentials within {CALL_TIMEOUT_S:.0f} s (an exec plugin "
+                "that does not answer?)"
+            ) from None
+        except Exception as err:
+            where = f"context {context!r}" if context else "the current context"
+            raise AgentError(
+                f"Kubernetes: cannot use {where} ({type(err).__name__}: {err}); expected a "
+                "kubeconfig (KUBECONFIG or ~/.kube/config) or to run in a pod with a "
+                "service account"
+            ) from None
+        return cls(api, namespace or getattr(api, "namespace", None) or "default")
+
+    @property
+    def url(self) -> str:
+        return str(getattr(self.api.auth, "server", "") or "the API server")
+
+    async def call(
+        self,
+        method: str,
+        kind: str,
+        name: str = "",
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        namespace: str | None = None,
+        missing_ok: bool = False,
+    ) -> dict[str, Any] | None:
+        """One request on ``kind`` (named ``name``, or the collection); its JSON answer, or
+        None for a missing object when ``missing_ok``."""
+        import httpx
+        import kr8s
+
+        version, plural = KINDS[kind]
+        ns = namespace or self.namespace
+        url = f"{plural}/{name}" if name else plural
+        extra: dict[str, Any] = {}
+        if body is not None:
+            extra["content"] = json.dumps(body)
+            extra["headers"] = {
+                "Content-Type": "application/merge-patch+json"
+                if method == "PATCH"
+                else "application/json"
+            }
+        if params:
+            extra["params"] = dict(params)
+        verb = "list" if method == "GET" and not name else _VERBS.get(method, method.lower())
+        group = version.split("/")[0] if "/" in version else ""
+        what = f"{verb} {plural}{'.' + group if group else ''} {name}".rstrip()
+
+        async def request() -> dict[str, Any]:
+            async with self.api.call_api(
+                method, version=version, namespace=ns, url=url, **extra
+            ) as response:
+                return dict(response.json())
+
+        try:
+            return await asyncio.wait_for(request(), CALL_TIMEOUT_S)
+        except kr8s.ServerError as err:
+            code = err.response.status_code if err.response is not None else 0
+            if code == 404 and missing_ok:
+                return None
+            message = str(err)
+            if code == 403:
+                raise AgentError(
+                    f"Kubernetes refused to {what} in namespace {ns}: {message}. The "
+                    f"notebook's account needs the verb {verb!r} on {plural!r}"
+                    f"{' (API group ' + repr(group) + ')' if group else ''}: see the "
+                    "README's Role for --k8s"
+                ) from None
+            if code == 401:
+                raise AgentError(
+                    f"Kubernetes did not accept the notebook's credentials at {self.url} "
+                    f"({message}); check the kubeconfig's user or the service account"
+                ) from None
+            raise AgentError(f"Kubernetes: {what} in namespace {ns}: {message}") from None
+        except (asyncio.TimeoutError, kr8s.APITimeoutError):
+            raise AgentError(
+                f"Kubernetes: {what}: {self.url} did not answer within {CALL_TIMEOUT_S:.0f} s"
+            ) from None
+        except httpx.HTTPError as err:
+            raise AgentError(
+                f"Kubernetes: {what}: cannot reach {self.url} ({type(err).__name__}: {err})"
+            ) from None
+
+    async def items(
+        self, kind: str, selector: Mapping[str, str], namespace: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The ``kind`` objects whose labels have every ``selector`` pair."""
+        labels = ",".join(f"{k}={v}" for k, v in selector.items())
+        found = await self.call(
+            "GET",
+            kind,
+            params={"labelSelector": labels, "limit": str(LIST_LIMIT)},
+            namespace=namespace,
+        )
+        return list((found or {}).get("items") or [])
+
+    async def delete(self, kind: str, name: str, namespace: str | None = None) -> bool:
+        """Delete ``name`` and, through the garbage collector, what it owns (its pods);
+        False when it was already gone."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        done = await self.call(
+            "DELETE", kind, name, body=body, namespace=namespace, missing_ok=True
+        )
+        return done is not None
+
+    async def close(self) -> None:
+        session = getattr(self.api, "_session", None)
+        if session is not None:
+            with contextlib.suppress(Exception):  # closing is best effort
+                await session.aclose()
+
+
+__all__ = ["KINDS", "KubeClient"]

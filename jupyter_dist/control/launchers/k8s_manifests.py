@@ -1,0 +1,323 @@
+"""What a ``--k8s`` session makes on the cluster, as plain manifests: one Secret with the
+nodes' dial-back keys and one Indexed ``batch/v1`` Job with a pod per node.
+
+The Job needs no operator or CRD. Node N is the pod of completion index N. Each pod:
+* holds ``nvidia.com/gpu`` (its ``--gpus`` count) and ``--cpus``/``--memory``, with a
+  memory-backed ``/dev/shm``;
+* goes to a machine of its own (a required pod anti-affinity on the hostname);
+* mounts no service-account token and runs one container,
+  ``python -m jupyter_dist.node.dial_back CALLBACK --credentials env --node INDEX``.
+  Its keys come from the Secret through an environment variable, never in the spec or args.
+
+The Job has a deadline (``activeDeadlineSeconds``) and a TTL after it finishes. Everything
+carries the labels `session_labels` names (the session and its owner ``user@host/pid``),
+by which a later server finds a dead owner's leftovers. A ``--pod-template`` is merged
+under what the flags set.
+
+Nothing here talks to a cluster (`control.launchers.k8s` does); the tests check these
+manifests against golden files and the Kubernetes schemas.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_dist.common.k8s_options import K8sSpec
+from jupyter_dist.control.launchers.dial_back import NODE_MODULE
+from jupyter_dist.settings import NODE_CREDENTIALS_VAR
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "jupyter-dist"
+PREFIX = "jupyter-dist.io"
+SESSION_LABEL = f"{PREFIX}/session"
+OWNER_HOST_LABEL = f"{PREFIX}/owner-host"
+OWNER_PID_LABEL = f"{PREFIX}/owner-pid"
+OWNER_ANNOTATION = f"{PREFIX}/owner"
+JOB_LABEL = f"{PREFIX}/job"
+#: the Job controller's label naming a pod's Job, and its completion index
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+CONTAINER = "node"
+SECRET_KEY = "credentials"
+#: seconds a finished Job (and through it its pods and Secret) is kept for a look
+TTL_AFTER_FINISHED_S = 600
+#: seconds a deleted pod's processes get before they are killed
+TERMINATION_GRACE_S = 30
+#: the largest Secret the API server takes is 1 MiB; keep clear of it
+MAX_SECRET_BYTES = 900 * 1024
+GPU_RESOURCE = "nvidia.com/gpu"
+
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who makes a session's objects: ``user@host/pid`` and, in-cluster, the notebook's pod
+    (which then owns them: they go when it goes)."""
+
+    user: str
+    host: str
+    pid: int
+    pod: Mapping[str, Any] | None = None  # the notebook pod's object, in-cluster
+
+    @property
+    def text(self) -> str:
+        return f"{self.user}@{self.host}/{self.pid}"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value: at most 63 of ``[A-Za-z0-9_.-]``, alphanumeric at both
+    ends (``""`` when nothing is left)."""
+    return _NOT_LABEL.sub("-", text)[:63].strip("-_.")
+
+
+def object_name(session: str, suffix: str | None = None) -> str:
+    """A fresh name for a session's Job and Secret: ``jd-SESSION-XXXXX`` in DNS form. The
+    Job's pods are ``NAME-INDEX-xxxxx`` and their hostnames ``NAME-INDEX``: the name is
+    kept short enough for both (at most 63 characters)."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", session.lower()).strip("-")[:36].strip("-") or "session"
+    if stem != session:  # the session's own name lost characters: keep names apart
+        stem = f"{stem}-{hashlib.sha256(session.encode()).hexdigest()[:4]}"
+    tail = suffix if suffix is not None else secrets.token_hex(3)[:5]
+    return f"jd-{stem}-{tail}"
+
+
+def session_labels(session: str, owner: Owner) -> dict[str, str]:
+    return {
+        MANAGED_BY: MANAGER,
+        SESSION_LABEL: label_value(session) or "session",
+        OWNER_HOST_LABEL: label_value(owner.host) or "host",
+        OWNER_PID_LABEL: str(owner.pid),
+    }
+
+
+def owner_references(owner: Owner) -> list[dict[str, Any]]:
+    """The notebook pod as the owner of what the session makes: when the pod is deleted
+    the cluster's garbage collector deletes them."""
+    pod = owner.pod
+    if not pod:
+        return []
+    meta = pod.get("metadata", {})
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "blockOwnerDeletion": False,
+        }
+    ]
+
+
+def _metadata(name: str, namespace: str, labels: Mapping[str, str], owner: Owner) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": dict(labels),
+        "annotations": {OWNER_ANNOTATION: owner.text},
+    }
+    refs = owner_references(owner)
+    if refs:
+        meta["ownerReferences"] = refs
+    return meta
+
+
+def secret_manifest(
+    name: str, namespace: str, labels: Mapping[str, str], owner: Owner, credentials: Sequence[str]
+) -> dict[str, Any]:
+    """The Secret holding every node's dial-back credentials (a JSON list; a node picks its
+    own by index)."""
+    text = "[" + ",".join(credentials) + "]"
+    if len(text) > MAX_SECRET_BYTES:
+        raise ValueError(
+            f"{len(credentials)} nodes' keys are {len(text) // 1024} KiB, more than one "
+            f"Secret holds ({MAX_SECRET_BYTES // 1024} KiB); expected fewer nodes"
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(name, namespace, labels, owner),
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {SECRET_KEY: text},
+    }
+
+
+def _resources(k8s: K8sSpec, gpus: int) -> dict[str, dict[str, str]]:
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if gpus:
+        limits[GPU_RESOURCE] = str(gpus)
+    for key, value in (("cpu", k8s.cpus), ("memory", k8s.memory)):
+        if value is not None:
+            limits[key] = requests[key] = value
+    out: dict[str, dict[str, str]] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def job_manifest(
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    owner: Owner,
+    k8s: K8sSpec,
+    *,
+    nodes: int,
+    gpus: int,
+    image: str,
+    callback: str,
+    python: str = "python",
+    template: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The session's Indexed Job: ``nodes`` pods of ``gpus`` GPUs each (0: none asked)."""
+    pod_labels = {**labels, JOB_LABEL: name}
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "command": [python, "-m", NODE_MODULE],
+        "args": [
+            callback,
+            "--credentials",
+            "env",
+            "--node",
+            "$(JOB_COMPLETION_INDEX)",
+            "--retry",
+            f"{k8s.grace:g}",
+        ],
+        "env": [
+            {
+                "name": NODE_CREDENTIALS_VAR,
+                "valueFrom": {"secretKeyRef": {"name": name, "key": SECRET_KEY}},
+            },
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        ],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    resources = _resources(k8s, gpus)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "affinity": {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {JOB_LABEL: name}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        },
+    }
+    if k8s.node_selector:
+        pod_spec["nodeSelector"] = k8s.selector_dict()
+    if k8s.tolerations:
+        pod_spec["tolerations"] = k8s.toleration_dicts()
+    pod_meta: dict[str, Any] = {"labels": pod_labels}
+    if template:
+        pod_meta, pod_spec = merge_template(template, pod_meta, pod_spec)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(name, namespace, labels, owner),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": k8s.deadline,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "template": {"metadata": pod_meta, "spec": pod_spec},
+        },
+    }
+
+
+def merge_template(
+    template: Mapping[str, Any], meta: dict[str, Any], spec: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``template`` (a PodTemplateSpec, `common.k8s_options.read_pod_template`) under what
+    the flags set: its fields fill in what ours leave out; lists of named things (volumes,
+    env, mounts, tolerations) are joined, ours winning a name both have; its one container,
+    if any, is merged into the node's."""
+    out_meta = copy.deepcopy(dict(template.get("metadata") or {}))
+    for key in ("labels", "annotations"):
+        merged = {**(out_meta.get(key) or {}), **(meta.get(key) or {})}
+        if merged:
+            out_meta[key] = merged
+    theirs = copy.deepcopy(dict(template.get("spec") or {}))
+    their_containers = theirs.pop("containers", None) or []
+    out_spec = {**theirs}
+    for key, value in spec.items():
+        if key == "containers":
+            continue
+        if isinstance(value, list) and isinstance(out_spec.get(key), list):
+            out_spec[key] = _join_named(out_spec[key], value)
+        else:
+            out_spec[key] = value
+    ours = copy.deepcopy(spec["containers"][0])
+    if their_containers:
+        base = dict(their_containers[0])
+        for key, value in ours.items():
+            if isinstance(value, list) and isinstance(base.get(key), list):
+                base[key] = _join_named(base[key], value)
+            elif isinstance(value, dict) and isinstance(base.get(key), dict):
+                base[key] = _deep_merge(base[key], value)
+            else:
+                base[key] = value
+        ours = base
+    out_spec["containers"] = [ours]
+    return out_meta, out_spec
+
+
+def _join_named(theirs: list[Any], ours: list[Any]) -> list[Any]:
+    """Both lists; an entry of theirs whose ``name`` (or ``key``) one of ours has is
+    dropped."""
+
+    def ident(item: Any) -> Any:
+        return item.get("name", item.get("key")) if isinstance(item, dict) else None
+
+    taken = {ident(x) for x in ours} - {None}
+    return [x for x in theirs if ident(x) not in taken] + list(ours)
+
+
+def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+__all__ = [
+    "COMPLETION_INDEX_LABEL",
+    "JOB_NAME_LABEL",
+    "MANAGED_BY",
+    "MANAGER",
+    "OWNER_HOST_LABEL",
+    "OWNER_PID_LABEL",
+    "SESSION_LABEL",
+    "Owner",
+    "job_manifest",
+    "label_value",
+    "merge_template",
+    "object_name",
+    "secret_manifest",
+    "session_labels",
+]
