@@ -49,3 +49,33 @@ def test_credentials_errors_never_show_a_key() -> None:
     assert secret.splitlines()[1] not in str(err.value)
     with pytest.raises(ValueError, match="node -1: expected a node index"):
         parse_credentials(json.dumps({**good, "node": -1}))
+
+
+def test_every_nodes_credentials_from_the_environment_pick_this_one_and_leave_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Kubernetes pod's keys: the Secret's list of every node's, in the environment;
+    ``--node`` picks its own, and the variable is gone before any agent starts."""
+    import os
+
+    from jupyter_dist.node.dial_back import read_credentials
+    from jupyter_dist.settings import NODE_CREDENTIALS_VAR
+
+    keys = [asyncssh.generate_private_key("ssh-ed25519") for _ in range(2)]
+    client = keys[0].export_public_key().decode()
+    every = [
+        {"node": n, "host_key": k.export_private_key().decode(), "client_key": client}
+        for n, k in enumerate(keys)
+    ]
+    monkeypatch.setenv(NODE_CREDENTIALS_VAR, json.dumps(every))
+    mine = read_credentials("env", node=1)
+    assert mine.node == 1 and mine.host_key.public_data == keys[1].public_data
+    assert NODE_CREDENTIALS_VAR not in os.environ
+    with pytest.raises(ValueError, match=f"{NODE_CREDENTIALS_VAR} is not set"):
+        read_credentials("env", node=1)
+    with pytest.raises(ValueError, match="expected --node N"):
+        parse_credentials(json.dumps(every))
+    with pytest.raises(ValueError, match="node 5: expected one entry for it among 2"):
+        parse_credentials(json.dumps(every), 5)
+    with pytest.raises(ValueError, match="they are node 0's, not node 1's"):
+        parse_credentials(json.dumps(every[0]), 1)

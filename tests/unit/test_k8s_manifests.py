@@ -1,0 +1,214 @@
+"""The Job and Secret a ``--k8s`` session makes: golden files, every version's schema
+(strict: an unknown field fails), and what the manifests must and must not hold."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
+from jupyter_dist.control.launchers import k8s_manifests as m
+from jupyter_dist.errors import SpecError
+from jupyter_dist.settings import NODE_CREDENTIALS_VAR
+
+GOLDEN = Path(__file__).parent.parent / "k8s" / "golden"
+#: the Kubernetes versions the README says the manifests are for
+VERSIONS = ("1.31.0", "1.34.0", "1.37.0")
+OWNER = m.Owner("alice", "notebook-0", 4242)
+POD = {
+    "metadata": {"name": "jupyter-alice", "namespace": "team", "uid": "0b6f7c3e-1c2d-4e5f"},
+    "spec": {"containers": [{"name": "notebook", "image": "team/notebook:1"}]},
+}
+SECRET_WORDS = ("PRIVATE KEY", "ssh-ed25519")
+
+
+def manifests(spec: K8sSpec, owner: m.Owner = OWNER, template: Any = None) -> dict[str, Any]:
+    labels = m.session_labels("train", owner)
+    name = m.object_name("train", suffix="a1b2c")
+    creds = [json.dumps({"node": n, "host_key": "PRIVATE KEY", "client_key": "ssh-ed25519 AAAA"})
+             for n in range(2)]  # fmt: skip
+    return {
+        "job": m.job_manifest(
+            name,
+            "team",
+            labels,
+            owner,
+            spec,
+            nodes=2,
+            gpus=4,
+            image="team/train:2",
+            callback="10.0.3.7:7077",
+            template=template,
+        ),  # fmt: skip
+        "secret": m.secret_manifest(name, "team", labels, owner, creds),
+    }
+
+
+CASES = {
+    "plain": (K8sSpec(), OWNER),
+    "in_cluster_with_flags": (
+        K8sSpec(
+            cpus="8",
+            memory="64Gi",
+            node_selector=("nvidia.com/gpu.product=H100",),
+            tolerations=("nvidia.com/gpu:NoSchedule", "team=ml:NoExecute"),
+            deadline=3600,
+        ),
+        m.Owner("alice", "jupyter-alice", 7, POD),
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_manifests_match_their_golden_files(case: str) -> None:
+    spec, owner = CASES[case]
+    got = json.dumps(manifests(spec, owner), indent=2, sort_keys=True) + "\n"
+    path = GOLDEN / f"{case}.json"
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(got)
+    assert got == path.read_text(), f"{path} differs: UPDATE_GOLDEN=1 rewrites it after a review"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_manifests_are_valid_for_each_supported_version(case: str, version: str) -> None:
+    import kubernetes_validate
+
+    spec, owner = CASES[case]
+    for manifest in manifests(spec, owner).values():
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_a_field_the_schema_lacks_fails_validation() -> None:
+    """The check above can fail: strict validation refuses a misspelt field."""
+    import kubernetes_validate
+
+    job = manifests(K8sSpec())["job"]
+    job["spec"]["template"]["spec"]["restartPolicyy"] = "Never"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, VERSIONS[-1], strict=True)
+
+
+def test_the_job_is_indexed_bounded_spread_and_mounts_no_token() -> None:
+    job = manifests(K8sSpec(deadline=3600))["job"]
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    assert spec["activeDeadlineSeconds"] == 3600 and spec["ttlSecondsAfterFinished"] > 0
+    assert spec["backoffLimit"] == 0
+    pod = spec["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == {m.JOB_LABEL: job["metadata"]["name"]}
+    assert spec["template"]["metadata"]["labels"][m.JOB_LABEL] == job["metadata"]["name"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"] == {m.GPU_RESOURCE: "4"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert container["args"][:5] == ["10.0.3.7:7077", "--credentials", "env", "--node",
+                                     "$(JOB_COMPLETION_INDEX)"]  # fmt: skip
+
+
+def test_the_keys_are_in_the_secret_alone() -> None:
+    made = manifests(K8sSpec())
+    job_text = json.dumps(made["job"])
+    assert not any(word in job_text for word in SECRET_WORDS)
+    env = made["job"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    (creds,) = [e for e in env if e["name"] == NODE_CREDENTIALS_VAR]
+    assert creds["valueFrom"]["secretKeyRef"]["name"] == made["secret"]["metadata"]["name"]
+    nodes = json.loads(made["secret"]["stringData"][m.SECRET_KEY])
+    assert [n["node"] for n in nodes] == [0, 1]
+
+
+def test_the_owner_pod_owns_both_and_labels_name_session_and_owner() -> None:
+    made = manifests(K8sSpec(), m.Owner("alice", "jupyter-alice", 7, POD))
+    for obj in made.values():
+        meta = obj["metadata"]
+        assert meta["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Pod", "name": "jupyter-alice",
+             "uid": POD["metadata"]["uid"], "blockOwnerDeletion": False}
+        ]  # fmt: skip
+        assert meta["labels"] == {
+            m.MANAGED_BY: "jupyter-dist",
+            m.SESSION_LABEL: "train",
+            m.OWNER_HOST_LABEL: "jupyter-alice",
+            m.OWNER_PID_LABEL: "7",
+        }
+        assert meta["annotations"][m.OWNER_ANNOTATION] == "alice@jupyter-alice/7"
+    assert "ownerReferences" not in manifests(K8sSpec())["job"]["metadata"]  # outside
+
+
+def test_names_fit_dns_and_keep_sessions_apart() -> None:
+    long = m.object_name("A" * 128)
+    assert len(long) <= 63 - len("-1023-xxxxx") + 11 and long.startswith("jd-")
+    assert m.object_name("Train_1") != m.object_name("train-1")
+    assert m.object_name("x") != m.object_name("x")  # a fresh suffix each start
+    assert m.label_value("user@host.example/1") == "user-host.example-1"
+
+
+def test_a_pod_template_fills_in_what_the_flags_leave(tmp_path: Path) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text(
+        "spec:\n"
+        "  serviceAccountName: trainer\n"
+        "  automountServiceAccountToken: true\n"
+        "  volumes:\n"
+        "  - {name: data, persistentVolumeClaim: {claimName: datasets}}\n"
+        "  - {name: dshm, emptyDir: {}}\n"
+        "  containers:\n"
+        "  - name: main\n"
+        "    env: [{name: HF_HOME, value: /data/hf}]\n"
+        "    volumeMounts: [{name: data, mountPath: /data}]\n"
+        "    resources: {limits: {rdma/ib: '1'}}\n"
+        "    securityContext: {capabilities: {add: [IPC_LOCK]}}\n"
+    )
+    job = manifests(K8sSpec(), template=read_pod_template(str(path)))["job"]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "trainer"
+    assert pod["automountServiceAccountToken"] is False  # ours wins
+    assert [v["name"] for v in pod["volumes"]] == ["data", "dshm"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    (container,) = pod["containers"]
+    assert container["name"] == m.CONTAINER
+    assert container["resources"]["limits"] == {"rdma/ib": "1", m.GPU_RESOURCE: "4"}
+    assert {"name": "HF_HOME", "value": "/data/hf"} in container["env"]
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    import kubernetes_validate
+
+    kubernetes_validate.validate(job, VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("- a\n- b\n", "expected a mapping"),
+        ("kind: Deployment\nspec: {}\n", "kind 'Deployment'"),
+        ("spec:\n  containers: [{name: a}, {name: b}]\n", "2 containers; expected at most one"),
+        ("spec: [\n", "not YAML or JSON"),
+    ],
+)
+def test_a_bad_pod_template_is_named(tmp_path: Path, text: str, said: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match="--pod-template") as err:
+        read_pod_template(str(path))
+    assert said in str(err.value)
+
+
+def test_a_missing_or_huge_pod_template_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"--pod-template '.*nope.yaml': No such file"):
+        read_pod_template(str(tmp_path / "nope.yaml"))
+    big = tmp_path / "big.yaml"
+    big.write_text("a: " + "x" * 300_000)
+    with pytest.raises(SpecError, match="larger than 256 KiB"):
+        read_pod_template(str(big))
+
+
+def test_too_many_nodes_for_one_secret_is_refused() -> None:
+    creds = ["x" * 1000] * 1000
+    with pytest.raises(ValueError, match="more than one Secret holds"):
+        m.secret_manifest("jd-a-b", "ns", {}, OWNER, creds)
