@@ -43,7 +43,7 @@ def manifests(spec: K8sSpec, owner: m.Owner = OWNER, template: Any = None) -> di
             image="team/train:2",
             callback="10.0.3.7:7077",
             template=template,
-        ),  # fmt: skip
+        ),
         "secret": m.secret_manifest(name, "team", labels, owner, creds),
     }
 
@@ -59,7 +59,7 @@ CASES = {
             deadline=3600,
         ),
         m.Owner("alice", "jupyter-alice", 7, POD),
-    ),  # fmt: skip
+    ),
 }
 
 
