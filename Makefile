@@ -21,10 +21,10 @@ JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help setup demo test test-loaded unit lint bench bench-multinode bench-ray labextension-test
+.PHONY: help setup demo test test-loaded unit lint bench bench-multinode bench-ray bench-k8s labextension-test
 
 help:
-	@echo "make setup   create .venv/ and install jupyter_dist with its test, dev, examples and ray extras"
+	@echo "make setup   create .venv/ and install jupyter_dist with its test, dev, examples, ray and k8s extras"
 	@echo "make demo    run notebooks/quickstart.ipynb headless and print its outputs"
 	@echo "make test    lint, install the system packages the tests need, then run pytest"
 	@echo "make test-loaded  make test with two CPU-bound processes beside it (a busy machine)"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench   run the benchmarks in bench/"
 	@echo "make bench-multinode  SSH sessions on two local sshd nodes (needs root)"
 	@echo "make bench-ray  a --ray session vs Ray Train on a local 3-node Ray cluster (needs root)"
+	@echo "make bench-k8s  a --k8s session's cold start through the Kubernetes API emulator"
 
 setup: $(SETUP_STAMP)
 
@@ -97,3 +98,6 @@ bench-multinode: $(BENCH_STAMP)
 bench-ray: $(BENCH_STAMP)
 	.ci/setup-system
 	$(PY) bench/ray_cluster.py
+
+bench-k8s: $(SETUP_STAMP)
+	$(PY) bench/k8s_cold_start.py $(BENCH_ARGS)

@@ -135,6 +135,7 @@ def _k8s_spec(args: Any) -> K8sSpec | None:
         "callback": args.k8s_callback,
         "timeout": args.k8s_timeout,
         "deadline": args.k8s_deadline,
+        "grace": args.k8s_grace,
     }
     if not args.k8s and all(v in (None, ()) for v in given.values()):
         return None
@@ -341,6 +342,13 @@ class DistMagics(Magics):
         type=int,
         default=None,
         help="--k8s: seconds the session's Job may live (default 7 days)",
+    )
+    @argument(
+        "--k8s-grace",
+        type=float,
+        default=None,
+        help="--k8s: seconds a pod keeps dialling a notebook it lost before it exits "
+        "(default 60)",
     )
     @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(

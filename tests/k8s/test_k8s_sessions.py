@@ -1,0 +1,302 @@
+"""Sessions as pods (``%%distributed --k8s``) against the emulated cluster: the API emulator
+and the fixture playing scheduler, kubelet, Job controller and garbage collector
+(``conftest.py``). Each pod's agent is a real local process dialling back; ranks are real
+kernels; gloo runs across the two "pods" on their own loopback addresses.
+
+Scenarios: start, cells and state, gloo across pods, stop (Job and Secret deleted), a
+notebook SIGKILLed (its pods exit by themselves; the notebook's pod owns what was made, and
+deleting it takes them), unschedulable, a missing RBAC verb, the same name re-run, two
+sessions at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from jupyter_client.manager import KernelManager
+
+from jupyter_dist.common.ports import free_port
+from jupyter_dist.control.launchers import k8s_manifests as m
+from jupyter_dist.settings import K8S_POD_VAR, OUTPUT_VAR
+from tests.conftest import CellOutput, ready_client
+from tests.integration.rank_lines import with_start
+
+from .cluster import K8sCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.k8s, pytest.mark.timeout(600)]
+
+#: per rank: MASTER_ADDR, pid, an all_reduce of rank+1 over the session
+WHERE = (
+    "import os, torch, torch.distributed as dist\n"
+    "t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)\n"
+    "print('where', os.environ['MASTER_ADDR'], os.getpid(), int(t.item()))\n"
+)
+
+
+def where(text: str) -> dict[int, list[str]]:
+    return {r: lines[0].split()[1:] for r, lines in with_start(text, "where ").items() if lines}
+
+
+def session_objects(cluster: K8sCluster, session: str) -> dict[str, list[dict[str, Any]]]:
+    selector = f"{m.MANAGED_BY}={m.MANAGER},{m.SESSION_LABEL}={session}"
+    return {kind: cluster.list(kind, label_selector=selector) for kind in ("jobs", "secrets")}
+
+
+def pods_of(cluster: K8sCluster, job: str) -> dict[int, dict[str, Any]]:
+    pods = cluster.list("pods", label_selector=f"{m.JOB_NAME_LABEL}={job}")
+    return {int(p["metadata"]["labels"][m.COMPLETION_INDEX_LABEL]): p for p in pods}
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    try:
+        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
+    except psutil.NoSuchProcess:
+        return False
+
+
+def nothing_left(cluster: K8sCluster, session: str, timeout: float = 90) -> None:
+    """The session's Job, Secret and pod processes are all gone within ``timeout``."""
+
+    def gone() -> bool:
+        made = session_objects(cluster, session)
+        pods = [n for n in cluster.pod_processes() if n.startswith(f"jd-{session}-")]
+        return not made["jobs"] and not made["secrets"] and not pods
+
+    cluster.wait_for(f"nothing of session {session} left", gone, timeout)
+
+
+@pytest.fixture(scope="module")
+def k8s_env(k8s_cluster: K8sCluster) -> Iterator[K8sCluster]:
+    """The module's cluster, as the notebook's kubeconfig (``KUBECONFIG``)."""
+    saved = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(k8s_cluster.kubeconfig)
+    try:
+        yield k8s_cluster
+    finally:
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+
+
+def k8s_flags(extra: str = "") -> str:
+    return f"--k8s --k8s-callback 127.0.0.1:{free_port()} --image team/train:1 {extra}".strip()
+
+
+def test_a_session_runs_as_pods_with_state_and_gloo_and_stop_deletes_everything(
+    k8s_env: K8sCluster, run: Callable[[str], CellOutput]
+) -> None:
+    cluster = k8s_env
+    out = run(f"%%distributed {k8s_flags('--nodes 2 --procs 2')} --session kone\n{WHERE}")
+    try:
+        assert out.result.success, out.stdout + out.stderr
+        text = out.stdout
+        # start-up told the pods' story, and where each node went
+        assert re.search(r"job default/jd-kone-\w+: 2 pod\(s\) of image team/train:1", text), text
+        assert "pods: 2 Running" in text, text
+        made = session_objects(cluster, "kone")
+        (job,) = made["jobs"]
+        (secret,) = made["secrets"]
+        name = job["metadata"]["name"]
+        assert secret["metadata"]["name"] == name
+        # the Secret goes with the Job; the keys are in the Secret only
+        assert [r["kind"] for r in secret["metadata"]["ownerReferences"]] == ["Job"]
+        assert "PRIVATE KEY" not in str(job) and "PRIVATE KEY" in str(secret)
+        pods = pods_of(cluster, name)
+        assert sorted(pods) == [0, 1]
+        for index, pod in pods.items():
+            assert re.search(rf"node {index}: pod {pod['metadata']['name']} on node-\d", text)
+        # gloo across both pods; MASTER_ADDR is node 0's pod IP, not a name
+        seen = where(text)
+        assert sorted(seen) == [0, 1, 2, 3], text
+        assert {w[2] for w in seen.values()} == {"10"}
+        assert {w[0] for w in seen.values()} == {pods[0]["status"]["podIP"]}
+        # each node's ranks run under its own pod's process
+        running = cluster.pod_processes()
+        for rank, words in seen.items():
+            pod = pods[rank // 2]["metadata"]["name"]
+            assert descends_from(int(words[1]), running[pod]), (rank, pod, running)
+        # the next cell runs in the same ranks
+        nxt = run("%%distributed --session kone\nprint('again', os.getpid())")
+        assert nxt.result.success, nxt.stdout
+        again = {
+            r: int(lines[0].split()[1]) for r, lines in with_start(nxt.stdout, "again ").items()
+        }
+        assert again == {r: int(w[1]) for r, w in seen.items()}
+    finally:
+        stop = run("%dist shutdown --session kone")
+    assert stop.result.success, stop.stdout + stop.stderr
+    nothing_left(cluster, "kone")
+
+
+def test_the_same_name_runs_again_and_two_sessions_run_side_by_side(
+    k8s_env: K8sCluster, run: Callable[[str], CellOutput]
+) -> None:
+    cluster = k8s_env
+    names = []
+    for _ in range(2):  # start, stop, start again under the same name
+        out = run(f"%%distributed {k8s_flags('--nodes 1 --procs 1')} --session ktwo\nx = 1")
+        assert out.result.success, out.stdout + out.stderr
+        names.append(session_objects(cluster, "ktwo")["jobs"][0]["metadata"]["name"])
+        if len(names) == 1:
+            assert run("%dist shutdown --session ktwo").result.success
+            nothing_left(cluster, "ktwo")
+    assert names[0] != names[1]
+    try:
+        other = run(f"%%distributed {k8s_flags('--nodes 2 --procs 1')} --session kthree\n{WHERE}")
+        assert other.result.success, other.stdout + other.stderr
+        assert {w[2] for w in where(other.stdout).values()} == {"3"}
+        again = run("%%distributed --session ktwo\nprint('x is', x)")
+        assert "x is 1" in again.stdout, again.stdout
+        assert run("%dist shutdown --session ktwo").result.success
+        nothing_left(cluster, "ktwo")
+        # the other session is untouched
+        assert len(session_objects(cluster, "kthree")["jobs"]) == 1
+        still = run("%%distributed --session kthree\nprint('still', dist.get_world_size())")
+        assert "still 2" in still.stdout, still.stdout
+    finally:
+        run("%dist shutdown --session ktwo")
+        run("%dist shutdown --session kthree")
+    nothing_left(cluster, "kthree")
+
+
+def test_a_pod_that_cannot_be_scheduled_fails_the_start_with_the_schedulers_reason(
+    k8s_env: K8sCluster, run: Callable[[str], CellOutput]
+) -> None:
+    cluster = k8s_env  # its machines have no GPUs
+    began = time.monotonic()
+    out = run(
+        f"%%distributed {k8s_flags('--nodes 2 --gpus 1 --k8s-timeout 10')} --session kgpu\nx = 1"
+    )
+    text = out.stdout + out.stderr
+    assert not out.result.success
+    assert "were not all running within 10 s" in text, text
+    assert "Insufficient nvidia.com/gpu" in text, text
+    assert "Unschedulable" in text, text  # the progress said so while it waited
+    assert time.monotonic() - began < 120
+    nothing_left(cluster, "kgpu", timeout=60)
+
+
+def test_a_missing_verb_is_named_and_nothing_is_left(
+    k8s_cluster_factory: Callable[..., K8sCluster],
+    run: Callable[[str], CellOutput],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = k8s_cluster_factory(deny=["create:jobs"])
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    out = run(f"%%distributed {k8s_flags('--nodes 2 --procs 1')} --session kdeny\nx = 1")
+    text = out.stdout + out.stderr
+    assert not out.result.success
+    assert "Kubernetes refused to create jobs.batch" in text, text
+    assert "needs the verb 'create' on 'jobs' (API group 'batch')" in text, text
+    assert "cannot create resource" in text, text  # the API server's own words
+    # the Secret made before the refusal was deleted
+    nothing_left(cluster, "kdeny", timeout=60)
+
+
+def test_outside_the_cluster_without_a_callback_is_refused_saying_what_to_do(
+    k8s_env: K8sCluster, run: Callable[[str], CellOutput]
+) -> None:
+    out = run("%%distributed --k8s --nodes 1 --procs 1 --image a/b:1 --session kout\nx = 1")
+    text = out.stdout + out.stderr
+    assert not out.result.success
+    assert "does not run in the cluster" in text and "--k8s-callback HOST:PORT" in text, text
+    nothing_left(k8s_env, "kout", timeout=30)
+
+
+# -- a notebook in a pod, killed -----------------------------------------------------------
+NOTEBOOK_POD = "notebook-alice"
+
+
+@pytest.fixture
+def notebook_pod(k8s_env: K8sCluster) -> Iterator[dict[str, Any]]:
+    """The pod the notebook runs in, as the API knows it (its process is this test's
+    kernel: the kubelet leaves a pod that is already running alone)."""
+    pod = k8s_env.create(
+        "pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": NOTEBOOK_POD, "labels": {"app": "jupyterhub"}},
+            "spec": {
+                "nodeName": "node-0",
+                "containers": [{"name": "notebook", "image": "team/notebook:7"}],
+            },
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        },
+    )
+    k8s_env.patch("pods", NOTEBOOK_POD, {"status": {"phase": "Running", "podIP": "127.0.0.1"}})
+    yield pod
+    if k8s_env.get_or_none("pods", NOTEBOOK_POD) is not None:
+        k8s_env.delete("pods", NOTEBOOK_POD)
+
+
+def test_a_killed_notebook_leaves_pods_that_exit_and_its_pod_owns_what_was_made(
+    k8s_env: K8sCluster, notebook_pod: dict[str, Any], kernel_name: str, tmp_path: Path
+) -> None:
+    cluster = k8s_env
+    km = KernelManager(kernel_name=kernel_name)
+    env = {
+        **os.environ,
+        OUTPUT_VAR: "text",
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",  # in a pod, as Kubernetes says
+        K8S_POD_VAR: NOTEBOOK_POD,
+    }
+    km.start_kernel(cwd=str(tmp_path), env=env)
+    try:
+        kc = ready_client(km, timeout=120)
+        texts: list[str] = []
+
+        def execute(code: str) -> dict[str, Any]:
+            def hook(msg: dict[str, Any]) -> None:
+                if msg["msg_type"] == "stream":
+                    texts.append(msg["content"]["text"])
+                elif msg["msg_type"] == "error":
+                    texts.append("\n".join(msg["content"]["traceback"]))
+
+            reply = kc.execute_interactive(code, output_hook=hook, timeout=300)
+            return reply["content"]  # type: ignore[no-any-return]
+
+        assert execute("%load_ext jupyter_dist")["status"] == "ok"
+        # no --image, no --k8s-callback: the notebook pod's image and IP
+        reply = execute(
+            "%%distributed --k8s --nodes 2 --procs 1 --k8s-grace 5 --session knb\n"
+            "print('up', os.environ['MASTER_ADDR'])"
+        )
+        assert reply["status"] == "ok", "".join(texts)
+        assert "dial back to 127.0.0.1:" in "".join(texts)
+        made = session_objects(cluster, "knb")
+        (job,) = made["jobs"]
+        uid = notebook_pod["metadata"]["uid"]
+        for obj in (job, *made["secrets"]):
+            owners = {(r["kind"], r["uid"]) for r in obj["metadata"]["ownerReferences"]}
+            assert ("Pod", uid) in owners, obj["metadata"]
+        assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "team/notebook:7"
+        name = job["metadata"]["name"]
+        pods = cluster.pod_processes()
+        mine = {n: pid for n, pid in pods.items() if n.startswith(name)}
+        assert len(mine) == 2, pods
+        kc.stop_channels()
+    finally:
+        os.kill(km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        km.cleanup_resources()
+    # the pods lose their link and exit by themselves after their grace (5 s)
+    cluster.wait_for(
+        "the dead notebook's pods exited by themselves",
+        lambda: not any(n.startswith(name) for n in cluster.pod_processes()),
+        timeout=90,
+    )
+    phases = {p["status"]["phase"] for p in pods_of(cluster, name).values()}
+    assert phases <= {"Succeeded", "Failed"}, phases
+    assert session_objects(cluster, "knb")["jobs"], "the Job is there until its owner goes"
+    # the notebook's pod goes: what it owns goes with it
+    cluster.delete("pods", NOTEBOOK_POD)
+    nothing_left(cluster, "knb", timeout=60)
