@@ -165,3 +165,37 @@ def test_the_sweep_command_refuses_a_prefix_that_is_not_an_owners() -> None:
         )
         assert result.returncode == 2, result.stderr
         assert f"--sweep {prefix!r}: expected jupyter_dist/USER@HOST/PID/" in result.stderr
+
+
+def test_a_kubernetes_record_runs_the_label_sweep_in_its_namespace_and_context(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from jupyter_dist.server.cluster_sweep import K8S_SWEEP_MODULE
+
+    kube = ClusterRecord("k8s", "https://10.0.0.1:6443", OWNER, "team", "prod")
+    assert ClusterRecord.from_json(kube.to_json()) == kube
+    swept = json.dumps({"event": "swept", "removed": ["job/jd-s0-a1b2c", "secret/jd-s0-a1b2c"]})
+    run = FakeRun(done(0, swept + "\n"))
+    with caplog.at_level(logging.INFO, logger=log.name):
+        sweep_clusters(dead_server(kube), log, timeout=5.0, run=run)
+    assert run.calls == [
+        ([sys.executable, "-m", K8S_SWEEP_MODULE, "--owner", OWNER, "--namespace", "team",
+          "--context", "prod"], 5.0)
+    ]  # fmt: skip
+    assert (
+        "removed what dead server pid 4242 left on the Kubernetes cluster at "
+        "https://10.0.0.1:6443: job/jd-s0-a1b2c, secret/jd-s0-a1b2c"
+    ) in caplog.text
+
+
+def test_the_kubernetes_sweep_refuses_an_owner_that_is_not_one() -> None:
+    from jupyter_dist.control.launchers.k8s_sweep import owner_selector
+
+    assert owner_selector("alice@box.example/4242") == {
+        "app.kubernetes.io/managed-by": "jupyter-dist",
+        "jupyter-dist.io/owner-host": "box.example",
+        "jupyter-dist.io/owner-pid": "4242",
+    }
+    for bad in ("alice@box", "alice@box/", "/12", "alice@box/x"):
+        with pytest.raises(ValueError, match="expected USER@HOST/PID"):
+            owner_selector(bad)
