@@ -218,6 +218,26 @@ def test_files_that_are_not_small_regular_files_are_not_read(tmp_path: Path) -> 
     assert "not UTF-8" in refused(read_hostfile, tmp_path / "binary")
 
 
+def test_a_pod_template_that_is_not_a_small_regular_file_is_not_read(tmp_path: Path) -> None:
+    from jupyter_dist.common.k8s_options import MAX_TEMPLATE_BYTES, read_pod_template
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    for path in (str(fifo), "/dev/zero", str(tmp_path)):
+        assert f"--pod-template {path!r}: not a regular file" in refused(read_pod_template, path)
+    big = tmp_path / "big.yaml"
+    big.write_text("# padding\n" * (MAX_TEMPLATE_BYTES // 10 + 1))
+    assert "larger than 256 KiB" in refused(read_pod_template, str(big))
+    missing = str(tmp_path / "missing.yaml")
+    assert refused(read_pod_template, missing).endswith("No such file or directory")
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("kind: Pod\nspec:\n  serviceAccountName: trainer\n")
+    assert read_pod_template(str(pod)) == {
+        "metadata": {},
+        "spec": {"serviceAccountName": "trainer"},
+    }
+
+
 # -- seconds ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0.0, -1.0])
 def test_timeouts_must_be_finite_and_positive(value: float) -> None:
