@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -153,10 +154,19 @@ def read_pod_template(path: str) -> dict[str, Any]:
     import yaml
 
     try:
-        with open(os.path.expanduser(path), "rb") as f:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (the server reads it)
+        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as err:
+        raise SpecError(f"--pod-template {path!r}: {err.strerror or err}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(f"--pod-template {path!r}: not a regular file; expected a pod template")
+        with os.fdopen(fd, "rb", closefd=False) as f:
             raw = f.read(MAX_TEMPLATE_BYTES + 1)
     except OSError as err:
         raise SpecError(f"--pod-template {path!r}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
     if len(raw) > MAX_TEMPLATE_BYTES:
         raise SpecError(
             f"--pod-template {path!r}: larger than {MAX_TEMPLATE_BYTES // 1024} KiB; expected a "

@@ -30,6 +30,7 @@ from jupyter_dist.common.hosts import (
     check_ssh_config,
     parse_hosts,
 )
+from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
 from jupyter_dist.common.payloads import ServerEvent, SessionStatus, StacksReply
 from jupyter_dist.common.ray_options import RaySpec, check_strategy
 from jupyter_dist.common.spec import (
@@ -79,6 +80,7 @@ REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "ssh_config": (str,),
     "launcher": (str,),
     "ray": (dict,),  # with launcher "ray": a `RaySpecJSON` (address, strategy, cpus, ...)
+    "k8s": (dict,),  # with launcher "k8s": a `K8sSpecJSON` (namespace, image, memory, ...)
     "init": (bool,),
     "framework": (str,),  # torch (default), jax or none
     "cwd": (str,),  # where the ranks run (default: the server's folder)
@@ -93,6 +95,22 @@ RAY_FIELDS: dict[str, tuple[type, ...]] = {
     "cpus": (int,),
     "gpus": (int,),  # absent or null: each node's --gpus count
     "timeout": (int, float),  # seconds to wait for room; absent or null: the start timeout
+}
+#: ``k8s`` field -> the JSON types it may have (`K8sSpec` checks the values); absent or
+#: null: the ``--k8s`` option's default
+K8S_FIELDS: dict[str, tuple[type, ...]] = {
+    "namespace": (str,),
+    "context": (str,),  # a kubeconfig context's name
+    "image": (str,),
+    "cpus": (str,),  # Kubernetes quantities, as text: "8", "500m"
+    "memory": (str,),  # "64Gi"
+    "node_selector": (list,),  # ["key=value", ...]
+    "tolerations": (list,),  # ["key[=value]:Effect", ...]
+    "pod_template": (str,),  # a file on the server's machine, read before anything starts
+    "callback": (str,),  # HOST:PORT the pods dial
+    "timeout": (int, float),
+    "deadline": (int,),
+    "grace": (int, float),
 }
 #: the fields of a host given as an object
 HOST_FIELDS = ("name", "user", "port", "slots", "python")
@@ -186,6 +204,24 @@ def _ray(value: dict[str, Any] | None) -> RaySpec | None:
         raise SpecError(message if message.startswith("ray:") else f"ray: {message}") from None
 
 
+def _k8s(value: dict[str, Any] | None) -> K8sSpec | None:
+    """The ``k8s`` object, each field typed, then checked as the ``--k8s`` options are;
+    every error starts with ``k8s``. The pod template is read later (`check_files`)."""
+    if value is None:
+        return None
+    for key, kinds in K8S_FIELDS.items():
+        got = value.get(key)
+        if got is not None and type(got) not in kinds:
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise SpecError(f"k8s.{key}: {str(got)[:80]!r} is not a {expected}")
+    fields = {k: v for k, v in value.items() if v is not None or k not in K8S_FIELDS}
+    try:
+        return K8sSpec.from_json(fields)
+    except SpecError as err:
+        message = str(err)
+        raise SpecError(message if message.startswith("k8s") else f"k8s: {message}") from None
+
+
 def _notebook(value: str | None) -> str:
     if value is None:
         return ""
@@ -266,6 +302,7 @@ def shape_from_json(body: Any) -> CreateRequest:
         ssh_config=body.get("ssh_config"),
         launcher=body.get("launcher"),
         ray=_ray(body.get("ray")),
+        k8s=_k8s(body.get("k8s")),
     )
     name = check_session_name(body.get("name") or DEFAULT_SESSION)
     return CreateRequest(
@@ -274,23 +311,39 @@ def shape_from_json(body: Any) -> CreateRequest:
 
 
 async def check_files(req: CreateRequest) -> None:
-    """``cwd`` is a folder and ``ssh_config`` a readable file of this machine; asked in a
-    thread, so that a hung file system holds up this request only."""
+    """``cwd`` is a folder, ``ssh_config`` a readable file and a k8s session's pod
+    template a pod template, of this machine; asked in a thread, so that a hung file system
+    holds up this request only."""
+    k8s = req.shape.k8s if req.shape.launcher == "k8s" else None
+    template = k8s.pod_template if k8s is not None else None
 
     def check() -> None:
         if req.cwd is not None and not os.path.isdir(req.cwd):
             raise SpecError(f"cwd {req.cwd!r}: no such folder on the server's machine")
         if req.shape.ssh_config is not None:
             check_ssh_config(req.shape.ssh_config, "ssh_config")
+        if template is not None:
+            try:
+                read_pod_template(template)
+            except SpecError as err:
+                raise SpecError(f"k8s: {err}") from None
 
-    if req.cwd is None and req.shape.ssh_config is None:
+    if req.cwd is None and req.shape.ssh_config is None and template is None:
         return
     try:
         await asyncio.wait_for(asyncio.to_thread(check), FILE_CHECK_S)
     except asyncio.TimeoutError:
+        asked = [
+            f"{what} {path!r}"
+            for what, path in (
+                ("cwd", req.cwd),
+                ("ssh_config", req.shape.ssh_config),
+                ("k8s.pod_template", template),
+            )
+            if path is not None
+        ]
         raise SpecError(
-            f"cwd {req.cwd!r} / ssh_config {req.shape.ssh_config!r}: the file system did not "
-            f"answer within {FILE_CHECK_S:.0f} s"
+            f"{' / '.join(asked)}: the file system did not answer within {FILE_CHECK_S:.0f} s"
         ) from None
 
 

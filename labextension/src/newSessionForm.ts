@@ -1,13 +1,16 @@
 /**
  * The "new session" form: launcher, hosts, nodes, GPUs or CPU processes per node, backend;
  * with the Ray launcher, the cluster's address, the placement strategy, the CPUs and GPUs
- * each node's bundle holds and Ray's runtime environment (shown only for Ray).
+ * each node's bundle holds and Ray's runtime environment (shown only for Ray); with the
+ * Kubernetes launcher, the pods' namespace, kubeconfig context, image, CPUs and memory, node
+ * selectors and tolerations (one a line), pod template, callback address and timeout.
  * It is checked in place before it closes (`checkForm`, then the server's own check,
  * ``POST /sessions?validate=true``): a bad value is marked at its field with what is
  * expected, and nothing typed is lost.
  */
 import { Widget } from '@lumino/widgets';
 
+import { K8sField } from './k8sRequest';
 import { FormField, INewSession, RAY_STRATEGIES } from './sessionRequest';
 
 export { INewSession, RAY_STRATEGIES, checkForm, fieldOfMessage, requestOf } from './sessionRequest';
@@ -54,6 +57,30 @@ function input(name: string, placeholder: string, value = ''): HTMLInputElement 
   return element;
 }
 
+/** A field of one item a line. */
+function lines(name: string, placeholder: string): HTMLTextAreaElement {
+  const element = document.createElement('textarea');
+  element.name = name;
+  element.placeholder = placeholder;
+  element.rows = 2;
+  return element;
+}
+
+/** The Kubernetes fields: name, label, placeholder, hint; node selectors and tolerations
+ * take one item a line. */
+const K8S_FIELDS: [K8sField, string, string, string][] = [
+  ['k8sNamespace', 'Namespace', "the context's", "where the session's Job runs; empty: the kubeconfig context's, or the server's own pod's"],
+  ['k8sContext', 'Context', 'current', "a kubeconfig context of the server's machine; empty: the current one"],
+  ['k8sImage', 'Image', "the server's pod's", "the pods' image, with jupyter_dist (same version) and python; empty: the server's own pod's"],
+  ['k8sCpus', 'CPUs per pod', '8 or 500m', "each pod's CPU request and limit, a Kubernetes quantity"],
+  ['k8sMemory', 'Memory per pod', '64Gi', "each pod's memory request and limit, a Kubernetes quantity"],
+  ['k8sNodeSelectors', 'Node selectors', 'nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3', 'labels the machines must have, one key=value a line'],
+  ['k8sTolerations', 'Tolerations', 'nvidia.com/gpu:NoSchedule', 'taints the pods tolerate, one key[=value]:Effect a line'],
+  ['k8sPodTemplate', 'Pod template', '/path/on/the/server/pod.yaml', "a YAML or JSON pod template on the server's machine, merged under these fields (volumes, service account)"],
+  ['k8sCallback', 'Callback', 'HOST:PORT, else in-cluster', 'where the pods dial back to the server; empty: its pod IP, in-cluster'],
+  ['k8sTimeout', 'Timeout (s)', 'the start timeout', 'seconds to wait for the pods to be scheduled and connected']
+];
+
 export class NewSessionForm extends Widget {
   constructor(defaultLauncher = 'local') {
     super();
@@ -66,7 +93,8 @@ export class NewSessionForm extends Widget {
           ['local', 'local (this machine)'],
           ['ssh', 'SSH'],
           ['slurm', 'Slurm'],
-          ['ray', 'Ray cluster']
+          ['ray', 'Ray cluster'],
+          ['k8s', 'Kubernetes']
         ],
         defaultLauncher
       ),
@@ -104,6 +132,10 @@ export class NewSessionForm extends Widget {
       rayGpus: input('rayGpus', 'GPUs per node, else 0'),
       rayRuntimeEnv: input('rayRuntimeEnv', '{"pip": ["jupyter_dist"]}')
     };
+    for (const [name, , placeholder] of K8S_FIELDS) {
+      const many = name === 'k8sNodeSelectors' || name === 'k8sTolerations';
+      this.inputs[name] = many ? lines(name, placeholder) : input(name, placeholder);
+    }
     const i = this.inputs;
     const e = (name: string) => {
       const line = errorLine(name);
@@ -138,11 +170,16 @@ export class NewSessionForm extends Widget {
     for (const row of this.rayRows) {
       row.classList.add('jp-DistForm-ray');
     }
+    this.k8sRows = K8S_FIELDS.map(([name, label, , hint]) => field(label, i[name], e(name), hint));
+    for (const row of this.k8sRows) {
+      row.classList.add('jp-DistForm-k8s');
+    }
     this.node.append(
       field('Name', i.name, e('name'), 'letters, digits, ".", "_" and "-"'),
       field('Launcher', i.launcher, e('launcher')),
       this.hostsRow,
       ...this.rayRows,
+      ...this.k8sRows,
       field('Nodes', i.nodes, e('nodes')),
       field('Ranks', i.kind, e('kind')),
       field('Count', i.count, e('count'), 'one count, or one per node: 4,2'),
@@ -156,13 +193,16 @@ export class NewSessionForm extends Widget {
     this.showLauncher();
   }
 
-  /** Ray's fields for the Ray launcher, the hosts for the others. */
+  /** Ray's fields for the Ray launcher, Kubernetes' for Kubernetes, the hosts for the others. */
   private showLauncher(): void {
-    const ray = this.inputs.launcher.value === 'ray';
+    const launcher = this.inputs.launcher.value;
     for (const row of this.rayRows) {
-      row.hidden = !ray;
+      row.hidden = launcher !== 'ray';
     }
-    this.hostsRow.hidden = ray;
+    for (const row of this.k8sRows) {
+      row.hidden = launcher !== 'k8s';
+    }
+    this.hostsRow.hidden = launcher === 'ray' || launcher === 'k8s';
   }
 
   /** Mark each bad field with what is wrong and what is expected; ``form``: the rest. */
@@ -200,7 +240,9 @@ export class NewSessionForm extends Widget {
 
   getValue(): INewSession {
     const i = this.inputs;
+    const k8s = Object.fromEntries(K8S_FIELDS.map(([name]) => [name, i[name].value]));
     return {
+      ...k8s,
       name: (i.name as HTMLInputElement).value,
       launcher: (i.launcher as HTMLSelectElement).value,
       hosts: (i.hosts as HTMLInputElement).value,
@@ -216,9 +258,10 @@ export class NewSessionForm extends Widget {
     };
   }
 
-  private inputs: Record<string, HTMLInputElement | HTMLSelectElement>;
+  private inputs: Record<string, HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement>;
   private hostsRow: HTMLElement;
   private rayRows: HTMLElement[];
+  private k8sRows: HTMLElement[];
   private errors: Record<string, HTMLElement> = {};
   private general: HTMLElement;
 }

@@ -1,6 +1,8 @@
 /** The body of ``POST /sessions`` from the new-session form's fields. */
+import { IK8sFields, checkK8s, k8sFieldOfMessage, k8sOf } from './k8sRequest';
 
-export interface INewSession {
+/** The form's fields; with launcher "k8s", the Kubernetes ones (`IK8sFields`) too. */
+export interface INewSession extends IK8sFields {
   name: string;
   launcher: string;
   hosts: string;
@@ -22,6 +24,9 @@ export interface INewSession {
 
 /** The Ray placement strategies, the default first. */
 export const RAY_STRATEGIES = ['STRICT_SPREAD', 'PACK', 'SPREAD'];
+
+/** The launchers whose nodes a cluster manager places: no hosts. */
+export const CLUSTER_LAUNCHERS = ['ray', 'k8s'];
 
 /** A count typed in a field: a number when it is one, else the text for the server to name. */
 function countOf(text: string): number | string {
@@ -67,11 +72,14 @@ export function requestOf(form: INewSession): Record<string, unknown> {
   if (form.launcher !== 'local') {
     body.launcher = form.launcher;
   }
-  if (form.hosts.trim() && form.launcher !== 'ray') {
+  if (form.hosts.trim() && !CLUSTER_LAUNCHERS.includes(form.launcher)) {
     body.hosts = form.hosts.trim();
   }
   if (form.launcher === 'ray') {
     body.ray = rayOf(form);
+  }
+  if (form.launcher === 'k8s') {
+    body.k8s = k8sOf(form);
   }
   if (form.backend) {
     body.backend = form.backend;
@@ -105,6 +113,12 @@ export function checkForm(form: INewSession): Partial<Record<FormField, string>>
   }
   if (form.launcher === 'ray') {
     Object.assign(wrong, checkRay(form));
+  }
+  if (form.launcher === 'k8s') {
+    Object.assign(wrong, checkK8s(form));
+    if (form.hosts.trim()) {
+      wrong.hosts = 'Kubernetes runs the nodes as pods of one Job: leave Hosts empty';
+    }
   }
   return wrong;
 }
@@ -150,6 +164,10 @@ function checkRay(form: INewSession): Partial<Record<FormField, string>> {
 
 /** The field a server's 400 message is about (it begins with the field's name), if any. */
 export function fieldOfMessage(message: string): FormField | null {
+  const k8s = k8sFieldOfMessage(message);
+  if (k8s !== null) {
+    return k8s;
+  }
   // the ray object's: "ray: --ray-cpus 0: ..." or "ray.cpus: '2' is not a int"
   const ray = /^\s*ray(?::\s*--ray-|\.)([a-z_-]+)/.exec(message)?.[1];
   if (ray !== undefined) {

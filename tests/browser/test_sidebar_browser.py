@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -318,6 +319,96 @@ def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
     expect(form.locator('select[name="rayStrategy"]')).to_have_value("PACK")  # kept
     expect(form.locator('input[name="name"]')).to_have_value("on-ray")
     nb.screenshot("form-ray-cpus")
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_have_count(0)
+    expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()
+    ours = [e for e in nb.console_errors if "jupyter-dist" in e or "DistForm" in e]
+    assert not ours, ours
+
+
+def test_the_form_offers_kubernetes_with_its_fields_checked_and_sent_as_the_k8s_object(
+    open_lab_notebook: OpenNotebook, tmp_path: Path
+) -> None:
+    """Kubernetes in the form: its fields appear (the hosts and Ray's go), a bad namespace
+    is marked at its field by the form, Enter in the node selectors starts a line (it does
+    not press Start), and good values go to the server as the ``k8s`` object, whose check
+    reads the pod template on the server and names the missing file at its field (no
+    cluster needed: nothing starts until both checks passed)."""
+    from playwright.sync_api import expect
+
+    nb = open_lab_notebook("sidebar_k8s_form", ["print('nothing runs here')"])
+    open_sidebar(nb)
+    new_session(nb)
+    dialog = nb.page.locator(".jp-Dialog")
+    form = dialog.locator(".jp-DistForm")
+    k8s_rows = form.locator(".jp-DistForm-k8s")
+    expect(k8s_rows).to_have_count(10, timeout=RENDER_TIMEOUT_MS)
+    for i in range(10):
+        expect(k8s_rows.nth(i)).to_be_hidden()  # local: no Kubernetes fields
+    form.locator('select[name="launcher"]').select_option("k8s")
+    for i in range(10):
+        expect(k8s_rows.nth(i)).to_be_visible()
+    expect(form.locator('input[name="hosts"]')).to_be_hidden()
+    expect(form.locator('input[name="rayAddress"]')).to_be_hidden()
+    expect(form.locator(".jp-DistForm-k8s > span:first-child")).to_have_text(
+        [
+            "Namespace", "Context", "Image", "CPUs per pod", "Memory per pod", "Node selectors",
+            "Tolerations", "Pod template", "Callback", "Timeout (s)",
+        ]
+    )  # fmt: skip
+
+    form.locator('input[name="name"]').fill("on-k8s")
+    form.locator('input[name="nodes"]').fill("2")
+    form.locator('select[name="kind"]').select_option("gpus")
+    form.locator('input[name="count"]').fill("4")
+    form.locator('input[name="k8sNamespace"]').fill("ML_Team")
+    form.locator('input[name="k8sMemory"]').fill("64Gi")
+    dialog.get_by_role("button", name="Start").click()
+    expect(form.locator("#jp-DistForm-error-k8sNamespace")).to_contain_text(
+        "'ML_Team': expected a Kubernetes namespace (lower-case letters", timeout=RENDER_TIMEOUT_MS
+    )
+    expect(form.locator('input[name="k8sNamespace"]')).to_have_attribute("aria-invalid", "true")
+    nb.screenshot("form-k8s-namespace")
+
+    form.locator('input[name="k8sNamespace"]').fill("ml")
+    expect(form.locator("#jp-DistForm-error-k8sNamespace")).to_be_hidden()
+    selectors = form.locator('textarea[name="k8sNodeSelectors"]')
+    selectors.click()
+    selectors.type("nvidia.com/gpu.product=H100")
+    selectors.press("Enter")  # a second line, not Start
+    selectors.type("pool=train")
+    expect(dialog).to_be_visible()
+    expect(selectors).to_have_value("nvidia.com/gpu.product=H100\npool=train")
+    form.locator('textarea[name="k8sTolerations"]').fill("nvidia.com/gpu:NoSchedule")
+    missing = str(tmp_path / "missing-pod.yaml")
+    form.locator('input[name="k8sPodTemplate"]').fill(missing)
+    form.locator('input[name="k8sCallback"]').fill("10.0.3.7:7077")
+    form.locator('input[name="k8sTimeout"]').fill("600")
+    with nb.page.expect_request(lambda r: r.method == "POST" and "validate=true" in r.url) as asked:
+        dialog.get_by_role("button", name="Start").click()
+    assert json.loads(asked.value.post_data or "") == {
+        "name": "on-k8s",
+        "launcher": "k8s",
+        "nodes": 2,
+        "gpus": 4,
+        "k8s": {
+            "namespace": "ml",
+            "memory": "64Gi",
+            "node_selector": ["nvidia.com/gpu.product=H100", "pool=train"],
+            "tolerations": ["nvidia.com/gpu:NoSchedule"],
+            "pod_template": missing,
+            "callback": "10.0.3.7:7077",
+            "timeout": 600,
+        },
+    }
+    error = form.locator("#jp-DistForm-error-k8sPodTemplate")
+    expect(error).to_have_text(
+        f"k8s: --pod-template {missing!r}: No such file or directory", timeout=RENDER_TIMEOUT_MS
+    )
+    expect(form.locator('input[name="k8sPodTemplate"]')).to_have_attribute("aria-invalid", "true")
+    expect(form.locator('input[name="name"]')).to_have_value("on-k8s")  # kept
+    expect(selectors).to_have_value("nvidia.com/gpu.product=H100\npool=train")
+    nb.screenshot("form-k8s-pod-template")
     dialog.get_by_role("button", name="Cancel").click()
     expect(dialog).to_have_count(0)
     expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()

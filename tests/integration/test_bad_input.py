@@ -24,6 +24,8 @@ from .server_process import API, Server, start_server, stop_server
 pytestmark = pytest.mark.slow
 #: seconds a GET /sessions may take while bad requests are handled (it takes milliseconds)
 ANSWER_S = 1.5
+#: a session on Kubernetes pods: refused for its k8s object before any cluster is asked
+K8S = {"launcher": "k8s", "nodes": 2, "procs": 1}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +90,17 @@ def nothing_left(server: Server, before: set[int]) -> None:
         ({"procs": 1, "ssh_config": "/dev/zero"}, "ssh_config '/dev/zero': not a regular"),
         ({"procs": 1, "env": {"A B": "x"}}, "env: 'A B' is not a variable name"),
         ({"procs": "9" * 5000}, "procs: '9999"),
+        ({**K8S, "k8s": {"namespace": "GPU_Team"}}, "k8s: --namespace 'GPU_Team': expected a"),
+        (
+            {**K8S, "k8s": {"memory": "64GB"}},
+            "k8s: --memory '64GB': expected a Kubernetes quantity",
+        ),
+        ({**K8S, "k8s": {"namespce": "ml"}}, "k8s: unknown field 'namespce'; expected callback"),
+        ({**K8S, "k8s": {"cpus": 8}}, "k8s.cpus: '8' is not a str"),
+        ({**K8S, "hosts": "a,b", "k8s": {}}, "--k8s and --hosts/--hostfile: give one"),
+        ({"procs": 1, "k8s": {"namespace": "ml"}}, "k8s options without --k8s"),
+        ({**K8S, "k8s": {"pod_template": "/dev/zero"}}, "k8s: --pod-template '/dev/zero': not a"),
+        ({**K8S, "k8s": {"pod_template": "/no/such/pod.yaml"}}, "No such file or directory"),
     ],
 )
 def test_bad_bodies_are_400s_naming_the_value(

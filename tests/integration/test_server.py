@@ -204,10 +204,12 @@ def test_openapi_file_describes_every_route() -> None:
             break
         else:
             assert path in documented, path
-    from jupyter_dist.server.handlers import REQUEST_FIELDS
+    from jupyter_dist.server.handlers import K8S_FIELDS, RAY_FIELDS, REQUEST_FIELDS
 
     fields = spec["components"]["schemas"]["SessionRequest"]["properties"]
     assert set(fields) == set(REQUEST_FIELDS)
+    assert set(fields["ray"]["properties"]) == set(RAY_FIELDS)
+    assert set(fields["k8s"]["properties"]) == set(K8S_FIELDS)
 
 
 def test_installing_enables_the_extension() -> None:

@@ -218,6 +218,26 @@ def test_files_that_are_not_small_regular_files_are_not_read(tmp_path: Path) -> 
     assert "not UTF-8" in refused(read_hostfile, tmp_path / "binary")
 
 
+def test_a_pod_template_that_is_not_a_small_regular_file_is_not_read(tmp_path: Path) -> None:
+    from jupyter_dist.common.k8s_options import MAX_TEMPLATE_BYTES, read_pod_template
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    for path in (str(fifo), "/dev/zero", str(tmp_path)):
+        assert f"--pod-template {path!r}: not a regular file" in refused(read_pod_template, path)
+    big = tmp_path / "big.yaml"
+    big.write_text("# padding\n" * (MAX_TEMPLATE_BYTES // 10 + 1))
+    assert "larger than 256 KiB" in refused(read_pod_template, str(big))
+    missing = str(tmp_path / "missing.yaml")
+    assert refused(read_pod_template, missing).endswith("No such file or directory")
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("kind: Pod\nspec:\n  serviceAccountName: trainer\n")
+    assert read_pod_template(str(pod)) == {
+        "metadata": {},
+        "spec": {"serviceAccountName": "trainer"},
+    }
+
+
 # -- seconds ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0.0, -1.0])
 def test_timeouts_must_be_finite_and_positive(value: float) -> None:
@@ -257,10 +277,68 @@ def test_timeouts_must_be_finite_and_positive(value: float) -> None:
         ({"ray": {"address": "head"}}, "ray: --ray-address 'head': expected HOST:PORT"),
         ({"ray": {"runtime_env": "{pip"}}, "ray: --ray-runtime-env '{pip': not JSON"),
         ({"ray": {"runtime_env": {"pip": []}}}, "ray.runtime_env: \"{'pip': []}\" is not a str"),
+        ({"k8s": "gpu-team"}, "k8s: 'gpu-team' is not a dict"),
+        ({"k8s": {"namespce": "a"}}, "k8s: unknown field 'namespce'; expected callback, context"),
+        ({"k8s": {"namespace": "GPU_Team"}}, "k8s: --namespace 'GPU_Team': expected a Kubernetes"),
+        ({"k8s": {"namespace": 7}}, "k8s.namespace: '7' is not a str"),
+        ({"k8s": {"cpus": 8}}, "k8s.cpus: '8' is not a str"),
+        ({"k8s": {"memory": "64GB"}}, "k8s: --memory '64GB': expected a Kubernetes quantity"),
+        ({"k8s": {"cpus": "0"}}, "k8s: --cpus '0': expected a Kubernetes quantity more than 0"),
+        ({"k8s": {"image": "my image"}}, "k8s: --image 'my image': expected an image reference"),
+        ({"k8s": {"node_selector": "a=b"}}, "k8s.node_selector: 'a=b' is not a list"),
+        ({"k8s": {"node_selector": [1]}}, "k8s.node_selector: '[1]': expected a list of strings"),
+        ({"k8s": {"node_selector": ["gpu"]}}, "k8s: --node-selector 'gpu': expected key=value"),
+        ({"k8s": {"tolerations": ["gpu:Never"]}}, "k8s: --toleration 'gpu:Never': expected key"),
+        ({"k8s": {"callback": "10.0.0.1"}}, "k8s: --k8s-callback '10.0.0.1': expected HOST:PORT"),
+        ({"k8s": {"timeout": 0}}, "k8s: --k8s-timeout 0: expected seconds, more than 0"),
+        ({"k8s": {"timeout": "5m"}}, "k8s.timeout: '5m' is not a int or float"),
+        ({"k8s": {"deadline": 30}}, "k8s: --k8s-deadline 30: expected whole seconds, 60 to"),
+        ({"k8s": {"deadline": 3600.5}}, "k8s.deadline: '3600.5' is not a int"),
+        ({"k8s": {"pod_template": " "}}, "k8s: --pod-template ' ': expected a file's path"),
     ],
 )
 def test_bad_bodies_are_refused_at_parsing(body: dict[str, Any], fragment: str) -> None:
     assert fragment in refused(shape_from_json, body)
+
+
+def test_a_k8s_body_gives_the_spec_the_flags_give_and_null_means_the_default() -> None:
+    from jupyter_dist.common.k8s_options import DEFAULT_DEADLINE_S, DEFAULT_GRACE_S, K8sSpec
+
+    body = {
+        "launcher": "k8s",
+        "nodes": 2,
+        "gpus": 4,
+        "k8s": {
+            "namespace": "ml",
+            "memory": "64Gi",
+            "cpus": "500m",
+            "node_selector": ["nvidia.com/gpu.product=H100"],
+            "tolerations": ["nvidia.com/gpu:NoSchedule"],
+            "callback": "10.0.3.7:7077",
+            "timeout": 600,
+            "deadline": None,
+            "grace": None,
+        },
+    }
+    shape = shape_from_json(body).shape
+    assert shape.k8s == K8sSpec(
+        namespace="ml",
+        memory="64Gi",
+        cpus="500m",
+        node_selector=("nvidia.com/gpu.product=H100",),
+        tolerations=("nvidia.com/gpu:NoSchedule",),
+        callback="10.0.3.7:7077",
+        timeout=600,
+    )
+    assert (shape.k8s.deadline, shape.k8s.grace) == (DEFAULT_DEADLINE_S, DEFAULT_GRACE_S)
+    validate_request(shape)
+    # the k8s object without launcher k8s, or beside hosts, is refused before anything starts
+    lone = shape_from_json({"procs": 1, "k8s": {"namespace": "ml"}}).shape
+    assert "k8s options without --k8s" in refused(validate_request, lone)
+    hosts = shape_from_json({**body, "hosts": "a,b"}).shape
+    assert "--k8s and --hosts/--hostfile: give one" in refused(validate_request, hosts)
+    ray = shape_from_json({**body, "launcher": "ray"}).shape
+    assert "--ray and --k8s options: give one cluster manager" in refused(validate_request, ray)
 
 
 def test_a_framework_in_a_body_is_checked_like_the_magics() -> None:

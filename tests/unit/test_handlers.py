@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,6 +144,64 @@ def test_a_bad_ray_request_is_a_400_naming_the_value_and_starts_nothing(
     )
     assert code == 200 and body["valid"] is False, body
     assert body["message"] == "ray: --ray-gpus 5000: expected 0 to 4096"
+    assert call("GET", "sessions") == (200, [])
+    assert not cluster.agents
+
+
+def test_a_bad_k8s_request_is_a_400_naming_the_field_and_value_and_starts_nothing(
+    call: Callable[..., Any], cluster: FakeCluster, tmp_path: Path
+) -> None:
+    k8s = {"nodes": 2, "gpus": 4, "launcher": "k8s"}
+    refusals = [
+        ({"namespace": "GPU_Team"}, "k8s: --namespace 'GPU_Team': expected a Kubernetes namespace"),
+        ({"memory": "64GB"}, "k8s: --memory '64GB': expected a Kubernetes quantity"),
+        ({"cpus": 8}, "k8s.cpus: '8' is not a str"),
+        ({"namespce": "ml"}, "k8s: unknown field 'namespce'; expected callback, context"),
+        ({"tolerations": ["gpu:Never"]}, "k8s: --toleration 'gpu:Never': expected key[=value]"),
+        ({"deadline": 10}, "k8s: --k8s-deadline 10: expected whole seconds, 60 to 2592000"),
+    ]
+    for fields, message in refusals:
+        code, body = call("POST", "sessions", {**k8s, "k8s": fields})
+        assert code == 400 and message in body["message"], (fields, body)
+    code, body = call("POST", "sessions", {**k8s, "hosts": "a,b", "k8s": {}})
+    assert code == 400 and "--k8s and --hosts/--hostfile: give one" in body["message"], body
+    code, body = call("POST", "sessions", {"procs": 1, "k8s": {"namespace": "ml"}})
+    assert code == 400 and "k8s options without --k8s" in body["message"], body
+    # the pod template is read on the server before anything starts
+    missing = str(tmp_path / "missing.yaml")
+    code, body = call("POST", "sessions", {**k8s, "k8s": {"pod_template": missing}})
+    assert code == 400, body
+    assert body["message"] == f"k8s: --pod-template {missing!r}: No such file or directory"
+    two = tmp_path / "two.yaml"
+    two.write_text("spec:\n  containers: [{name: a}, {name: b}]\n")
+    code, body = call("POST", "sessions", {**k8s, "k8s": {"pod_template": str(two)}})
+    assert code == 400 and "2 containers; expected at most one" in body["message"], body
+    # what the sidebar's form asks before it closes: checked, nothing started
+    good = tmp_path / "pod.yaml"
+    good.write_text("spec:\n  serviceAccountName: trainer\n")
+    form = {
+        **k8s,
+        "name": "on-k8s",
+        "k8s": {
+            "namespace": "ml",
+            "memory": "64Gi",
+            "node_selector": ["nvidia.com/gpu.product=H100"],
+            "tolerations": ["nvidia.com/gpu:NoSchedule"],
+            "pod_template": str(good),
+            "callback": "10.0.3.7:7077",
+            "timeout": 600,
+        },
+    }
+    code, body = call("POST", "sessions", form, params={"validate": "true"})
+    assert (code, body) == (200, {"valid": True, "name": "on-k8s"})
+    code, body = call(
+        "POST",
+        "sessions",
+        {**form, "k8s": {"pod_template": str(two)}},
+        params={"validate": "true"},
+    )
+    assert code == 200 and body["valid"] is False, body
+    assert body["message"].startswith(f"k8s: --pod-template {str(two)!r}: 2 containers")
     assert call("GET", "sessions") == (200, [])
     assert not cluster.agents
 

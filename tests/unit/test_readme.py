@@ -46,7 +46,7 @@ def table_after(marker: str) -> list[str]:
 
 def option_in(cell: str) -> str:
     """``--backend nccl\\|gloo`` -> ``--backend``: the option a table row names."""
-    found = re.findall(r"`(--[a-z][a-z-]*)", cell)
+    found = re.findall(r"`(--[a-z][a-z0-9-]*)", cell)
     assert len(found) == 1, f"README.md row {cell!r}: expected one `--option`, found {found}"
     return str(found[0])
 
