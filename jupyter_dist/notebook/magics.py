@@ -347,8 +347,7 @@ class DistMagics(Magics):
         "--k8s-grace",
         type=float,
         default=None,
-        help="--k8s: seconds a pod keeps dialling a notebook it lost before it exits "
-        "(default 60)",
+        help="--k8s: seconds a pod keeps dialling a notebook it lost before it exits (default 60)",
     )
     @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(
