@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from tests.k8s.kinds import path
 
-__all__ = ["ApiCallError", "K8sCluster", "start_cluster"]
+__all__ = ["ApiCallError", "K8sCluster", "process_group_alive", "start_cluster"]
 
 START_TIMEOUT = 60.0
 T = TypeVar("T")
@@ -168,7 +168,7 @@ class K8sCluster:
         return {
             entry["name"]: entry["pid"]
             for entry in self._record().values()
-            if entry["running"] and _group_alive(entry["pid"])
+            if entry["running"] and process_group_alive(entry["pid"])
         }
 
     def all_pod_pids(self) -> builtins.list[int]:
@@ -207,14 +207,14 @@ class K8sCluster:
                 self.process.wait(timeout=10)
         left = []
         for entry in self._record().values():
-            if _group_alive(entry["pid"]):
+            if process_group_alive(entry["pid"]):
                 left.append(f"{entry['namespace']}/{entry['name']} (process group {entry['pid']})")
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry["pid"], signal.SIGKILL)
         return left
 
 
-def _group_alive(pgid: int) -> bool:
+def process_group_alive(pgid: int) -> bool:
     """Whether any process of group ``pgid`` lives (zombies of the kubelet do not count)."""
     try:
         os.killpg(pgid, 0)

@@ -13,11 +13,12 @@ from typing import Any
 
 import kr8s
 import kr8s.asyncio
+import psutil
 import pytest
 
 from tests.async_run import in_loop
 from tests.k8s.api_server import NOTEBOOK_USER
-from tests.k8s.cluster import ApiCallError, K8sCluster
+from tests.k8s.cluster import ApiCallError, K8sCluster, process_group_alive
 from tests.k8s.conftest import StartCluster
 
 pytestmark = pytest.mark.k8s
@@ -30,7 +31,7 @@ SHOW_AND_WAIT = (
     "import os, stat, sys, time\n"
     "path = sys.argv[1]\n"
     "print(os.environ['POD_IP'], os.environ['JOB_COMPLETION_INDEX'], os.environ['SESSION_KEY'],"
-    " open(path).read(), oct(stat.S_IMODE(os.stat(path).st_mode)), flush=True)\n"
+    " open(path).read(), oct(stat.S_IMODE(os.stat(path).st_mode)), *sys.argv[2:], flush=True)\n"
     "time.sleep(60)\n"
 )
 
@@ -95,7 +96,7 @@ def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sC
     body = job_body("show", SHOW_AND_WAIT, completions=2)
     pod_spec = body["spec"]["template"]["spec"]
     container = pod_spec["containers"][0]
-    container["args"] = ["/etc/dist-secret/file.txt"]
+    container["args"] = ["/etc/dist-secret/file.txt", "--node=$(JOB_COMPLETION_INDEX)", "$$(KEPT)"]
     container["env"] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {
@@ -150,7 +151,9 @@ def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sC
         line = cluster.wait_for(
             f"pod {index} printed its environment", functools.partial(shown, pod)
         )
-        assert line == f"{pod['status']['podIP']} {index} s3cr3t from-the-volume 0o600"
+        assert line == (
+            f"{pod['status']['podIP']} {index} s3cr3t from-the-volume 0o600 --node={index} $(KEPT)"
+        )
 
     processes = cluster.pod_processes()
     assert sorted(processes) == sorted(p["metadata"]["name"] for p in pods)
@@ -159,9 +162,7 @@ def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sC
     cluster.delete("jobs", "show")
     cluster.wait_for("the job's pods collected", lambda: not pods_of(cluster, "show"))
     cluster.wait_for("the pod processes gone", lambda: not cluster.pod_processes())
-    for pid in processes.values():
-        with pytest.raises(ProcessLookupError):
-            os.killpg(pid, 0)
+    assert not [pid for pid in processes.values() if process_group_alive(pid)]
     assert cluster.get("secrets", "session-secret")  # owned by nobody: stays
     cluster.delete("secrets", "session-secret")
 
@@ -349,3 +350,39 @@ async def test_kr8s_drives_the_cluster(
     assert not await labelled() and not cluster.pod_processes()
     assert not await job.exists()
     assert stat.S_IMODE(os.stat(cluster.kubeconfig).st_mode) == 0o600
+
+
+#: ignores SIGTERM, and so does a child it starts in a session of its own
+STUBBORN = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import signal, time;"
+    " signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'], start_new_session=True)\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_deleted_pod_that_ignores_sigterm_is_killed_with_its_children(
+    k8s_cluster: K8sCluster,
+) -> None:
+    cluster = k8s_cluster
+    body = job_body("stubborn", STUBBORN, completions=1)
+    body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
+    cluster.create("jobs", body)
+    [pod] = cluster.wait_for("the pod Running", lambda: running_pods(cluster, "stubborn", 1))
+    name = pod["metadata"]["name"]
+    child = int(cluster.wait_for("the child's pid", lambda: cluster.pod_log(name).strip() or None))
+    [pid] = cluster.pod_processes().values()
+    cluster.delete("pods", name)
+    cluster.wait_for("the pod process killed", lambda: not process_group_alive(pid), timeout=30)
+
+    def child_gone() -> bool:
+        try:
+            return psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    cluster.wait_for("its child in another session killed too", child_gone, timeout=30)
+    assert "SIGKILL default/" + name in cluster.log_text()  # SIGTERM was not enough
+    cluster.delete("jobs", "stubborn")
