@@ -8,7 +8,8 @@ kr8s finds kinds), create / get / list / patch / delete of namespaced and cluste
 objects (kmock's ``KubernetesEmulator`` stores them), metadata the server owns (``uid``,
 ``creationTimestamp``, ``resourceVersion``, ``generateName``), Secret ``stringData``,
 label and field selectors on lists, bearer-token authentication (401 without the token),
-RBAC denials of chosen verbs (403 with the API server's Status and wording), pod logs
+RBAC denials of chosen verbs (403 with the API server's Status and wording), schema
+checks of what the notebook's user creates (422 Invalid naming the field), pod logs
 (``pods/NAME/log``, the files the kubelet writes) and TokenReview (kr8s' whoami). It
 writes a kubeconfig whose user is ``system:serviceaccount:default:notebook``, then prints
 ``READY <url>`` on stdout.
@@ -17,8 +18,9 @@ The kubelet, scheduler, Job controller and garbage collector (``kubelet.py``) ru
 process as a second client of this HTTP API with their own token, which no ``--deny``
 touches: they never read the emulator's memory.
 
-What it does not play: watches (kmock's deliver nothing: poll), admission and schema
-validation, resourceVersion conflicts, finalizers beyond what kmock does, strategic merge
+What it does not play: watches (kmock's deliver nothing: poll), admission beyond the
+schema (no defaulting, no semantic checks), schema checks of patches, resourceVersion
+conflicts, finalizers beyond what kmock does, strategic merge
 patches (a patch is a JSON merge patch: lists are replaced), TLS, real containers.
 """
 
@@ -52,6 +54,8 @@ log = logging.getLogger("k8s.api")
 
 #: who the kubeconfig's token authenticates as
 NOTEBOOK_USER = "system:serviceaccount:default:notebook"
+#: the Kubernetes version the server reports and whose schema it checks objects against
+SCHEMA_VERSION = "1.33"
 VERBS = ("create", "get", "list", "watch", "patch", "update", "delete", "deletecollection")
 #: kmock keeps every request it served; past this many the oldest are dropped
 _KEEP_REQUESTS = 500
@@ -195,6 +199,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 return self._pod_log(request)
             if isinstance(request.data, dict):
                 if verb == "create" and request.subresource is None:
+                    if is_user:
+                        _validate(kind, request.data)
                     self._fill_metadata(kind, request)
                 elif verb == "patch" and request.subresource is None:
                     request.data.setdefault("metadata", {})["resourceVersion"] = str(
@@ -226,7 +232,13 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
 
     async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
         # kmock says 1.26 (k3s), which kr8s warns it does not support
-        return {"major": "1", "minor": "33", "gitVersion": "v1.33.0", "platform": "linux/amd64"}
+        major, minor = SCHEMA_VERSION.split(".")
+        return {
+            "major": major,
+            "minor": minor,
+            "gitVersion": f"v{SCHEMA_VERSION}.0",
+            "platform": "linux/amd64",
+        }
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         listing = await super()._serve_list(request)
@@ -309,6 +321,27 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 kept = getattr(payload, "_requests", None)
                 if isinstance(kept, list):
                     del kept[:-_KEEP_REQUESTS]
+
+
+def _validate(kind: Kind, obj: dict[str, Any]) -> None:
+    """Check a created object against the Kubernetes OpenAPI schema of ``SCHEMA_VERSION``
+    (kubernetes-validate). Stricter than the API server, which by default drops unknown
+    fields with a warning: here they are refused, so a misspelt field shows."""
+    import kubernetes_validate
+
+    body = {"apiVersion": kind.api_version, "kind": kind.kind, **obj}
+    try:
+        kubernetes_validate.validate(body, SCHEMA_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.path).lstrip(".")
+        name = obj.get("metadata", {}).get("name") or obj.get("metadata", {}).get("generateName")
+        raise kmock.KubernetesError(
+            status=422,
+            reason="Invalid",
+            message=f'{kind.kind}.{kind.group or "core"} "{name}" is invalid: {where or "<root>"}:'
+            f" {e.message.splitlines()[0]} (checked against the {SCHEMA_VERSION} schema)",
+            details={"name": name, "group": kind.group, "kind": kind.kind},
+        ) from None
 
 
 def _string_data_to_data(secret: dict[str, Any]) -> None:

@@ -304,6 +304,26 @@ def test_denied_verbs_answer_403_as_the_api_server_words_it(
     assert cluster.get("secrets", "kept")["data"] == {"a": "Yg=="}  # stringData folded into data
 
 
+def test_an_object_off_the_schema_is_refused_naming_the_field(k8s_cluster: K8sCluster) -> None:
+    body = job_body("typo", "pass", ttlSecondAfterFinished=5)
+    with pytest.raises(ApiCallError) as invalid:
+        k8s_cluster.create("jobs", body)
+    assert (invalid.value.status, invalid.value.body["reason"]) == (422, "Invalid")
+    assert invalid.value.body["message"].startswith(
+        'Job.batch "typo" is invalid: spec: Additional properties are not allowed'
+        " ('ttlSecondAfterFinished' was unexpected)"
+    )
+    body = job_body("typo", "pass")
+    body["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "N", "value": 3}]
+    with pytest.raises(ApiCallError) as invalid:
+        k8s_cluster.create("jobs", body)
+    assert (
+        "spec.template.spec.containers[0].env[0].value: 3 is not of type"
+        in (invalid.value.body["message"])
+    )
+    assert k8s_cluster.get_or_none("jobs", "typo") is None
+
+
 def test_a_request_without_the_token_gets_401(k8s_cluster: K8sCluster) -> None:
     for token in ("", "not-the-token"):
         with pytest.raises(ApiCallError) as refused:
