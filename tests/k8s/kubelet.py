@@ -5,10 +5,13 @@ the emulator's memory) and plays, in turn: the garbage collector and the Job con
 (``job_controller.py``), the scheduler (``scheduler.py``: binds a pod by patching
 ``spec.nodeName``, or marks it Unschedulable and writes a FailedScheduling Event) and the
 kubelet: a bound pod's container starts as a local process (``pod_runner.py``), its status
-becomes Running with its own loopback ``podIP`` (127.0.0.2, 127.0.0.3, ...), ``hostIP`` of
-its node (127.1.0.N), Ready conditions and a running containerStatus; when the process
+becomes Running (``CONTAINER_CREATING_SECONDS`` after it was bound) with its own loopback
+``podIP`` (127.0.0.2, 127.0.0.3, ...), ``hostIP`` of its node (127.1.0.N), Ready
+conditions and a running containerStatus; when the process
 exits, Succeeded or Failed with the terminated state (exitCode; 128 + signal when killed).
-When a pod leaves the API (deleted, or collected with its Job), its process group gets
+Each pod process has ``pod_network.c`` preloaded: it leaves from its pod IP and sees that
+address on ``lo`` (what gloo and a route probe look at), as in a pod's own network
+namespace. When a pod leaves the API (deleted, or collected with its Job), its process group gets
 SIGTERM, then SIGKILL (with every descendant) after ``terminationGracePeriodSeconds``,
 capped at ``MAX_GRACE_SECONDS``; a container's process group is killed when its main
 process exits, as a container's cgroup would be.
@@ -47,6 +50,11 @@ log = logging.getLogger("k8s.kubelet")
 
 POLL_SECONDS = 0.2
 MAX_GRACE_SECONDS = 5.0
+#: how long a bound pod is ContainerCreating before its process starts (a real node's
+#: sandbox and image): what a pod reads at start (its Secret) may be created meanwhile
+CONTAINER_CREATING_SECONDS = 1.0
+#: where ``pod_network.c`` reads the pod's IP
+POD_IP_VAR = "K8S_EMULATOR_POD_IP"
 
 
 @dataclasses.dataclass
@@ -62,6 +70,25 @@ class PodProcess:
     started: str
     kill_at: float | None = None
     descendants: list[psutil.Process] = dataclasses.field(default_factory=list)
+
+
+def build_pod_network(workdir: Path) -> Path | None:
+    """Compile ``pod_network.c`` (the pod's own loopback address, see there) into
+    ``workdir``; None, with a warning, where no C compiler is at hand."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    out = workdir / "pod_network.so"
+    if compiler is None:
+        log.warning("no C compiler: pods leave from 127.0.0.1, not from their pod IP")
+        return None
+    source = Path(__file__).with_name("pod_network.c")
+    done = subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(source), "-ldl"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        log.warning("cannot build %s (%s): pods leave from 127.0.0.1", source, done.stderr.strip())
+        return None
+    return out
 
 
 def _pod_ips() -> Any:
@@ -93,11 +120,14 @@ class Kubelet:
         self._ips = _pod_ips()
         self._reported: dict[str, str] = {}  # pod uid -> last scheduling/config message
         self._task: asyncio.Task[None] | None = None
+        self._pod_network: Path | None = None
+        self._bound_at: dict[str, float] = {}  # pod uid -> when this kubelet first saw it bound
 
     async def __aenter__(self) -> Kubelet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.sandboxes.mkdir(parents=True, exist_ok=True)
         await self.client.__aenter__()
+        self._pod_network = build_pod_network(self.workdir)
         for node in self.nodes:
             await self.client.create("nodes", self._node_object(node), None)
         self._write_record()
@@ -292,7 +322,10 @@ class Kubelet:
                 and phase == "Pending"
                 and meta["uid"] not in self.started
             ):
-                await self._start(pod)
+                # the pod's sandbox and image take a while on a real node
+                seen = self._bound_at.setdefault(meta["uid"], time.monotonic())
+                if time.monotonic() - seen >= CONTAINER_CREATING_SECONDS:
+                    await self._start(pod)
         for running in list(self.running.values()):
             code = running.process.poll()
             if code is not None and running.kill_at is None:
@@ -339,7 +372,13 @@ class Kubelet:
                 )
             return
         self.started.add(meta["uid"])
+        self._bound_at.pop(meta["uid"], None)
         log_file = self.log_dir / f"{meta['namespace']}_{meta['name']}.log"
+        if self._pod_network is not None:
+            preload = " ".join(p for p in (str(self._pod_network), plan.env.get("LD_PRELOAD")) if p)
+            plan = dataclasses.replace(
+                plan, env={**plan.env, "LD_PRELOAD": preload, POD_IP_VAR: ips["podIP"]}
+            )
         try:
             process = start(plan, log_file)
         except OSError as e:

@@ -21,8 +21,8 @@ What a pod's process gets, as a kubelet would give it:
 * a new session (its own process group); stdout and stderr to the pod's log file.
 
 Not played: images, more than one container, init containers, restarts, probes, resource
-limits, the service-account token mount, networking (the pod IP is a loopback address the
-process may bind; nothing routes or isolates).
+limits, the service-account token mount, network isolation (the kubelet preloads
+``pod_network.c`` so the process leaves from its pod IP; nothing else separates pods).
 """
 
 from __future__ import annotations

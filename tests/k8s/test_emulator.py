@@ -20,17 +20,21 @@ from tests.async_run import in_loop
 from tests.k8s.api_server import NOTEBOOK_USER
 from tests.k8s.cluster import ApiCallError, K8sCluster, process_group_alive
 from tests.k8s.conftest import StartCluster
+from tests.k8s.job_controller import collect_garbage
+from tests.k8s.kube_client import ApiClient
 
 pytestmark = pytest.mark.k8s
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 JOB_NAME_KEY = "batch.kubernetes.io/job-name"
 
-#: prints what the pod sees, then waits to be killed
+#: prints the address it leaves from and what the pod sees, then waits to be killed
 SHOW_AND_WAIT = (
-    "import os, stat, sys, time\n"
+    "import os, socket, stat, sys, time\n"
     "path = sys.argv[1]\n"
-    "print(os.environ['POD_IP'], os.environ['JOB_COMPLETION_INDEX'], os.environ['SESSION_KEY'],"
+    "probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); probe.connect(('127.0.0.1', 9))\n"
+    "print(probe.getsockname()[0], os.environ['POD_IP'], os.environ['JOB_COMPLETION_INDEX'],"
+    " os.environ['SESSION_KEY'],"
     " open(path).read(), oct(stat.S_IMODE(os.stat(path).st_mode)), *sys.argv[2:], flush=True)\n"
     "time.sleep(60)\n"
 )
@@ -151,8 +155,9 @@ def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sC
         line = cluster.wait_for(
             f"pod {index} printed its environment", functools.partial(shown, pod)
         )
-        assert line == (
-            f"{pod['status']['podIP']} {index} s3cr3t from-the-volume 0o600 --node={index} $(KEPT)"
+        assert line == (  # it leaves from its own address, as from a pod's eth0
+            f"{pod['status']['podIP']} {pod['status']['podIP']} {index} s3cr3t from-the-volume"
+            f" 0o600 --node={index} $(KEPT)"
         )
 
     processes = cluster.pod_processes()
@@ -406,3 +411,25 @@ def test_deleted_pod_that_ignores_sigterm_is_killed_with_its_children(
     cluster.wait_for("its child in another session killed too", child_gone, timeout=30)
     assert "SIGKILL default/" + name in cluster.log_text()  # SIGTERM was not enough
     cluster.delete("jobs", "stubborn")
+
+
+@in_loop
+async def test_the_collector_asks_before_it_deletes_what_an_old_list_shows_unowned(
+    k8s_cluster: K8sCluster,
+) -> None:
+    cluster = k8s_cluster
+    job = cluster.create("jobs", job_body("owner", "import time; time.sleep(60)", completions=1))
+    ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "owner", "uid": job["metadata"]["uid"]}
+    secret = cluster.create(
+        "secrets",
+        {"metadata": {"name": "owned", "ownerReferences": [ref]}, "stringData": {"k": "v"}},
+    )
+    async with ApiClient(cluster.url, cluster.token) as client:
+        # a list taken before the Job was made: its Secret looks orphaned
+        assert await collect_garbage(client, {"jobs": [], "secrets": [secret]}) == set()
+    assert cluster.get_or_none("secrets", "owned") is not None
+    cluster.delete("jobs", "owner", propagation=None)
+    cluster.wait_for(
+        "the Secret collected with its Job", lambda: cluster.get_or_none("secrets", "owned") is None
+    )
+    cluster.wait_for("the pod process gone", lambda: not cluster.pod_processes())
