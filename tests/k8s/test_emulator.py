@@ -36,7 +36,7 @@ SHOW_AND_WAIT = (
     "print(probe.getsockname()[0], os.environ['POD_IP'], os.environ['JOB_COMPLETION_INDEX'],"
     " os.environ['SESSION_KEY'],"
     " open(path).read(), oct(stat.S_IMODE(os.stat(path).st_mode)), *sys.argv[2:], flush=True)\n"
-    "time.sleep(60)\n"
+    "time.sleep(600)\n"
 )
 
 
@@ -175,7 +175,7 @@ def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sC
 def test_job_completes_then_its_ttl_removes_it(k8s_cluster: K8sCluster) -> None:
     cluster = k8s_cluster
     cluster.create(
-        "jobs", job_body("done", "print('ok')", completions=2, ttlSecondsAfterFinished=2)
+        "jobs", job_body("done", "print('ok')", completions=2, ttlSecondsAfterFinished=600)
     )
     condition = cluster.wait_for("job done Complete", lambda: job_condition(cluster, "done"))
     assert condition["type"] == "Complete"
@@ -185,6 +185,7 @@ def test_job_completes_then_its_ttl_removes_it(k8s_cluster: K8sCluster) -> None:
         assert pod["status"]["phase"] == "Succeeded"
         terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
         assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
+    cluster.patch("jobs", "done", {"spec": {"ttlSecondsAfterFinished": 1}})  # now past it
     cluster.wait_for(
         "job done deleted after its ttl", lambda: cluster.get_or_none("jobs", "done") is None
     )
@@ -208,8 +209,11 @@ def test_failing_pod_fails_the_job(k8s_cluster: K8sCluster) -> None:
 
 def test_active_deadline_fails_the_job_and_kills_its_pods(k8s_cluster: K8sCluster) -> None:
     cluster = k8s_cluster
-    cluster.create("jobs", job_body("late", "import time; time.sleep(60)", activeDeadlineSeconds=2))
+    sleeper = "import time; time.sleep(600)"
+    cluster.create("jobs", job_body("late", sleeper, activeDeadlineSeconds=600))
     cluster.wait_for("job late Running", lambda: running_pods(cluster, "late", 2))
+    assert len(cluster.pod_processes()) == 2
+    cluster.patch("jobs", "late", {"spec": {"activeDeadlineSeconds": 1}})  # now past it
     condition = cluster.wait_for("job late Failed", lambda: job_condition(cluster, "late"))
     assert (condition["type"], condition["reason"]) == ("Failed", "DeadlineExceeded")
     assert condition["message"] == "Job was active longer than specified deadline"
@@ -261,7 +265,7 @@ def test_gpus_fill_nodes_and_the_rest_waits(k8s_cluster_factory: StartCluster) -
         "jobs",
         job_body(
             "big",
-            "import time; time.sleep(60)",
+            "import time; time.sleep(600)",
             completions=3,
             resources={"limits": {"nvidia.com/gpu": "2"}},
         ),
@@ -351,14 +355,14 @@ async def test_kr8s_drives_the_cluster(
         {"metadata": {"name": "kr8s-secret"}, "stringData": {"token": "t"}}, api=api
     )
     await secret.create()
-    job = await kr8s.asyncio.objects.Job(job_body("kr8s", "import time; time.sleep(60)"), api=api)
+    job = await kr8s.asyncio.objects.Job(job_body("kr8s", "import time; time.sleep(600)"), api=api)
     await job.create()
     assert job.metadata.uid
 
     async def labelled() -> list[Any]:
         return [pod async for pod in api.get("pods", label_selector={JOB_NAME_KEY: "kr8s"})]
 
-    for _ in range(300):
+    for _ in range(600):
         pods = await labelled()
         if len(pods) == 2 and all(p.status.get("phase") == "Running" for p in pods):
             break
@@ -368,7 +372,7 @@ async def test_kr8s_drives_the_cluster(
     await job.delete(propagation_policy="Foreground")
     await secret.delete()
     assert not await secret.exists()
-    for _ in range(300):
+    for _ in range(600):
         if not await labelled() and not cluster.pod_processes():
             break
         await asyncio.sleep(0.2)
@@ -418,7 +422,7 @@ async def test_the_collector_asks_before_it_deletes_what_an_old_list_shows_unown
     k8s_cluster: K8sCluster,
 ) -> None:
     cluster = k8s_cluster
-    job = cluster.create("jobs", job_body("owner", "import time; time.sleep(60)", completions=1))
+    job = cluster.create("jobs", job_body("owner", "import time; time.sleep(600)", completions=1))
     ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "owner", "uid": job["metadata"]["uid"]}
     secret = cluster.create(
         "secrets",
