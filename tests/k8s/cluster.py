@@ -7,8 +7,9 @@ answers: ``kubeconfig`` (path; its user is the notebook's service account), ``ur
 ``create``, ``patch`` and ``delete`` any served resource, ``wait_for`` a condition,
 ``pod_processes()`` (pod name -> pid of each running pod process, from the kubelet's
 ``pods.json``) and ``log_text()`` (the server's and kubelet's log). ``stop()`` ends the
-server, whose kubelet terminates every pod process, then kills any pod process group still
-alive and returns what it had to kill (empty when the kubelet cleaned up).
+server, whose kubelet terminates every pod process, then kills any pod process group, or
+process ever seen under a pod, still alive and returns what it had to kill (empty when the
+kubelet cleaned up).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+import psutil
 
 from tests.k8s.kinds import path
 
@@ -171,6 +174,15 @@ class K8sCluster:
             if entry["running"] and process_group_alive(entry["pid"])
         }
 
+    def pod_descendants(self, name: str) -> builtins.list[int]:
+        """Pids of every process the kubelet has seen under pod ``name``'s process."""
+        return [
+            pid
+            for entry in self._record().values()
+            if entry["name"] == name
+            for pid, _started in entry.get("descendants", [])
+        ]
+
     def all_pod_pids(self) -> builtins.list[int]:
         """Pids (= process group ids) of every pod process the kubelet ever started."""
         return [entry["pid"] for entry in self._record().values()]
@@ -207,10 +219,17 @@ class K8sCluster:
                 self.process.wait(timeout=10)
         left = []
         for entry in self._record().values():
+            where = f"{entry['namespace']}/{entry['name']}"
             if process_group_alive(entry["pid"]):
-                left.append(f"{entry['namespace']}/{entry['name']} (process group {entry['pid']})")
+                left.append(f"{where} (process group {entry['pid']})")
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry["pid"], signal.SIGKILL)
+            for pid, started in entry.get("descendants", []):
+                with contextlib.suppress(psutil.Error):
+                    child = psutil.Process(pid)
+                    if child.create_time() == started and child.status() != psutil.STATUS_ZOMBIE:
+                        left.append(f"{where} (descendant {pid}: {' '.join(child.cmdline())})")
+                        child.kill()
         return left
 
 

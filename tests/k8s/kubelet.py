@@ -330,6 +330,7 @@ class Kubelet:
             code = running.process.poll()
             if code is not None and running.kill_at is None:
                 await self._exited(running, code)
+        self._note_descendants()
         self._write_record()
 
     async def _start(self, pod: dict[str, Any]) -> None:
@@ -525,11 +526,19 @@ class Kubelet:
         pod.kill_at = time.monotonic() + grace
 
     def _kill_group(self, pod: PodProcess) -> None:
+        """Everything of the container, as its cgroup would go: the process group, what was
+        under the process at SIGTERM, and every process ever seen under it (even if it
+        left the group and its parent since)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pod.process.pid, signal.SIGKILL)
         for child in pod.descendants:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+        for pid, started in self.record[pod.uid].get("descendants", []):
+            with contextlib.suppress(psutil.Error):
+                seen = psutil.Process(pid)
+                if seen.create_time() == started:
+                    seen.kill()
 
     def _kill(self, pod: PodProcess) -> None:
         log.info("kubelet: SIGKILL %s/%s (pid %d)", pod.namespace, pod.name, pod.process.pid)
@@ -558,6 +567,16 @@ class Kubelet:
         self.record[pod.uid]["running"] = False
         shutil.rmtree(pod.sandbox, ignore_errors=True)
         self._write_record()
+
+    def _note_descendants(self) -> None:
+        """Remember every process under each running pod (pid, start time), so that what
+        escaped a pod's process group can still be found and killed at the end."""
+        for pod in self.running.values():
+            with contextlib.suppress(psutil.Error):
+                known = {tuple(d) for d in self.record[pod.uid].get("descendants", [])}
+                for child in psutil.Process(pod.process.pid).children(recursive=True):
+                    known.add((child.pid, child.create_time()))
+                self.record[pod.uid]["descendants"] = sorted(known)
 
     def _write_record(self) -> None:
         tmp = self.workdir / "pods.json.tmp"

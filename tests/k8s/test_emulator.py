@@ -9,6 +9,7 @@ import asyncio
 import functools
 import os
 import stat
+from pathlib import Path
 from typing import Any
 
 import kr8s
@@ -437,3 +438,52 @@ async def test_the_collector_asks_before_it_deletes_what_an_old_list_shows_unown
         "the Secret collected with its Job", lambda: cluster.get_or_none("secrets", "owned") is None
     )
     cluster.wait_for("the pod process gone", lambda: not cluster.pod_processes())
+
+
+#: a grandchild in a session of its own, whose parent exits once told (a file appears): it
+#: leaves the pod's process group and tree, but not its container
+ESCAPES = (
+    "import os, subprocess, sys, time\n"
+    'code = \'import os, subprocess, sys, time; p = subprocess.Popen([sys.executable, "-c",'
+    ' "import time; time.sleep(600)"], start_new_session=True); print(p.pid, flush=True)\\n'
+    "while not os.path.exists(sys.argv[1]): time.sleep(0.1)'\n"
+    "subprocess.run([sys.executable, '-c', code, sys.argv[1]])\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_process_that_left_its_pods_tree_goes_with_the_pod(
+    k8s_cluster: K8sCluster, tmp_path: Path
+) -> None:
+    cluster = k8s_cluster
+    go = tmp_path / "parent-may-exit"
+    body = job_body("escapes", ESCAPES, completions=1)
+    body["spec"]["template"]["spec"]["containers"][0]["args"] = [str(go)]
+    cluster.create("jobs", body)
+    [pod] = cluster.wait_for("the pod Running", lambda: running_pods(cluster, "escapes", 1))
+    name = pod["metadata"]["name"]
+    escaped = int(
+        cluster.wait_for("the grandchild's pid", lambda: cluster.pod_log(name).strip() or None)
+    )
+    cluster.wait_for(
+        "the kubelet saw the grandchild under the pod",
+        lambda: escaped in cluster.pod_descendants(name),
+    )
+    go.touch()
+    [pid] = cluster.pod_processes().values()
+
+    def left_the_tree() -> bool:
+        return escaped not in {c.pid for c in psutil.Process(pid).children(recursive=True)}
+
+    cluster.wait_for("the grandchild outside the pod's process tree", left_the_tree)
+    assert psutil.Process(escaped).is_running()
+    cluster.delete("jobs", "escapes")
+    cluster.wait_for("the pod's processes gone", lambda: not cluster.pod_processes())
+
+    def escaped_gone() -> bool:
+        try:
+            return psutil.Process(escaped).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    cluster.wait_for("the escaped grandchild killed with its pod", escaped_gone)
