@@ -405,6 +405,7 @@ class Kubelet:
             "pod_ip": ips["podIP"],
             "running": True,
         }
+        self._write_record()  # before the API says Running: whoever sees that finds the pid
         log.info(
             "kubelet: started %s/%s on %s as pid %d at %s: %s",
             meta["namespace"],
