@@ -9,12 +9,10 @@ becomes Running (``CONTAINER_CREATING_SECONDS`` after it was bound) with its own
 ``podIP`` (127.0.0.2, 127.0.0.3, ...), ``hostIP`` of its node (127.1.0.N), Ready
 conditions and a running containerStatus; when the process
 exits, Succeeded or Failed with the terminated state (exitCode; 128 + signal when killed).
-Each pod process has ``pod_network.c`` preloaded: it leaves from its pod IP and sees that
-address on ``lo`` (what gloo and a route probe look at), as in a pod's own network
-namespace. When a pod leaves the API (deleted, or collected with its Job), its process group gets
-SIGTERM, then SIGKILL (with every descendant) after ``terminationGracePeriodSeconds``,
-capped at ``MAX_GRACE_SECONDS``; a container's process group is killed when its main
-process exits, as a container's cgroup would be.
+When a pod leaves the API (deleted, or collected with its Job), its container ends
+(``containers.py``: SIGTERM, SIGKILL after ``terminationGracePeriodSeconds`` capped at
+``MAX_GRACE_SECONDS``, everything of it as its cgroup would go); so does the rest of a
+container whose main process exits.
 
 Registers the fake nodes ``node-0``... (labels ``kubernetes.io/hostname``, allocatable
 cpu, memory, ``nvidia.com/gpu``) at start. Keeps
@@ -27,18 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import os
 import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from tests.k8s.containers import (
+    MAX_GRACE_SECONDS,
+    POD_IP_VAR,
+    Containers,
+    PodProcess,
+    build_pod_network,
+)
 from tests.k8s.job_controller import JobController, collect_garbage, iso
 from tests.k8s.kube_client import ApiClient, ApiError
 from tests.k8s.pod_runner import ConfigError, plan_launch, start
@@ -49,46 +48,9 @@ __all__ = ["MAX_GRACE_SECONDS", "POLL_SECONDS", "Kubelet", "NodeShape"]
 log = logging.getLogger("k8s.kubelet")
 
 POLL_SECONDS = 0.2
-MAX_GRACE_SECONDS = 5.0
 #: how long a bound pod is ContainerCreating before its process starts (a real node's
 #: sandbox and image): what a pod reads at start (its Secret) may be created meanwhile
 CONTAINER_CREATING_SECONDS = 1.0
-#: where ``pod_network.c`` reads the pod's IP
-POD_IP_VAR = "K8S_EMULATOR_POD_IP"
-
-
-@dataclasses.dataclass
-class PodProcess:
-    """A pod's container process, from start until the kubelet is done with it."""
-
-    namespace: str
-    name: str
-    uid: str
-    process: subprocess.Popen[bytes]
-    sandbox: Path
-    grace: float
-    started: str
-    kill_at: float | None = None
-    descendants: list[psutil.Process] = dataclasses.field(default_factory=list)
-
-
-def build_pod_network(workdir: Path) -> Path | None:
-    """Compile ``pod_network.c`` (the pod's own loopback address, see there) into
-    ``workdir``; None, with a warning, where no C compiler is at hand."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    out = workdir / "pod_network.so"
-    if compiler is None:
-        log.warning("no C compiler: pods leave from 127.0.0.1, not from their pod IP")
-        return None
-    source = Path(__file__).with_name("pod_network.c")
-    done = subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O2", "-o", str(out), str(source), "-ldl"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        log.warning("cannot build %s (%s): pods leave from 127.0.0.1", source, done.stderr.strip())
-        return None
-    return out
 
 
 def _pod_ips() -> Any:
@@ -114,9 +76,8 @@ class Kubelet:
         self.sandboxes = workdir / "pods"
         self.api_port = api_port
         self.jobs = JobController(self.client)
-        self.running: dict[str, PodProcess] = {}
+        self.containers = Containers(workdir)
         self.started: set[str] = set()
-        self.record: dict[str, dict[str, Any]] = {}
         self._ips = _pod_ips()
         self._reported: dict[str, str] = {}  # pod uid -> last scheduling/config message
         self._task: asyncio.Task[None] | None = None
@@ -130,7 +91,7 @@ class Kubelet:
         self._pod_network = build_pod_network(self.workdir)
         for node in self.nodes:
             await self.client.create("nodes", self._node_object(node), None)
-        self._write_record()
+        self.containers.write_record()
         self._task = asyncio.create_task(self._loop())
         return self
 
@@ -139,16 +100,7 @@ class Kubelet:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for pod in list(self.running.values()):
-            self._terminate(pod, grace=MAX_GRACE_SECONDS)
-        deadline = time.monotonic() + MAX_GRACE_SECONDS + 1
-        while self.running and time.monotonic() < deadline:
-            self._reap_killed()
-            await asyncio.sleep(0.1)
-        for pod in list(self.running.values()):
-            self._kill(pod)
-        self._reap_killed()
-        self._write_record()
+        await self.containers.end_all()
         await self.client.__aexit__()
 
     def _node_object(self, node: NodeShape) -> dict[str, Any]:
@@ -306,15 +258,15 @@ class Kubelet:
 
     async def _run(self, pods: list[dict[str, Any]]) -> None:
         present = {p["metadata"]["uid"] for p in pods}
-        for uid, gone in list(self.running.items()):
+        for uid, gone in list(self.containers.running.items()):
             if uid not in present and gone.kill_at is None:
                 log.info(
                     "kubelet: pod %s/%s deleted: SIGTERM its process group",
                     gone.namespace,
                     gone.name,
                 )
-                self._terminate(gone, gone.grace)
-        self._reap_killed()
+                self.containers.terminate(gone, gone.grace)
+        self.containers.reap_killed()
         for pod in pods:
             meta, phase = pod["metadata"], pod.get("status", {}).get("phase", "Pending")
             if (
@@ -326,12 +278,12 @@ class Kubelet:
                 seen = self._bound_at.setdefault(meta["uid"], time.monotonic())
                 if time.monotonic() - seen >= CONTAINER_CREATING_SECONDS:
                     await self._start(pod)
-        for running in list(self.running.values()):
+        for running in list(self.containers.running.values()):
             code = running.process.poll()
             if code is not None and running.kill_at is None:
                 await self._exited(running, code)
-        self._note_descendants()
-        self._write_record()
+        self.containers.note_descendants()
+        self.containers.write_record()
 
     async def _start(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
@@ -397,15 +349,7 @@ class Kubelet:
         running = PodProcess(
             meta["namespace"], meta["name"], meta["uid"], process, plan.sandbox, grace, now
         )
-        self.running[meta["uid"]] = running
-        self.record[meta["uid"]] = {
-            "namespace": meta["namespace"],
-            "name": meta["name"],
-            "pid": process.pid,
-            "pod_ip": ips["podIP"],
-            "running": True,
-        }
-        self._write_record()  # before the API says Running: whoever sees that finds the pid
+        self.containers.add(running, ips["podIP"])
         log.info(
             "kubelet: started %s/%s on %s as pid %d at %s: %s",
             meta["namespace"],
@@ -512,74 +456,9 @@ class Kubelet:
         log.info(
             "kubelet: %s/%s exited with %d (%s)", running.namespace, running.name, exit_code, reason
         )
-        self._kill_group(running)
-        self._forget(running)
+        self.containers.kill_group(running)
+        self.containers.forget(running)
         with contextlib.suppress(ApiError):
             pod = await self.client.get("pods", running.name, running.namespace)
             container = (pod.get("spec", {}).get("containers") or [{}])[0]
             await self._set_terminated(pod, container, exit_code, reason, running.started)
-
-    def _terminate(self, pod: PodProcess, grace: float) -> None:
-        with contextlib.suppress(psutil.Error):
-            pod.descendants = psutil.Process(pod.process.pid).children(recursive=True)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pod.process.pid, signal.SIGTERM)
-        pod.kill_at = time.monotonic() + grace
-
-    def _kill_group(self, pod: PodProcess) -> None:
-        """Everything of the container, as its cgroup would go: the process group, what was
-        under the process at SIGTERM, and every process ever seen under it (even if it
-        left the group and its parent since)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pod.process.pid, signal.SIGKILL)
-        for child in pod.descendants:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        for pid, started in self.record[pod.uid].get("descendants", []):
-            with contextlib.suppress(psutil.Error):
-                seen = psutil.Process(pid)
-                if seen.create_time() == started:
-                    seen.kill()
-
-    def _kill(self, pod: PodProcess) -> None:
-        log.info("kubelet: SIGKILL %s/%s (pid %d)", pod.namespace, pod.name, pod.process.pid)
-        with contextlib.suppress(psutil.Error):
-            pod.descendants += psutil.Process(pod.process.pid).children(recursive=True)
-        self._kill_group(pod)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            pod.process.wait(timeout=2)
-
-    def _reap_killed(self) -> None:
-        """Pods being terminated: forget those whose process ended, SIGKILL the overdue."""
-        for pod in list(self.running.values()):
-            if pod.kill_at is None:
-                continue
-            if pod.process.poll() is None and time.monotonic() >= pod.kill_at:
-                self._kill(pod)
-            if pod.process.poll() is not None:
-                log.info(
-                    "kubelet: %s/%s ended (%s)", pod.namespace, pod.name, pod.process.returncode
-                )
-                self._kill_group(pod)
-                self._forget(pod)
-
-    def _forget(self, pod: PodProcess) -> None:
-        self.running.pop(pod.uid, None)
-        self.record[pod.uid]["running"] = False
-        shutil.rmtree(pod.sandbox, ignore_errors=True)
-        self._write_record()
-
-    def _note_descendants(self) -> None:
-        """Remember every process under each running pod (pid, start time), so that what
-        escaped a pod's process group can still be found and killed at the end."""
-        for pod in self.running.values():
-            with contextlib.suppress(psutil.Error):
-                known = {tuple(d) for d in self.record[pod.uid].get("descendants", [])}
-                for child in psutil.Process(pod.process.pid).children(recursive=True):
-                    known.add((child.pid, child.create_time()))
-                self.record[pod.uid]["descendants"] = sorted(known)
-
-    def _write_record(self) -> None:
-        tmp = self.workdir / "pods.json.tmp"
-        tmp.write_text(json.dumps(self.record, indent=1))
-        tmp.replace(self.workdir / "pods.json")
