@@ -6,6 +6,7 @@ server only through this, as their real counterparts do through client-go.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import aiohttp
@@ -93,3 +94,32 @@ class ApiClient:
         except ApiError as e:
             if e.status != 404:  # already gone is what we wanted
                 raise
+
+    async def event(
+        self, pod: dict[str, Any], kind: str, reason: str, message: str, component: str
+    ) -> None:
+        """A v1 Event about ``pod`` from ``component``, as the scheduler and kubelet write them."""
+        meta = pod["metadata"]
+        now = datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.create(
+            "events",
+            {
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta["uid"],
+                },
+                "type": kind,
+                "reason": reason,
+                "message": message,
+                "count": 1,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "source": {"component": component},
+                "reportingComponent": component,
+            },
+            meta["namespace"],
+        )

@@ -41,7 +41,7 @@ from tests.k8s.containers import (
 from tests.k8s.job_controller import JobController, collect_garbage, iso
 from tests.k8s.kube_client import ApiClient, ApiError
 from tests.k8s.pod_runner import ConfigError, plan_launch, start
-from tests.k8s.scheduler import NodeShape, choose_node
+from tests.k8s.scheduler import NodeShape, Scheduler
 
 __all__ = ["MAX_GRACE_SECONDS", "POLL_SECONDS", "Kubelet", "NodeShape"]
 
@@ -76,10 +76,11 @@ class Kubelet:
         self.sandboxes = workdir / "pods"
         self.api_port = api_port
         self.jobs = JobController(self.client)
+        self.scheduler = Scheduler(self.client, nodes, self.node_ips)
         self.containers = Containers(workdir)
         self.started: set[str] = set()
         self._ips = _pod_ips()
-        self._reported: dict[str, str] = {}  # pod uid -> last scheduling/config message
+        self._reported: dict[str, str] = {}  # pod uid -> the last config error written
         self._task: asyncio.Task[None] | None = None
         self._pod_network: Path | None = None
         self._bound_at: dict[str, float] = {}  # pod uid -> when this kubelet first saw it bound
@@ -143,118 +144,8 @@ class Kubelet:
         pods = [p for p in objects["pods"] if p["metadata"]["uid"] not in deleted]
         await self.jobs.reconcile(jobs, pods)
         pods = await self.client.list("pods")
-        await self._schedule(pods)
+        await self.scheduler.schedule(pods)
         await self._run(pods)
-
-    async def _event(
-        self, pod: dict[str, Any], kind: str, reason: str, message: str, component: str
-    ) -> None:
-        meta = pod["metadata"]
-        now = iso(time.time())
-        await self.client.create(
-            "events",
-            {
-                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": meta["name"],
-                    "namespace": meta["namespace"],
-                    "uid": meta["uid"],
-                },
-                "type": kind,
-                "reason": reason,
-                "message": message,
-                "count": 1,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "source": {"component": component},
-                "reportingComponent": component,
-            },
-            meta["namespace"],
-        )
-
-    async def _schedule(self, pods: list[dict[str, Any]]) -> None:
-        bound = [p for p in pods if p.get("spec", {}).get("nodeName")]
-        waiting = sorted(
-            (
-                p
-                for p in pods
-                if not p.get("spec", {}).get("nodeName")
-                and p.get("status", {}).get("phase", "Pending") == "Pending"
-            ),
-            key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
-        )
-        for pod in waiting:
-            meta = pod["metadata"]
-            node, message = choose_node(pod, self.nodes, bound)
-            if node is None:
-                if self._reported.get(meta["uid"]) != message:
-                    self._reported[meta["uid"]] = message
-                    log.info(
-                        "scheduler: %s/%s unschedulable: %s",
-                        meta["namespace"],
-                        meta["name"],
-                        message,
-                    )
-                    await self.client.patch(
-                        "pods",
-                        meta["name"],
-                        meta["namespace"],
-                        {
-                            "status": {
-                                "phase": "Pending",
-                                "conditions": [
-                                    {
-                                        "type": "PodScheduled",
-                                        "status": "False",
-                                        "reason": "Unschedulable",
-                                        "message": message,
-                                        "lastProbeTime": None,
-                                        "lastTransitionTime": iso(time.time()),
-                                    }
-                                ],
-                            }
-                        },
-                        status=True,
-                    )
-                    await self._event(
-                        pod, "Warning", "FailedScheduling", message, "default-scheduler"
-                    )
-                continue
-            log.info("scheduler: bind %s/%s to %s", meta["namespace"], meta["name"], node)
-            await self.client.patch(
-                "pods", meta["name"], meta["namespace"], {"spec": {"nodeName": node}}
-            )
-            await self.client.patch(
-                "pods",
-                meta["name"],
-                meta["namespace"],
-                {
-                    "status": {
-                        "phase": "Pending",
-                        "hostIP": self.node_ips[node],
-                        "conditions": [
-                            {
-                                "type": "PodScheduled",
-                                "status": "True",
-                                "lastTransitionTime": iso(time.time()),
-                            }
-                        ],
-                    }
-                },
-                status=True,
-            )
-            await self._event(
-                pod,
-                "Normal",
-                "Scheduled",
-                f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}",
-                "default-scheduler",
-            )
-            pod.setdefault("spec", {})["nodeName"] = node
-            bound.append(pod)
-            self._reported.pop(meta["uid"], None)
 
     async def _run(self, pods: list[dict[str, Any]]) -> None:
         present = {p["metadata"]["uid"] for p in pods}
@@ -391,7 +282,7 @@ class Kubelet:
             },
             status=True,
         )
-        await self._event(
+        await self.client.event(
             pod, "Normal", "Started", f"Started container {container.get('name', '')}", "kubelet"
         )
 

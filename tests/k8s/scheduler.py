@@ -1,4 +1,5 @@
-"""The scheduler's part of the emulated cluster: which fake node a pod goes to, or why none.
+"""The scheduler's part of the emulated cluster: which fake node a pod goes to, or why none,
+and (``Scheduler``) the binding or the Unschedulable condition and Event, through the API.
 
 Plays kube-scheduler's default filters in its order, each node stopping at the first that
 fails: NodeAffinity (``nodeSelector`` only), NodeResourcesFit (``cpu``, ``memory``,
@@ -15,14 +16,27 @@ what preemption would find, nothing is evicted), init containers' requests.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tests.k8s.job_controller import iso
 from tests.k8s.kinds import matches_label_selector
+from tests.k8s.kube_client import ApiClient
 
-__all__ = ["RESOURCES", "NodeShape", "choose_node", "parse_quantity", "pod_requests"]
+__all__ = [
+    "RESOURCES",
+    "NodeShape",
+    "Scheduler",
+    "choose_node",
+    "parse_quantity",
+    "pod_requests",
+]
+
+log = logging.getLogger("k8s.scheduler")
 
 #: what NodeResourcesFit counts
 RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
@@ -169,3 +183,96 @@ def choose_node(
     return None, (
         f"0/{n} nodes are available: {listed}. preemption: 0/{n} nodes are available: {victims}"
     )
+
+
+class Scheduler:
+    """Binds waiting pods through the API (``spec.nodeName``), or marks them Unschedulable
+    with the scheduler's message and a FailedScheduling Event (once per message)."""
+
+    def __init__(self, client: ApiClient, nodes: list[NodeShape], node_ips: dict[str, str]) -> None:
+        self.client = client
+        self.nodes = nodes
+        self.node_ips = node_ips
+        self._reported: dict[str, str] = {}  # pod uid -> the last message written
+
+    async def schedule(self, pods: list[dict[str, Any]]) -> None:
+        bound = [p for p in pods if p.get("spec", {}).get("nodeName")]
+        waiting = sorted(
+            (
+                p
+                for p in pods
+                if not p.get("spec", {}).get("nodeName")
+                and p.get("status", {}).get("phase", "Pending") == "Pending"
+            ),
+            key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
+        )
+        for pod in waiting:
+            meta = pod["metadata"]
+            node, message = choose_node(pod, self.nodes, bound)
+            if node is None:
+                if self._reported.get(meta["uid"]) != message:
+                    self._reported[meta["uid"]] = message
+                    log.info(
+                        "scheduler: %s/%s unschedulable: %s",
+                        meta["namespace"],
+                        meta["name"],
+                        message,
+                    )
+                    await self.client.patch(
+                        "pods",
+                        meta["name"],
+                        meta["namespace"],
+                        {
+                            "status": {
+                                "phase": "Pending",
+                                "conditions": [
+                                    {
+                                        "type": "PodScheduled",
+                                        "status": "False",
+                                        "reason": "Unschedulable",
+                                        "message": message,
+                                        "lastProbeTime": None,
+                                        "lastTransitionTime": iso(time.time()),
+                                    }
+                                ],
+                            }
+                        },
+                        status=True,
+                    )
+                    await self.client.event(
+                        pod, "Warning", "FailedScheduling", message, "default-scheduler"
+                    )
+                continue
+            log.info("scheduler: bind %s/%s to %s", meta["namespace"], meta["name"], node)
+            await self.client.patch(
+                "pods", meta["name"], meta["namespace"], {"spec": {"nodeName": node}}
+            )
+            await self.client.patch(
+                "pods",
+                meta["name"],
+                meta["namespace"],
+                {
+                    "status": {
+                        "phase": "Pending",
+                        "hostIP": self.node_ips[node],
+                        "conditions": [
+                            {
+                                "type": "PodScheduled",
+                                "status": "True",
+                                "lastTransitionTime": iso(time.time()),
+                            }
+                        ],
+                    }
+                },
+                status=True,
+            )
+            await self.client.event(
+                pod,
+                "Normal",
+                "Scheduled",
+                f"Successfully assigned {meta['namespace']}/{meta['name']} to {node}",
+                "default-scheduler",
+            )
+            pod.setdefault("spec", {})["nodeName"] = node
+            bound.append(pod)
+            self._reported.pop(meta["uid"], None)
