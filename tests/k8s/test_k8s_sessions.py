@@ -11,6 +11,7 @@ sessions at once.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
@@ -109,7 +110,8 @@ def test_a_session_runs_as_pods_with_state_and_gloo_and_stop_deletes_everything(
         assert secret["metadata"]["name"] == name
         # the Secret goes with the Job; the keys are in the Secret only
         assert [r["kind"] for r in secret["metadata"]["ownerReferences"]] == ["Job"]
-        assert "PRIVATE KEY" not in str(job) and "PRIVATE KEY" in str(secret)
+        keys = base64.b64decode(secret["data"][m.SECRET_KEY]).decode()
+        assert "PRIVATE KEY" not in str(job) and "PRIVATE KEY" in keys
         pods = pods_of(cluster, name)
         assert sorted(pods) == [0, 1]
         for index, pod in pods.items():
@@ -269,7 +271,7 @@ def test_a_killed_notebook_leaves_pods_that_exit_and_its_pod_owns_what_was_made(
         # no --image, no --k8s-callback: the notebook pod's image and IP
         reply = execute(
             "%%distributed --k8s --nodes 2 --procs 1 --k8s-grace 5 --session knb\n"
-            "print('up', os.environ['MASTER_ADDR'])"
+            "import os; print('up', os.environ['MASTER_ADDR'])"
         )
         assert reply["status"] == "ok", "".join(texts)
         assert "dial back to 127.0.0.1:" in "".join(texts)
@@ -294,8 +296,14 @@ def test_a_killed_notebook_leaves_pods_that_exit_and_its_pod_owns_what_was_made(
         lambda: not any(n.startswith(name) for n in cluster.pod_processes()),
         timeout=90,
     )
-    phases = {p["status"]["phase"] for p in pods_of(cluster, name).values()}
-    assert phases <= {"Succeeded", "Failed"}, phases
+    cluster.wait_for(
+        "the exited pods' phase says so",
+        lambda: (
+            {p["status"]["phase"] for p in pods_of(cluster, name).values()}
+            <= {"Succeeded", "Failed"}
+        ),
+        timeout=60,
+    )
     assert session_objects(cluster, "knb")["jobs"], "the Job is there until its owner goes"
     # the notebook's pod goes: what it owns goes with it
     cluster.delete("pods", NOTEBOOK_POD)

@@ -48,14 +48,17 @@ POLL_S = 0.5
 #: seconds `K8sPlacement.release` may take
 RELEASE_S = 60.0
 #: a container waiting for one of these will not start by waiting longer
-FATAL_WAITING = (
+FATAL_WAITING = ("InvalidImageName",)
+#: nor one that has waited for one of these for `STUCK_S` (the kubelet retries them: an
+#: image pull may fail once, a Secret may be read before the API has it everywhere)
+STUCK_WAITING = (
     "ErrImagePull",
     "ImagePullBackOff",
-    "InvalidImageName",
     "CreateContainerConfigError",
     "CreateContainerError",
     "RunContainerError",
 )
+STUCK_S = 15.0
 #: the variable Kubernetes sets in every pod (and nowhere else)
 IN_CLUSTER_VAR = "KUBERNETES_SERVICE_HOST"
 
@@ -147,12 +150,12 @@ class K8sPlacement(Placement):
                 "--k8s: no --image given, and this notebook does not run in a pod whose image "
                 "could be used; give --image with jupyter_dist installed"
             )
-        listen_port, advertise = self._callback(own_pod)
+        listen_host, listen_port, advertise = self._callback(own_pod)
         labels = manifests.session_labels(self.spec.name, self.owner)
         await self._remove_leftovers(client, labels, progress)
 
         self.listener = DialBackListener(
-            self.spec.nodes, host="", port=listen_port, advertise=advertise,
+            self.spec.nodes, host=listen_host, port=listen_port, advertise=advertise,
             connect_timeout=timeout,
         )  # fmt: skip
         await self.listener.start()
@@ -203,14 +206,16 @@ class K8sPlacement(Placement):
             progress(f"cannot read this notebook's pod {namespace}/{name}: {err}")
             return None
 
-    def _callback(self, own_pod: Mapping[str, Any] | None) -> tuple[int, str | None]:
-        """The port to listen on and the address the pods are told to dial."""
+    def _callback(self, own_pod: Mapping[str, Any] | None) -> tuple[str, int, str]:
+        """Where to listen (host, port) and the address the pods are told to dial: with
+        ``--k8s-callback``, its port on every interface (the address may be a NAT's or a
+        Service's); in-cluster, a free port on the pod's IP."""
         if self.k8s.callback:
             host, port = check_callback(self.k8s.callback)
-            return port, host
+            return "", port, host
         ip = ((own_pod or {}).get("status") or {}).get("podIP")
         if ip:
-            return 0, str(ip)
+            return str(ip), 0, str(ip)
         raise SpecError(
             "--k8s: the pods must dial back to this notebook, and it does not run in the "
             "cluster (no pod of its own was found). Run the notebook in the cluster (for "
@@ -237,6 +242,7 @@ class K8sPlacement(Placement):
         began = time.monotonic()
         said = ""
         reasons: dict[int, str] = {}
+        stuck_since: dict[int, float] = {}
         while True:
             pods = await client.items("Pod", {manifests.JOB_NAME_LABEL: self.name})
             by_index: dict[int, dict[str, Any]] = {}
@@ -260,7 +266,13 @@ class K8sPlacement(Placement):
                         f"Kubernetes: node {index}'s pod {name} ended before it connected: "
                         f"{why or phase}"
                     )
-                if why.split(":")[0] in FATAL_WAITING:
+                reason = why.split(":")[0]
+                if reason in STUCK_WAITING:
+                    stuck_since.setdefault(index, time.monotonic())
+                else:
+                    stuck_since.pop(index, None)
+                stuck = time.monotonic() - stuck_since.get(index, time.monotonic()) > STUCK_S
+                if reason in FATAL_WAITING or stuck:
                     raise AgentError(f"Kubernetes: node {index}'s pod {name} cannot start: {why}")
             line = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items()))
             detail = "; ".join(f"node {i}: {w}" for i, w in sorted(reasons.items()))
