@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.runs <= 100:
         parser.error(f"--runs {args.runs}: expected 1 to 100")
     from notebook_kernel import notebook_kernel
-    from tests.k8s.cluster import start_cluster
 
     from jupyter_dist.common.ports import free_port
+    from tests.k8s.cluster import start_cluster
 
     with tempfile.TemporaryDirectory(prefix="jd-bench-k8s-") as tmp:
         work = Path(tmp)
