@@ -152,3 +152,46 @@ def kill_server(server: Server) -> None:
     """SIGKILL: the server gets no chance to stop its sessions."""
     server.process.kill()
     server.process.wait()
+
+
+def kill_pid(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[tuple[int, list[str]]]:
+    """Every process under ``pid``: its pid and command line (those gone meanwhile left out)."""
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                found.append((proc.pid, proc.cmdline()))
+    return found
+
+
+def server_kernels(server: Server) -> list[int]:
+    """The pids of the notebook kernels ``server`` started (its children, not a session's)."""
+    return [pid for pid, argv in descendants(server.process.pid) if "ipykernel" in " ".join(argv)]
+
+
+def stop_servers(started: Sequence[Server]) -> None:
+    """Stop each server still running, and kill every notebook kernel it started."""
+    for server in started:
+        kernels = server_kernels(server)
+        if server.process.poll() is None:
+            stop_server(server)
+        for pid in kernels:
+            kill_pid(pid)
+
+
+def wait_for(check: Any, timeout: float, what: str, poll: float = 1.0) -> Any:
+    """``check()``'s first true value, asked every ``poll`` s; AssertionError naming ``what``
+    after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(poll)

@@ -5,23 +5,27 @@ Secret by label, touching nothing else."""
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import os
-import signal
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 
 from jupyter_dist.common.ports import free_port
 from jupyter_dist.control.launchers import k8s_manifests as m
 from jupyter_dist.server.process_records import RECORD_PREFIX, read_record
-from tests.integration.server_process import API, Server, kill_server, start_server, stop_server
+from tests.integration.server_process import (
+    API,
+    Server,
+    kill_pid,
+    kill_server,
+    server_kernels,
+    start_server,
+    stop_servers,
+    wait_for,
+)
 from tests.integration.test_server_kernels import ServerKernel
 
 from .cluster import K8sCluster
@@ -52,41 +56,11 @@ def objects(cluster: K8sCluster, selector: str) -> list[str]:
     )
 
 
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(1)
-
-
-def kill_pid(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _children(pid: int) -> list[tuple[int, list[str]]]:
-    found = []
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                found.append((proc.pid, proc.cmdline()))
-    return found
-
-
 @pytest.fixture
 def servers() -> Iterator[list[Server]]:
     started: list[Server] = []
     yield started
-    for server in started:
-        kernels = [p for p in _children(server.process.pid) if "ipykernel" in " ".join(p[1])]
-        if server.process.poll() is None:
-            stop_server(server)
-        for pid, _argv in kernels:
-            kill_pid(pid)
+    stop_servers(started)
 
 
 def plant(cluster: K8sCluster, owner: m.Owner) -> str:
@@ -149,7 +123,7 @@ def test_a_server_owned_session_outlives_a_kernel_and_a_dead_servers_is_swept(
     assert (recorded.cluster.kind, recorded.cluster.owner, recorded.cluster.namespace) == (
         "k8s", owner, "default",
     )  # fmt: skip
-    kernels = [pid for pid, argv in _children(server.process.pid) if "ipykernel" in str(argv)]
+    kernels = server_kernels(server)
     notebook.kc.stop_channels()
     kill_server(server)
     for pid in kernels:

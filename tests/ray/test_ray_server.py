@@ -5,23 +5,27 @@ touching nothing else."""
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
 import os
-import signal
 import socket
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 
 from jupyter_dist.server.process_records import RECORD_PREFIX, read_record
-from tests.integration.server_process import API, Server, kill_server, start_server, stop_server
+from tests.integration.server_process import (
+    API,
+    Server,
+    kill_pid,
+    kill_server,
+    server_kernels,
+    start_server,
+    stop_servers,
+    wait_for,
+)
 from tests.integration.test_server_kernels import ServerKernel
 
 from .cluster import START_TIMEOUT, RayCluster
@@ -103,43 +107,13 @@ def plant(cluster: RayCluster, *prefixes: str) -> None:
     assert result.returncode == 0 and "planted" in result.stdout, result.stdout + result.stderr
 
 
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(2)
-
-
-def kill_pid(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
 @pytest.fixture
 def servers(ray_nodes: RayCluster, tmp_path: Path, kernel_name: str) -> Iterator[list[Server]]:
     """The servers a test starts, in one runtime folder; stopped (or killed) whatever
     happens, with every notebook kernel they started."""
     started: list[Server] = []
     yield started
-    for server in started:
-        kernels = [p for p in _children(server.process.pid) if "ipykernel" in " ".join(p[1])]
-        if server.process.poll() is None:
-            stop_server(server)
-        for pid, _argv in kernels:
-            kill_pid(pid)
-
-
-def _children(pid: int) -> list[tuple[int, list[str]]]:
-    found = []
-    with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                found.append((proc.pid, proc.cmdline()))
-    return found
+    stop_servers(started)
 
 
 def test_a_server_owned_ray_session_outlives_a_kernel_and_a_dead_servers_is_swept(
@@ -190,7 +164,7 @@ def test_a_server_owned_ray_session_outlives_a_kernel_and_a_dead_servers_is_swep
     [recorded] = read_record(record_file).sessions
     assert recorded.cluster is not None
     assert (recorded.cluster.address, recorded.cluster.owner) == (ray_nodes.address, owner)
-    kernels = [pid for pid, argv in _children(server.process.pid) if "ipykernel" in str(argv)]
+    kernels = server_kernels(server)
     notebook.kc.stop_channels()
     kill_server(server)
     for pid in kernels:  # the notebook kernels are the server's children, not the session's
@@ -198,7 +172,9 @@ def test_a_server_owned_ray_session_outlives_a_kernel_and_a_dead_servers_is_swep
     # what the dead server's session held goes (its driver saw its stdin end); then, so
     # that the sweep has something to remove whatever Ray did, leftovers under the dead
     # owner's prefix, and some under a live owner's (this test's) that must stay
-    wait_for(lambda: not under(cluster_names(ray_nodes), prefix), GONE_S, "the session's names")
+    wait_for(
+        lambda: not under(cluster_names(ray_nodes), prefix), GONE_S, "the session's names", poll=2
+    )
     live = f"jupyter_dist/{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}/"
     plant(ray_nodes, prefix, live)
     names = cluster_names(ray_nodes)
@@ -212,7 +188,7 @@ def test_a_server_owned_ray_session_outlives_a_kernel_and_a_dead_servers_is_swep
     def swept() -> bool:
         return not under(cluster_names(ray_nodes), prefix)
 
-    wait_for(swept, GONE_S, f"the sweep of {prefix}")
+    wait_for(swept, GONE_S, f"the sweep of {prefix}", poll=2)
     names = cluster_names(ray_nodes)
     assert sorted(under(names, live)) == [f"{live}planted", f"{live}planted/0"], names
     log = wait_for(
@@ -221,6 +197,7 @@ def test_a_server_owned_ray_session_outlives_a_kernel_and_a_dead_servers_is_swep
         ),
         60,
         "the sweep's log line",
+        poll=2,
     )
     assert f"removed what dead server pid {server.process.pid} left on the Ray cluster" in log
     assert f"{prefix}planted/0" in log
