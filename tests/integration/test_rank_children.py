@@ -19,13 +19,17 @@ from tests.conftest import started_session
 pytestmark = pytest.mark.slow
 
 #: ``fn`` for mp.spawn: a group of two children, an all_reduce, the sum written to a
-#: file; then, with ``hang``, they wait deaf to SIGINT, as a worker blocked in C does
+#: file; then, with ``hang``, they wait deaf to SIGINT, as a worker blocked in C does (and
+#: say so first: a ``deaf-`` file beside the sum's, written once SIGINT is ignored)
 WORKERS = """
 import os, signal, time
 import torch, torch.distributed as dist
 
 def work(i, port, out, hang):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hang:
+        folder, name = os.path.split(out)
+        open(os.path.join(folder, f"deaf-{name}.{i}"), "w").close()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=i, world_size=2)
@@ -91,17 +95,32 @@ def test_mp_spawn_works_in_a_rank_twice(run: Any, session: str, workers: Path) -
         assert sums(workers) == ["3.0"] * 4  # two children a rank, 1 + 2 each
 
 
+#: the hanging cell's --timeout: long enough for both ranks' children to start (a spawned
+#: child imports torch) and ignore SIGINT, which each says in a file (3.5 s on 2 cores
+#: beside two CPU-bound processes)
+HANG_TIMEOUT_S = 10
+
+
 def test_mp_spawn_children_end_when_the_cell_times_out(
     run: Any, session: str, workers: Path
 ) -> None:
     kept = run(f"%%distributed --session {session}\nmarker = 'kept'")
     assert kept.ok, kept.stdout + kept.stderr
     for _ in range(2):  # the same cell again, in the same ranks
-        # the children are started at once; whether they made their group before the
-        # timeout or not (a loaded machine), they ignore the interrupt's SIGINT
-        out = run(f"%%distributed --session {session} --timeout 30\n{spawn_cell(workers, True)}")
+        # the children are started at once and ignore the interrupt's SIGINT; whether they
+        # made their group before the timeout or not (a loaded machine) does not matter
+        out = run(
+            f"%%distributed --session {session} --timeout {HANG_TIMEOUT_S}\n"
+            f"{spawn_cell(workers, True)}"
+        )
         assert not out.ok, out.stdout
         assert "timed out" in out.stdout + out.stderr + str(out.error), out.stdout
+        deaf = sorted(p.name for p in workers.glob("deaf-*"))
+        assert deaf == [f"deaf-sum-{r}.{i}" for r in (0, 1) for i in (0, 1)], (
+            f"not every child was up and deaf to SIGINT {HANG_TIMEOUT_S} s into the cell: {deaf}"
+        )
+        for p in workers.glob("deaf-*"):
+            p.unlink()
         count = run(f"%%distributed --session {session} --timeout 120\n{COUNT}")
         assert count.ok, count.stdout + count.stderr
         assert "[ranks 0-1] children 0" in count.stdout, count.stdout
