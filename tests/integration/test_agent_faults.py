@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from jupyter_dist.errors import AgentError, SessionError
+from jupyter_dist.settings import NODE_DEADLINE_VAR
 from tests.conftest import CellOutput, session_status
 
 Run = Callable[[str], CellOutput]
@@ -33,9 +34,12 @@ def wrapper(tmp_path: Path, name: str, body: str) -> str:
 
 
 @pytest.mark.slow
-def test_a_restart_while_the_agent_is_stopped_ends_with_a_reason_then_works(run: Run) -> None:
+def test_a_restart_while_the_agent_is_stopped_ends_with_a_reason_then_works(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SIGSTOP the agent, restart: the restart ends (no "restarting" for ever) with the
     node named, within the heartbeat's deadline; after SIGCONT the session restarts."""
+    monkeypatch.setenv(NODE_DEADLINE_VAR, "5")  # the heartbeat's deadline (20 s by default)
     assert run("%%distributed --procs 2 --session wedged\nkept = 1").ok
     before = session_status("wedged")
     agent = before["nodes"][0]["agent_pid"]
