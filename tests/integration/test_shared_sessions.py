@@ -11,6 +11,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,6 +61,37 @@ def later(kernel: ServerKernel, code: str, timeout: float = 120) -> concurrent.f
     return future
 
 
+def later_seen(
+    kernel: ServerKernel, code: str, timeout: float = 120
+) -> tuple[concurrent.futures.Future[Any], list[str]]:
+    """`later`, and a list that gets each text the cell shows (its streams, and its
+    displays and their updates) as it comes."""
+    seen: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            seen.append(content["text"])
+        elif kind == "error":
+            seen.append("\n".join(content["traceback"]))
+        elif kind in ("execute_result", "display_data", "update_display_data"):
+            seen.append(content["data"].get("text/plain", "") + "\n")
+
+    def run() -> tuple[str, dict[str, Any], float]:
+        began = time.monotonic()
+        reply = kernel.kc.execute_interactive(code, output_hook=hook, timeout=timeout)
+        return (
+            re.sub(r"\x1b\[[0-9;]*m", "", "".join(seen)),
+            reply["content"],
+            time.monotonic() - began,
+        )
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(run)
+    pool.shutdown(wait=False)
+    return future, seen
+
+
 def session_status(server: Server) -> dict[str, Any]:
     status, found = server.call("GET", f"{API}/sessions/{SESSION}")
     assert status == 200, found
@@ -71,6 +103,28 @@ def wait_for(predicate: Any, timeout: float = 60) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.2)
+
+
+def waits_for(path: str, indent: str = "") -> str:
+    """Cell lines that wait (up to two minutes) until the file ``path`` (a Python
+    expression) exists: the test or another cell creates it."""
+    lines = (
+        "import os as _os, time as _time",
+        "_until = _time.monotonic() + 120",
+        f"while not _os.path.exists({path}):",
+        f"    assert _time.monotonic() < _until, 'nobody created ' + {path}",
+        "    _time.sleep(0.05)",
+    )
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+@contextlib.contextmanager
+def released(go: Path) -> Iterator[Path]:
+    """``go``, created on leaving, whatever happened: no cell waits on it after the test."""
+    try:
+        yield go
+    finally:
+        go.touch()
 
 
 def running_sender(server: Server) -> str:
@@ -85,20 +139,32 @@ def done_in(out: str) -> float:
     return float(value) / (1000 if unit == "ms" else 1)
 
 
+#: B's --timeout in the queue test; A's cell holds B in the queue for longer than that
+B_TIMEOUT_S = 5
+
+
 def test_a_queued_cell_waits_visibly_and_its_time_excludes_the_wait(
-    server: Server, pair: tuple[ServerKernel, ServerKernel]
+    server: Server, pair: tuple[ServerKernel, ServerKernel], tmp_path: Path
 ) -> None:
     a, b = pair
-    # B waits for A's 20 s cell; its own 10 s limit counts from its start (a loaded
-    # machine may take seconds to run even a print), not from the wait's
-    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(20); print('a done')")
-    wait_for(lambda: running_sender(server) == "train.ipynb")
-    status = session_status(server)
-    assert {n["path"] for n in status["notebooks"]} == {"train.ipynb", "eval.ipynb"}
-    assert all(r["busy_since"] for r in status["ranks"])
-    out = b.ok("%dist status")  # answered while A's cell runs
-    assert "train.ipynb" in out and "eval.ipynb" in out, out
-    out, reply, _took = later(b, "%%distributed --timeout 10\nprint('b done')").result()
+    # B waits for A's cell, which runs until the test lets it end, longer than B's own
+    # limit; that limit counts from B's start (a loaded machine may take seconds to run
+    # even a print), not from the wait's
+    with released(tmp_path / "go") as go:
+        long = later(
+            a, f"%%distributed --session {SESSION}\n{waits_for(repr(str(go)))}print('a done')"
+        )
+        wait_for(lambda: running_sender(server) == "train.ipynb")
+        status = session_status(server)
+        assert {n["path"] for n in status["notebooks"]} == {"train.ipynb", "eval.ipynb"}
+        assert all(r["busy_since"] for r in status["ranks"])
+        out = b.ok("%dist status")  # answered while A's cell runs
+        assert "train.ipynb" in out and "eval.ipynb" in out, out
+        queued = later(b, f"%%distributed --timeout {B_TIMEOUT_S}\nprint('b done')")
+        wait_for(lambda: len(session_status(server)["queue"]) == 1)
+        time.sleep(B_TIMEOUT_S + 1)  # B's limit would have passed, had it counted the wait
+        assert not queued.done()
+    out, reply, _took = queued.result()
     assert reply["status"] == "ok", out  # --timeout counts from its own start
     assert "waiting for a cell from train.ipynb (running" in out, out
     assert "[ranks 0-1] b done" in out, out
@@ -109,18 +175,22 @@ def test_a_queued_cell_waits_visibly_and_its_time_excludes_the_wait(
 
 
 def test_stopping_a_queued_cell_withdraws_it_and_leaves_the_running_one(
-    server: Server, pair: tuple[ServerKernel, ServerKernel]
+    server: Server, pair: tuple[ServerKernel, ServerKernel], tmp_path: Path
 ) -> None:
     a, b = pair
-    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(6); print('a done')")
-    wait_for(lambda: running_sender(server) == "train.ipynb")
-    queued = later(b, "%%distributed\nprint('never')")
-    wait_for(lambda: len(session_status(server)["queue"]) == 1)
-    status, _ = server.call("POST", f"/api/kernels/{b.id}/interrupt", {})
-    assert status == 204
-    out, reply, _ = queued.result()
-    assert reply["status"] == "error" and "withdrawn before it started" in out, out
-    assert "never" not in out
+    with released(tmp_path / "go") as go:
+        long = later(
+            a, f"%%distributed --session {SESSION}\n{waits_for(repr(str(go)))}print('a done')"
+        )
+        wait_for(lambda: running_sender(server) == "train.ipynb")
+        queued = later(b, "%%distributed\nprint('never')")
+        wait_for(lambda: len(session_status(server)["queue"]) == 1)
+        status, _ = server.call("POST", f"/api/kernels/{b.id}/interrupt", {})
+        assert status == 204
+        out, reply, _ = queued.result()
+        assert reply["status"] == "error" and "withdrawn before it started" in out, out
+        assert "never" not in out
+        assert not long.done()  # A's cell still runs
     out_a, reply_a, _ = long.result()
     assert reply_a["status"] == "ok" and "[ranks 0-1] a done" in out_a, out_a
     assert "interrupt" not in out_a
@@ -194,15 +264,22 @@ def test_a_killed_notebook_frees_the_ranks_for_the_other(
 
 
 def test_a_thread_of_one_notebook_prints_to_that_notebook_only(
-    server: Server, pair: tuple[ServerKernel, ServerKernel]
+    server: Server, pair: tuple[ServerKernel, ServerKernel], tmp_path: Path
 ) -> None:
     a, b = pair
+    # the thread A's cell leaves prints while B's cell runs: B's cell lets it (the file
+    # ``go``), and ends once it printed (the file ``said-<rank>``)
+    go = repr(str(tmp_path / "go"))
+    said = f"{str(tmp_path / 'said-')!r} + _os.environ['RANK']"
     a.ok(
         f"%%distributed --session {SESSION}\n"
-        "def chatter():\n    time.sleep(2); print('from a thread of a', flush=True)\n"
+        "def chatter():\n"
+        f"{waits_for(go, indent='    ')}"
+        "    print('from a thread of a', flush=True)\n"
+        f"    open({said}, 'w').close()\n"
         "threading.Thread(target=chatter).start()"
     )
-    out = b.ok("%%distributed\ntime.sleep(4); print('b cell')")
+    out = b.ok(f"%%distributed\nopen({go}, 'w').close()\n{waits_for(said)}print('b cell')")
     assert "from a thread of a" not in out, out
     out = a.ok(f"%%distributed --session {SESSION}\nprint('a again')")
     assert "printed after its cell ended" in out and "from a thread of a" in out, out
@@ -230,30 +307,38 @@ def test_a_stopped_notebook_does_not_stall_the_others_output(
 
 
 def test_attaching_while_another_notebooks_cell_runs_answers_at_once(
-    server: Server, pair: tuple[ServerKernel, ServerKernel], kernel_name: str
+    server: Server, pair: tuple[ServerKernel, ServerKernel], kernel_name: str, tmp_path: Path
 ) -> None:
     a, _b = pair
-    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(15); print('a done')")
-    wait_for(lambda: running_sender(server) == "train.ipynb")
-    third = ServerKernel(server, "third.ipynb", kernel_name)
-    try:
-        third.ok("%load_ext jupyter_dist")
-        out = third.ok(f"%dist attach {SESSION}")
-        assert "attached to session 'shared'" in out, out
-        assert not long.done()  # it did not wait for the running cell
-    finally:
-        third.close()
+    with released(tmp_path / "go") as go:  # A's cell runs until the attach is done
+        long = later(
+            a, f"%%distributed --session {SESSION}\n{waits_for(repr(str(go)))}print('a done')"
+        )
+        wait_for(lambda: running_sender(server) == "train.ipynb")
+        third = ServerKernel(server, "third.ipynb", kernel_name)
+        try:
+            third.ok("%load_ext jupyter_dist")
+            out = third.ok(f"%dist attach {SESSION}")
+            assert "attached to session 'shared'" in out, out
+            assert not long.done()  # it did not wait for the running cell
+        finally:
+            third.close()
     assert "a done" in long.result()[0]
 
 
 def test_a_pull_waits_for_the_running_cell_and_says_so(
-    server: Server, pair: tuple[ServerKernel, ServerKernel]
+    server: Server, pair: tuple[ServerKernel, ServerKernel], tmp_path: Path
 ) -> None:
     a, b = pair
     a.ok(f"%%distributed --session {SESSION}\nvalue = 5")
-    long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(6); value = 6")
-    wait_for(lambda: running_sender(server) == "train.ipynb")
-    out = b.ok("values = %dist pull value\nprint(values)")
+    with released(tmp_path / "go") as go:  # A's cell ends once B's pull waits behind it
+        long = later(a, f"%%distributed --session {SESSION}\n{waits_for(repr(str(go)))}value = 6")
+        wait_for(lambda: running_sender(server) == "train.ipynb")
+        pull, seen = later_seen(b, "values = %dist pull value\nprint(values)")
+        wait_for(lambda: "waiting for a cell from train.ipynb" in "".join(seen))
+        assert not pull.done()
+    out, reply, _ = pull.result()
+    assert reply["status"] == "ok", out
     assert "waiting for a cell from train.ipynb" in out, out
     assert "[6, 6]" in out, out  # after the running cell, not in the middle of it
     assert long.result()[1]["status"] == "ok"
