@@ -5,7 +5,10 @@ ends (real rank kernels, a real kernel client as the console)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from jupyter_client.asynchronous import AsyncKernelClient
@@ -36,22 +39,58 @@ def console_on(session: Session, rank: int) -> AsyncKernelClient:
     return client
 
 
-def test_a_cell_queued_behind_a_consoles_code_says_why(session: Session) -> None:
+class NoticeSink(EventQueue):
+    """A cell's sink that also keeps the texts of its console line, as they are put."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.console_texts: set[str] = set()
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        if isinstance(item, Notice) and item.line == CONSOLE_LINE and item.text:
+            self.console_texts.add(item.text)
+        super().put(item, block, timeout)
+
+
+async def release_after_updates(sink: NoticeSink, go: Path, updates: int = 2) -> None:
+    """Create ``go`` once the console line said ``updates`` different things (its time
+    went on), or after a minute (then the test's assertions say what was missing)."""
+    try:
+        deadline = time.monotonic() + 60
+        while len(sink.console_texts) < updates and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        go.touch()
+
+
+def test_a_cell_queued_behind_a_consoles_code_says_why(session: Session, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+
     async def scenario() -> tuple[list[str], str]:
         await session.start()
         console = console_on(session, 1)
         try:
-            msg_id = console.execute("import time; time.sleep(15); print('console done')")
+            # the console's code runs until the cell's line for it has updated
+            msg_id = console.execute(
+                "import os, time\nuntil = time.monotonic() + 120\n"
+                f"while not os.path.exists({str(go)!r}) and time.monotonic() < until:\n"
+                "    time.sleep(0.05)\nprint('console done')"
+            )
             while True:  # the rank runs the console's code now
                 msg = await asyncio.wait_for(console.get_iopub_msg(), 60)
                 if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == (
                     "execute_input"
                 ):
                     break
-            sink = EventQueue()
-            result = await session.execute(
-                "import os; print('cell on', os.environ['RANK'])", sink=sink
-            )
+            sink = NoticeSink()
+            release = asyncio.ensure_future(release_after_updates(sink, go))
+            try:
+                result = await session.execute(
+                    "import os; print('cell on', os.environ['RANK'])", sink=sink
+                )
+            finally:
+                release.cancel()
+                go.touch()
             assert not result.failures, result
             notices, printed = [], ""
             while not sink.empty():
@@ -67,7 +106,7 @@ def test_a_cell_queued_behind_a_consoles_code_says_why(session: Session) -> None
 
     notices, printed = asyncio.run(scenario())
     # one line that updates while rank 1 runs the console's code, taken away when it ends
-    assert len(notices) >= 2 and notices[-1] == "", notices
+    assert len(notices) >= 3 and notices[-1] == "", notices
     for text in notices[:-1]:
         assert text.startswith("rank 1 is queued: running code from a console on it (for ")
         assert "Kernel > Interrupt in that console" in text
