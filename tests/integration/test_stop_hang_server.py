@@ -145,7 +145,16 @@ def test_a_cell_queued_behind_a_hung_one_waits_on_one_line_then_runs_on_the_fres
 
     queued = later_call(queued_cell)
     wait_for(lambda: len(status_of(server)["queue"]) == 1)
-    time.sleep(2.5)  # B's line ticks a few times
+
+    def waiting_texts() -> set[str]:
+        return {
+            m["content"]["data"].get("text/plain", "")
+            for m in list(shown)
+            if m["msg_type"] in ("display_data", "update_display_data")
+            and "running" in m["content"]["data"].get("text/plain", "")
+        }
+
+    wait_for(lambda: len(waiting_texts()) >= 2)  # B's line ticks: its time goes on
     code, _ = server.call("POST", f"/api/kernels/{a.id}/interrupt", {})
     assert code == 204
     _out, reply_a, _ = hung.result(timeout=180)
