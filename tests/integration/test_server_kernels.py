@@ -202,8 +202,16 @@ def test_interrupt_from_the_notebook_reaches_server_owned_ranks(
 ) -> None:
     notebook.ok("%load_ext jupyter_dist")
     notebook.ok("%%distributed --procs 2 --session slow\nimport time")
-    msg_id = notebook.kc.execute("%%distributed --session slow\ntime.sleep(120)")
-    time.sleep(3)
+    msg_id = notebook.kc.execute(
+        "%%distributed --session slow\nimport os\nprint('sleeping', os.environ['RANK'], flush=True)"
+        "\ntime.sleep(120)"
+    )
+    heard, deadline = "", time.monotonic() + 60
+    while not ("sleeping 0" in heard and "sleeping 1" in heard):  # both ranks in the sleep
+        assert time.monotonic() < deadline, f"the ranks did not start the cell: {heard!r}"
+        msg = notebook.kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            heard += msg["content"]["text"]
     began = time.monotonic()
     status, _ = server.call("POST", f"/api/kernels/{notebook.id}/interrupt", {})
     assert status == 204
