@@ -308,12 +308,21 @@ def test_connection_info_lets_a_client_run_code_on_the_ranks(server: Server) -> 
         bad = BlockingKernelClient()
         bad.load_connection_info({**info["ranks"][0]["connection"], "key": "not-the-key"})
         bad.start_channels()
+        good = BlockingKernelClient()
+        good.load_connection_info({**info["ranks"][0]["connection"], "key": info["key"]})
+        good.start_channels()
         try:
             bad.kernel_info()
+            # the kernel answers requests in the order they came: once it answered a good
+            # one sent after the bad one, the bad one's answer would be there already
+            asked = good.kernel_info()
+            while good.get_shell_msg(timeout=60)["parent_header"].get("msg_id") != asked:
+                pass
             with pytest.raises(Exception):  # noqa: B017 - queue.Empty on timeout
-                bad.get_shell_msg(timeout=3)
+                bad.get_shell_msg(timeout=1)
         finally:
             bad.stop_channels()
+            good.stop_channels()
     finally:
         server.call("DELETE", f"{API}/sessions/conn")
 
