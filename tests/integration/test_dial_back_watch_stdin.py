@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
+from jupyter_dist.common.events import StreamOut
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.launchers.dial_back import DialBackListener
 from jupyter_dist.control.session import Session, SessionTimeouts
@@ -64,9 +65,19 @@ async def test_the_end_of_stdin_ends_the_node_and_its_ranks_and_interrupts_reach
 
         # the rank hears an interrupt although the node's parent blocked SIGINT
         sink: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        run = session.execute("import time\ntime.sleep(600)", sink=sink)
+        run = session.execute(
+            "import time\nprint('sleeping', flush=True)\ntime.sleep(600)", sink=sink
+        )
         task = asyncio.ensure_future(run)
-        await asyncio.sleep(3)
+        heard = ""
+        deadline = time.monotonic() + 60
+        while "sleeping" not in heard:  # the rank runs the cell
+            assert time.monotonic() < deadline, f"the rank did not start the cell: {heard!r}"
+            while not sink.empty():
+                event = sink.get()
+                if isinstance(event, StreamOut):
+                    heard += event.text
+            await asyncio.sleep(0.05)
         await session.interrupt()
         result = await asyncio.wait_for(task, 60)
         assert result.failures, "the sleep was not interrupted"
