@@ -9,6 +9,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -137,21 +138,33 @@ def kernel_processes(server: Server) -> set[int]:
     return found
 
 
-def test_interrupt_by_the_kernels_api_stops_that_rank_alone(server: Server, session: str) -> None:
+def test_interrupt_by_the_kernels_api_stops_that_rank_alone(
+    server: Server, session: str, tmp_path: Path
+) -> None:
     zero, one = rank_kernel(server, session, 0), rank_kernel(server, session, 1)
+    go_on = tmp_path / "go-on"  # rank 0's code runs until rank 1 was interrupted
 
     async def go() -> None:
         c0, c1 = await Console.open(server, zero), await Console.open(server, one)
         slow = c1.execute("import time; time.sleep(60)")
         await c1.until(slow, "execute_input")  # rank 1 runs it now
-        short = c0.execute("import time; time.sleep(3); print('rank 0 slept')")
-        await c0.until(short, "execute_input")
-        status, reply = await asyncio.to_thread(
-            server.call, "POST", f"/api/kernels/{one}/interrupt", {}
+        short = c0.execute(
+            "import os, time\nuntil = time.monotonic() + 120\n"
+            f"while not os.path.exists({str(go_on)!r}):\n"
+            "    assert time.monotonic() < until, 'the test never let rank 0 go on'\n"
+            "    time.sleep(0.05)\n"
+            "print('rank 0 slept')"
         )
-        assert status == 204, reply
-        stopped = await c1.until(slow, "status", "idle")
-        assert [name for name, _ in errors(stopped)] == ["KeyboardInterrupt"], stopped
+        await c0.until(short, "execute_input")
+        try:
+            status, reply = await asyncio.to_thread(
+                server.call, "POST", f"/api/kernels/{one}/interrupt", {}
+            )
+            assert status == 204, reply
+            stopped = await c1.until(slow, "status", "idle")
+            assert [name for name, _ in errors(stopped)] == ["KeyboardInterrupt"], stopped
+        finally:
+            go_on.touch()
         untouched = await c0.until(short, "status", "idle")
         assert errors(untouched) == [] and printed(untouched) == "rank 0 slept\n"
         # the rank goes on as before
