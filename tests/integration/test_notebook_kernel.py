@@ -175,8 +175,16 @@ def test_interrupt_restarts_a_session_whose_rank_is_stuck_in_a_collective(
 
 def test_counter_stops_after_interrupt(nbk: NotebookKernel) -> None:
     nbk.execute("%%distributed --procs 2\nimport time\nn = 0")
-    nbk.kc.execute("%%distributed\nwhile True:\n    n += 1\n    time.sleep(0.01)")
-    time.sleep(2)
+    msg_id = nbk.kc.execute(
+        "%%distributed\nimport os\nprint('looping', os.environ['RANK'], flush=True)\n"
+        "while True:\n    n += 1\n    time.sleep(0.01)"
+    )
+    heard, deadline = "", time.monotonic() + 60
+    while not ("looping 0" in heard and "looping 1" in heard):  # the counter loop runs
+        assert time.monotonic() < deadline, f"the ranks did not start the loop: {heard!r}"
+        msg = nbk.kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            heard += msg["content"]["text"]
     nbk.km.interrupt_kernel()
     nbk.kc.get_shell_msg(timeout=30)
     counts = []
