@@ -16,7 +16,16 @@ NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
 #: need a cluster: multi_node against the test suite's sshd nodes (tests/multinode),
 #: ray_cluster against its Ray cluster with the kernel on the head node (tests/ray)
 ON_NODES = {"multi_node.ipynb", "ray_cluster.ipynb"}
-HERE = [p for p in NOTEBOOKS if p.name not in ON_NODES]
+#: run once each, by a test of their own below that reads their outputs, and checked
+#: there as `test_demo_notebook_runs` checks the others (`run_demo`)
+DEDICATED = {
+    "mingpt_ddp.ipynb",
+    "observability.ipynb",
+    "quickstart.ipynb",
+    "hugging_face.ipynb",
+    "lightning.ipynb",
+}
+HERE = [p for p in NOTEBOOKS if p.name not in ON_NODES | DEDICATED]
 
 
 def execute(nb: nbformat.NotebookNode, kernel_name: str, cwd: Path) -> nbformat.NotebookNode:
@@ -40,17 +49,30 @@ def expected_to_fail(cell: nbformat.NotebookNode) -> bool:
     return "raises-exception" in cell.get("metadata", {}).get("tags", [])
 
 
-def test_every_notebook_is_executed_somewhere() -> None:
-    assert len(NOTEBOOKS) >= 8, [p.name for p in NOTEBOOKS]
-    assert {p.name for p in NOTEBOOKS} >= ON_NODES
-
-
-@pytest.mark.parametrize("path", HERE, ids=[p.name for p in HERE])
-def test_demo_notebook_runs(path: Path, kernel_name: str) -> None:
+def run_demo(path: Path, kernel_name: str) -> nbformat.NotebookNode:
+    """The demo notebook ``path``, executed in its folder, its outputs in it; an error
+    only in each cell tagged to raise one."""
     nb = execute(nbformat.read(path, as_version=4), kernel_name, path.parent)
     for cell in nb.cells:
         kinds = {o.output_type for o in cell.get("outputs", [])}
         assert ("error" in kinds) == expected_to_fail(cell), cell.source
+    return nb
+
+
+def demo(name: str) -> Path:
+    path = Path(__file__).parents[2] / "notebooks" / name
+    assert name in DEDICATED, f"{name} is run by test_demo_notebook_runs too"
+    return path
+
+
+def test_every_notebook_is_executed_somewhere() -> None:
+    assert len(NOTEBOOKS) >= 8, [p.name for p in NOTEBOOKS]
+    assert {p.name for p in NOTEBOOKS} >= ON_NODES | DEDICATED
+
+
+@pytest.mark.parametrize("path", HERE, ids=[p.name for p in HERE])
+def test_demo_notebook_runs(path: Path, kernel_name: str) -> None:
+    run_demo(path, kernel_name)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -62,8 +84,7 @@ def test_notebooks_are_kept_without_outputs(path: Path) -> None:
 
 
 def test_mingpt_resumes_from_its_snapshot_with_identical_weights(kernel_name: str) -> None:
-    path = Path(__file__).parents[2] / "notebooks" / "mingpt_ddp.ipynb"
-    text = text_of(execute(nbformat.read(path, as_version=4), kernel_name, path.parent))
+    text = text_of(run_demo(demo("mingpt_ddp.ipynb"), kernel_name))
     assert "[ranks 0-1] False" in text  # the restart left no variables
     assert "resumed after 2 epochs" in text
     assert "identical weights after the restart: True" in text
@@ -71,8 +92,7 @@ def test_mingpt_resumes_from_its_snapshot_with_identical_weights(kernel_name: st
 
 
 def test_the_hang_is_found_in_all_reduce(kernel_name: str) -> None:
-    path = Path(__file__).parents[2] / "notebooks" / "observability.ipynb"
-    nb = execute(nbformat.read(path, as_version=4), kernel_name, path.parent)
+    nb = run_demo(demo("observability.ipynb"), kernel_name)
     failed = [c for c in nb.cells if expected_to_fail(c)]
     (error,) = [o for o in failed[0].outputs if o.output_type == "error"]
     assert error.ename == "CellTimeout"
@@ -82,8 +102,7 @@ def test_the_hang_is_found_in_all_reduce(kernel_name: str) -> None:
 
 
 def test_quickstart_outputs(kernel_name: str) -> None:
-    path = Path(__file__).parents[2] / "notebooks" / "quickstart.ipynb"
-    text = text_of(execute(nbformat.read(path, as_version=4), kernel_name, path.parent))
+    text = text_of(run_demo(demo("quickstart.ipynb"), kernel_name))
     assert "[ranks 0-1] all_reduce: 3.0" in text
     assert "[rank 0] rank 0 of 2" in text
     assert "[rank 1] rank 1 of 2" in text
@@ -95,8 +114,7 @@ def test_quickstart_outputs(kernel_name: str) -> None:
 
 
 def test_hugging_face_sees_the_session(kernel_name: str) -> None:
-    path = Path(__file__).parents[2] / "notebooks" / "hugging_face.ipynb"
-    text = text_of(execute(nbformat.read(path, as_version=4), kernel_name, path.parent))
+    text = text_of(run_demo(demo("hugging_face.ipynb"), kernel_name))
     assert "[rank 1] process 1 of 2, DistributedType.MULTI_CPU, ACCELERATE_USE_CPU=1" in text
     assert "[rank 0] rank 0: DistributedDataParallel, 8 of the 16 batches" in text
     assert "[rank 1] rank 1: world size 2, parallel mode DISTRIBUTED" in text
@@ -106,8 +124,7 @@ def test_hugging_face_sees_the_session(kernel_name: str) -> None:
 
 def test_lightning_trains_again_and_resumes_after_a_restart(kernel_name: str) -> None:
     pytest.importorskip("lightning")
-    path = Path(__file__).parents[2] / "notebooks" / "lightning.ipynb"
-    text = text_of(execute(nbformat.read(path, as_version=4), kernel_name, path.parent))
+    text = text_of(run_demo(demo("lightning.ipynb"), kernel_name))
     lines = by_rank(text)
     for rank in (0, 1):
         assert "DDPStrategy over 2 ranks, 24 steps on this rank" in lines[rank], text
