@@ -9,11 +9,14 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import pytest
 
 from jupyter_dist.errors import RanksFailed
+from jupyter_dist.settings import NODE_DEADLINE_VAR
 from tests.conftest import CellOutput, session_status
 
 from .test_ssh_faults import ours_on
@@ -21,8 +24,50 @@ from .test_ssh_sessions import flags, netns_pids
 
 pytestmark = pytest.mark.slow
 Run = Callable[[str], CellOutput]
-#: seconds into the cell at which the link goes down
-CUT_AT_S = 3.0
+#: a cell that says it runs, on each rank (a file ``<mark>-<rank>``), then sleeps
+RUNNING = (
+    "%%distributed --session {name}\nimport os, time\n"
+    "open({mark!r} + '-' + os.environ['RANK'], 'w').close()\ntime.sleep({sleep})"
+)
+
+
+class WhenRunning:
+    """Within its ``with``: calls ``fault`` from a thread as soon as the `RUNNING` cell
+    with ``mark`` runs on each of ``ranks`` ranks, and keeps when in ``at`` (None: not
+    yet, or a minute went by first)."""
+
+    def __init__(self, mark: Path, ranks: int, fault: Callable[[], None]) -> None:
+        self.marks = [Path(f"{mark}-{r}") for r in range(ranks)]
+        self.fault = fault
+        self.at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if all(m.exists() for m in self.marks):
+                self.at = time.monotonic()
+                self.fault()
+                return
+            time.sleep(0.05)
+
+    def __enter__(self) -> WhenRunning:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def since(self) -> float:
+        """Seconds since the fault; fails the test if it never came."""
+        assert self.at is not None, (
+            f"the cell did not run on every rank within a minute: {self.marks}"
+        )
+        return time.monotonic() - self.at
 
 
 def set_link(cluster: Any, node: int, state: str) -> None:
@@ -46,19 +91,20 @@ def shut_down(run: Run) -> Iterator[list[str]]:
 
 
 def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_ranks_go(
-    run: Run, cluster: Any, shut_down: list[str]
+    run: Run, cluster: Any, shut_down: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # a node silent for 6 s is lost (20 s by default), and its agent stops its ranks once
+    # the notebook side was silent for 12 s: the same path as the defaults, sooner
+    monkeypatch.setenv(NODE_DEADLINE_VAR, "6")
     shut_down.append("cut")
     out = run(f"%%distributed --session cut {flags(cluster)} --procs 1\nimport os, time")
     assert out.ok, out.stdout + out.stderr
     node1 = {r["pid"] for r in session_status("cut")["ranks"] if r["node_rank"] == 1}
     assert node1 and node1 <= netns_pids(cluster, 1)
-    cut = threading.Timer(CUT_AT_S, set_link, (cluster, 1, "down"))
     try:
-        began = time.monotonic()
-        cut.start()
-        out = run("%%distributed --session cut\ntime.sleep(300)")
-        took = time.monotonic() - began - CUT_AT_S
+        with WhenRunning(tmp_path / "running", 2, lambda: set_link(cluster, 1, "down")) as cut:
+            out = run(RUNNING.format(name="cut", mark=str(tmp_path / "running"), sleep=300))
+        took = cut.since()
         assert isinstance(out.error, RanksFailed), out.stdout + out.stderr
         assert took <= 30, f"the cell failed {took:.0f} s after the link went down"
         text = f"{out.error}\n{out.stdout}"
@@ -68,7 +114,7 @@ def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_rank
         assert [n["lost"] for n in status["nodes"]] == [False, True]
         assert status["state"] == "broken"
         # the node's agent stops its ranks once the notebook side has gone quiet
-        deadline = began + CUT_AT_S + 60
+        deadline = time.monotonic() + 60
         while node1 & netns_pids(cluster, 1) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not node1 & netns_pids(cluster, 1), "ranks left running on node1: " + "\n".join(
@@ -81,7 +127,6 @@ def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_rank
             for p in netns_pids(cluster, 1)
         )
     finally:
-        cut.cancel()
         set_link(cluster, 1, "up")
     # the link is back: the session restarts on both nodes
     again = run("%dist restart --session cut")
@@ -100,7 +145,7 @@ def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_rank
 
 
 def test_a_node_whose_processes_all_die_is_told_as_lost_not_as_a_relay_restart(
-    run: Run, cluster: Any, shut_down: list[str]
+    run: Run, cluster: Any, shut_down: list[str], tmp_path: Path
 ) -> None:
     shut_down.append("crash")
     out = run(f"%%distributed --session crash {flags(cluster)} --procs 1\nimport os, time")
@@ -116,12 +161,9 @@ def test_a_node_whose_processes_all_die_is_told_as_lost_not_as_a_relay_restart(
         for proc in procs:
             proc.kill()
 
-    killer = threading.Timer(2.0, kill_all)
-    try:
-        killer.start()
-        out = run("%%distributed --session crash\ntime.sleep(120)")
-    finally:
-        killer.cancel()
+    with WhenRunning(tmp_path / "running", 2, kill_all) as killer:
+        out = run(RUNNING.format(name="crash", mark=str(tmp_path / "running"), sleep=120))
+    killer.since()
     assert isinstance(out.error, RanksFailed), out.stdout + out.stderr
     text = f"{out.error}\n{out.stdout}"
     assert "node 'node1': the agent was killed by signal SIGKILL" in text, text
