@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from jupyter_dist.common.events import StreamOut
 from jupyter_dist.control.session import Session, SessionTimeouts
 from jupyter_dist.errors import AgentError, RanksFailed
 from tests.async_run import in_loop
@@ -35,6 +36,8 @@ from .test_ssh_sessions import netns_pids
 
 pytestmark = pytest.mark.slow
 TIMEOUTS = SessionTimeouts(start=90.0, process_group=60.0)
+#: a cell that says it runs on each rank, then sleeps (see `running_on`)
+RUNNING = "import time\nprint('running', flush=True)\ntime.sleep(300)"
 
 
 @contextlib.asynccontextmanager
@@ -88,13 +91,23 @@ async def test_a_plain_tcp_client_and_wrong_keys_are_refused_and_run_nothing(
 ) -> None:
     async with listening(cluster, 1) as listener, listening(cluster, 1) as other:
         host, port = listener.address.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=10) as plain:
-            plain.sendall(b"GET / HTTP/1.0\r\n\r\nprint('hello')\n")
-            plain.shutdown(socket.SHUT_WR)
-            plain.settimeout(40)
-            with contextlib.suppress(OSError):
-                while plain.recv(4096):
-                    pass  # until the listener closes it
+
+        def plain_client() -> float:
+            """Seconds until the listener closed the connection (a thread's blocking
+            socket: the listener runs in this test's loop, which must not wait on it)."""
+            with socket.create_connection((host, int(port)), timeout=10) as plain:
+                plain.sendall(b"GET / HTTP/1.0\r\n\r\nprint('hello')\n")
+                plain.shutdown(socket.SHUT_WR)
+                plain.settimeout(40)
+                began = time.monotonic()
+                with contextlib.suppress(OSError):
+                    while plain.recv(4096):
+                        pass  # until the listener closes it
+                return time.monotonic() - began
+
+        closed_after = await asyncio.to_thread(plain_client)
+        assert closed_after < 30, f"the listener kept a plain TCP client {closed_after:.0f} s"
+        assert await until(lambda: len(listener.refused) == 1, 10), listener.refused
         # a node holding another session's keys, and one holding the right host key but
         # accepting another client key
         wrong_host = other.credentials(0)
@@ -104,7 +117,8 @@ async def test_a_plain_tcp_client_and_wrong_keys_are_refused_and_run_nothing(
         )
         assert wrong_client != listener.credentials(0)
         for node, creds in ((0, wrong_host), (1, wrong_client)):
-            proc = start_node(cluster, node, listener.address, creds, tmp_path, retry=3)
+            # it dials again after a second while its --retry lasts: two tries, or three
+            proc = start_node(cluster, node, listener.address, creds, tmp_path, retry=1.5)
             try:
                 assert await until(lambda p=proc: p.poll() is not None, 60)
                 said = proc.stdout.read().decode() if proc.stdout else ""
@@ -119,6 +133,20 @@ async def test_a_plain_tcp_client_and_wrong_keys_are_refused_and_run_nothing(
         listener.connect_timeout = 1.0
         with pytest.raises(AgentError, match="did not connect"):
             await listener.connection(0)  # nothing got through
+
+
+async def running_on(sink: queue.SimpleQueue[Any], ranks: set[int], timeout: float = 60) -> None:
+    """Once every rank of ``ranks`` printed the `RUNNING` cell's line into ``sink``."""
+    said: set[int] = set()
+
+    def heard() -> bool:
+        while not sink.empty():
+            event = sink.get()
+            if isinstance(event, StreamOut) and "running" in event.text:
+                said.add(event.rank)
+        return said >= ranks
+
+    assert await until(heard, timeout, step=0.05), f"only ranks {said} ran the cell"
 
 
 async def _pipe(
@@ -176,8 +204,9 @@ async def test_a_node_whose_connection_goes_fails_the_cell_naming_it_and_its_ran
             async with started(session):
                 node1 = set(children(procs[1].pid))  # its agent, relay and rank
                 assert len(node1) >= 3, node1
-                cell = asyncio.ensure_future(session.execute("import time\ntime.sleep(300)"))
-                await asyncio.sleep(3)
+                sink: queue.SimpleQueue[Any] = queue.SimpleQueue()
+                cell = asyncio.ensure_future(session.execute(RUNNING, sink=sink))
+                await running_on(sink, {0, 1})
                 began = time.monotonic()
                 procs[1].send_signal(signal.SIGKILL)  # the ip netns exec'd process itself
                 result = await asyncio.wait_for(cell, 60)
@@ -195,7 +224,7 @@ async def test_a_node_whose_connection_goes_fails_the_cell_naming_it_and_its_ran
                 creds = listener.credentials(1)
                 procs.append(start_node(cluster, 1, listener.address, creds, tmp_path))
                 await session.restart()
-                sink: queue.SimpleQueue[Any] = queue.SimpleQueue()
+                sink = queue.SimpleQueue()
                 result = await session.execute(
                     "import torch, torch.distributed as dist\n"
                     "t = torch.ones(1); dist.all_reduce(t); print('sum', t.item())",
@@ -210,14 +239,18 @@ async def test_a_node_whose_connection_goes_fails_the_cell_naming_it_and_its_ran
 async def test_a_link_lost_without_a_reset_fails_the_cell_and_the_node_stops_its_ranks(
     cluster: Any, tmp_path: Path
 ) -> None:
+    # a node silent for 6 s is lost (20 s by default); its agent stops its ranks once the
+    # notebook side was silent for 12 s
+    timeouts = SessionTimeouts(start=90.0, process_group=60.0, node_deadline=6.0)
     async with listening(cluster, 2) as listener:
         with dial_back_nodes(cluster, listener, tmp_path):
-            session = Session(spec("silent", 2), TIMEOUTS, env={}, launchers=listener.launcher)
+            session = Session(spec("silent", 2), timeouts, env={}, launchers=listener.launcher)
             async with started(session):
                 rank1 = session.ranks[1].pid
                 assert rank1 in netns_pids(cluster, 1)
-                cell = asyncio.ensure_future(session.execute("import time\ntime.sleep(300)"))
-                await asyncio.sleep(3)
+                sink: queue.SimpleQueue[Any] = queue.SimpleQueue()
+                cell = asyncio.ensure_future(session.execute(RUNNING, sink=sink))
+                await running_on(sink, {0, 1})
                 set_link(cluster, 1, "down")  # every packet dropped, nothing sent back
                 try:
                     result = await asyncio.wait_for(cell, 120)
