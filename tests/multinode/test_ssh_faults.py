@@ -36,7 +36,7 @@ def faults(run: Run, cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 def test_an_interrupt_reaches_every_rank_on_every_node(run: Run, faults: str) -> None:
     """`--timeout` interrupts through the same path as the notebook's stop button."""
-    out = run(f"%%distributed --session {faults} --timeout 3\nwhile True:\n    time.sleep(0.01)")
+    out = run(f"%%distributed --session {faults} --timeout 2\nwhile True:\n    time.sleep(0.01)")
     assert isinstance(out.error, CellTimeout)
     assert {f.rank: f.ename for f in out.error.failures} == {
         0: "KeyboardInterrupt",
