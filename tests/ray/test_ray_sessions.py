@@ -8,7 +8,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -77,6 +77,36 @@ def nothing_left(cluster: RayCluster, timeout: float) -> str:
         time.sleep(1)
 
 
+#: a cell that says it runs on each rank (a file ``<mark>-<rank>``; the nodes share this
+#: machine's files), then sleeps
+RUNNING = "import os, time\nopen({mark!r} + '-' + os.environ['RANK'], 'w').close()\ntime.sleep(600)"
+
+
+def when_running(mark: Path, ranks: int, fault: Callable[[], None]) -> threading.Thread:
+    """A started thread that calls ``fault`` once the `RUNNING` cell with ``mark`` runs on
+    each of ``ranks`` ranks (it gives up after two minutes: see `fault_at`)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(Path(f"{mark}-{r}").exists() for r in range(ranks)):
+                Path(f"{mark}-fault").write_text(str(time.monotonic()))
+                fault()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def fault_at(mark: Path) -> float:
+    """When `when_running` made its fault (``time.monotonic()``)."""
+    made = Path(f"{mark}-fault")
+    assert made.exists(), f"the cell did not run on every rank within two minutes ({mark})"
+    return float(made.read_text())
+
+
 def where(text: str) -> dict[int, list[str]]:
     """Rank -> the words of its ``where`` line."""
     return {r: lines[0].split()[1:] for r, lines in with_start(text, "where ").items() if lines}
@@ -132,14 +162,17 @@ def test_one_actor_and_agent_per_node_with_the_gpus_ray_gave_and_state_kept(
     assert not nothing_left(ray_nodes, 30), nothing_left(ray_nodes, 0)
 
 
-def test_interrupt_and_a_killed_rank(ray_nodes: RayCluster, kernel: NetnsKernel) -> None:
+def test_interrupt_and_a_killed_rank(
+    ray_nodes: RayCluster, kernel: NetnsKernel, tmp_path: Path
+) -> None:
     assert kernel.run("%%distributed --ray --nodes 2 --procs 1 --session b\nx = 1").ok
     try:
-        stop = threading.Timer(8.0, kernel.km.interrupt_kernel)
-        stop.start()
+        mark = tmp_path / "running"
+        stop = when_running(mark, 2, kernel.km.interrupt_kernel)
         began = time.monotonic()
-        reply = kernel.run("%%distributed --session b\nimport time\ntime.sleep(600)")
-        stop.cancel()
+        reply = kernel.run(f"%%distributed --session b\n{RUNNING.format(mark=str(mark))}")
+        stop.join()
+        fault_at(mark)
         assert not reply.ok
         # the stop button SIGINTs the notebook kernel's process group: the session's Ray
         # driver is not in it, and the ranks' SIGINT is not blocked (a Ray actor blocks it)
@@ -174,9 +207,9 @@ def test_two_sessions_side_by_side_and_a_rerun_of_the_same_name(
             reply = kernel.run(f"%%distributed --session {name}\n{WHERE}")
             assert {w[4] for w in where(reply.text).values()} == {"3"}, reply.text
         # every GPU is held now: a third waits, says why, and gives up at its timeout
-        reply = kernel.run(f"%%distributed {flags} --ray-timeout 8 --session c3\npass")
+        reply = kernel.run(f"%%distributed {flags} --ray-timeout 4 --session c3\npass")
         assert not reply.ok
-        assert "waited 8 s for 2 bundles of 2 GPUs, 1 CPU" in reply.text, reply.text
+        assert "waited 4 s for 2 bundles of 2 GPUs, 1 CPU" in reply.text, reply.text
         assert "waiting for 2 bundles" in reply.text  # progress while it waited
         # shut down and started again under the same name: the old actors freed the GPUs
         kernel.run("%dist shutdown --session c1")
@@ -261,12 +294,11 @@ def test_a_ray_node_killed_mid_cell_fails_the_cell_naming_it(
         reply = kernel.run(f"%%distributed --ray --nodes 2 --procs 1 --ray-gpus 1\n{WHERE}")
         assert reply.ok, reply.text
         victim = ray_nodes.network.addresses[2]
-        killer = threading.Timer(6.0, ray_nodes.kill_node, args=(2,))
-        killer.start()
+        mark = tmp_path / "running"
+        killer = when_running(mark, 2, lambda: ray_nodes.kill_node(2))
         try:
-            began = time.monotonic()
-            reply = kernel.run("%%distributed\nimport time\ntime.sleep(600)", timeout=120)
-            failed_after = time.monotonic() - began - 6.0
+            reply = kernel.run(f"%%distributed\n{RUNNING.format(mark=str(mark))}", timeout=120)
+            failed_after = time.monotonic() - fault_at(mark)
             assert not reply.ok
             assert victim in reply.text, reply.text
             # within 10 s where nothing else runs (README); the bound leaves a loaded
