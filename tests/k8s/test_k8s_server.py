@@ -83,7 +83,7 @@ def test_a_server_owned_session_outlives_a_kernel_and_a_dead_servers_is_swept(
     notebook.ok("%load_ext jupyter_dist")
     out = notebook.ok(
         f"%%distributed --k8s --nodes 2 --procs 1 --k8s-callback 127.0.0.1:{free_port()} "
-        "--image team/train:1 --k8s-grace 5\n"
+        "--image team/train:1 --k8s-grace 2\n"
         "import os, torch, torch.distributed as dist\n"
         "t = torch.ones(1); dist.all_reduce(t)\n"
         "x = int(os.environ['RANK']) * 10\n"

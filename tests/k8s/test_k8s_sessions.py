@@ -176,11 +176,11 @@ def test_a_pod_that_cannot_be_scheduled_fails_the_start_with_the_schedulers_reas
     cluster = k8s_env  # its machines have no GPUs
     began = time.monotonic()
     out = run(
-        f"%%distributed {k8s_flags('--nodes 2 --gpus 1 --k8s-timeout 10')} --session kgpu\nx = 1"
+        f"%%distributed {k8s_flags('--nodes 2 --gpus 1 --k8s-timeout 6')} --session kgpu\nx = 1"
     )
     text = out.stdout + out.stderr
     assert not out.result.success
-    assert "were not all running within 10 s" in text, text
+    assert "were not all running within 6 s" in text, text
     assert "Insufficient nvidia.com/gpu" in text, text
     assert "Unschedulable" in text, text  # the progress said so while it waited
     assert time.monotonic() - began < 120
@@ -270,7 +270,7 @@ def test_a_killed_notebook_leaves_pods_that_exit_and_its_pod_owns_what_was_made(
         assert execute("%load_ext jupyter_dist")["status"] == "ok"
         # no --image, no --k8s-callback: the notebook pod's image and IP
         reply = execute(
-            "%%distributed --k8s --nodes 2 --procs 1 --k8s-grace 5 --session knb\n"
+            "%%distributed --k8s --nodes 2 --procs 1 --k8s-grace 2 --session knb\n"
             "import os; print('up', os.environ['MASTER_ADDR'])"
         )
         assert reply["status"] == "ok", "".join(texts)
@@ -290,7 +290,7 @@ def test_a_killed_notebook_leaves_pods_that_exit_and_its_pod_owns_what_was_made(
     finally:
         os.kill(km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
         km.cleanup_resources()
-    # the pods lose their link and exit by themselves after their grace (5 s)
+    # the pods lose their link and exit by themselves after their grace (2 s)
     cluster.wait_for(
         "the dead notebook's pods exited by themselves",
         lambda: not any(n.startswith(name) for n in cluster.pod_processes()),
