@@ -126,13 +126,17 @@ async def _node_not_in_allocation(facts: dict[str, Any]) -> None:
 async def _stop_escalates(host: str, facts: dict[str, Any]) -> None:
     """An agent deaf to EOF: stop() must still end srun and the step, by signals."""
     with tempfile.TemporaryDirectory() as tmp:
-        deaf = os.path.join(tmp, "python")
+        deaf, started = os.path.join(tmp, "python"), os.path.join(tmp, "started")
         with open(deaf, "w") as script:
-            script.write("#!/bin/sh\nexec sleep 600\n")  # takes the agent's arguments, ignores EOF
+            # takes the agent's arguments, says it runs, ignores EOF
+            script.write(f"#!/bin/sh\ntouch '{started}'\nexec sleep 600\n")
         os.chmod(deaf, 0o755)
         launcher = SlurmLauncher(HostSpec(host), python=deaf)
         await launcher.start(SESSION, {})
-        await asyncio.sleep(3)  # the step has started
+        deadline = time.monotonic() + 60  # until the step runs the deaf "agent"
+        while not os.path.exists(started) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        facts["deaf_started"] = os.path.exists(started)
         began = time.monotonic()
         await launcher.stop(timeout=2)
         facts["deaf_stop_s"] = round(time.monotonic() - began, 1)

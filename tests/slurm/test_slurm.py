@@ -120,6 +120,7 @@ def test_killing_srun_ends_the_step(launcher_facts: dict[str, Any]) -> None:
 
 def test_stop_signals_an_agent_deaf_to_eof(launcher_facts: dict[str, Any]) -> None:
     facts = launcher_facts
+    assert facts["deaf_started"] is True, show(facts)  # the step ran it before the stop
     assert facts["deaf_stop_s"] < 30, show(facts)  # 2 s for EOF, then SIGTERM to srun
     assert facts["deaf_srun_returncode"] is not None, show(facts)
     assert facts["deaf_steps_after"] == [], show(facts)
