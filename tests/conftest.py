@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,28 @@ from typing import Any
 
 import psutil
 import pytest
+
+#: the timing summary at the end of every run, and the groups tests share an xdist worker in
+pytest_plugins = ["tests.timing_report", "tests.xdist_groups"]
+
+#: each xdist worker's sessions take their rendezvous store port from ports of their own,
+#: below the ephemeral range: a port found free and bound by rank 0 a moment later is not
+#: taken meanwhile by another worker's session or connection (a session of another process
+#: can take it, as the error it then gives says)
+WORKER_MASTER_PORTS = (20000, 1000)
+
+
+def _worker_master_ports() -> None:
+    from jupyter_dist.settings import MASTER_PORTS_VAR
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and MASTER_PORTS_VAR not in os.environ:
+        first = WORKER_MASTER_PORTS[0] + int(worker[2:]) * WORKER_MASTER_PORTS[1]
+        if first + WORKER_MASTER_PORTS[1] <= 32768:
+            os.environ[MASTER_PORTS_VAR] = f"{first}-{first + WORKER_MASTER_PORTS[1] - 1}"
+
+
+_worker_master_ports()
 
 
 @dataclass
@@ -56,6 +79,15 @@ def shell() -> Iterator[Any]:
     embedded_owner().close()
     _gone, alive = psutil.wait_procs(our_processes(), timeout=60)  # exits on a busy machine
     assert not alive, f"processes left after every session was shut down: {alive}"
+
+
+@pytest.fixture(scope="session")
+def shell_before_cluster(shell: Any) -> None:
+    """For the session-scoped clusters' folders (their conftest makes it autouse): the shell
+    is made before the cluster, so torn down after it, and its check for processes that
+    sessions left runs once the cluster's own processes are gone. Running on one process,
+    ``tests/integration`` comes first and makes the shell anyway; on several workers a
+    worker may start a cluster first."""
 
 
 @pytest.fixture
