@@ -20,6 +20,12 @@ JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
 # Extra arguments, e.g. make test PYTEST_ARGS='-k magics -x', make bench BENCH_ARGS='--only W1'
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+# make test runs pytest on TEST_WORKERS processes (pytest-xdist). Tests that share a cluster,
+# a server or a module's fixtures stay on one worker, in their order (tests/xdist_groups.py);
+# most of a test's time is spent waiting on kernels and clusters, so more workers than cores
+# pay. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 3
+PYTEST_WORKERS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 .PHONY: help setup demo test test-loaded unit lint bench bench-multinode bench-ray bench-k8s labextension-test
 
@@ -67,7 +73,7 @@ demo: setup
 test: setup lint labextension-test
 	.ci/setup-system
 	.ci/setup-browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The same, on a busy machine: two CPU-bound processes run beside it for as long as it
 # runs (.ci/busy stops them however it ends). No test may depend on a fast machine.

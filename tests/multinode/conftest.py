@@ -15,6 +15,11 @@ def require_cluster_support() -> None:
     require("multi-node ssh cluster", missing_requirements())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shell_first(shell_before_cluster: None) -> None:
+    """The shell outlives ``cluster``; see ``shell_before_cluster``."""
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Two nodes, ``node0`` and ``node1``, each running sshd; see ``cluster.ssh_cluster``."""

@@ -10,8 +10,10 @@ from tests.system_needs import require
 
 from .cluster import START_TIMEOUT, RayCluster, missing_requirements, ray_cluster
 
-#: how long each cluster of this run took to start, for the summary at the end
-_START_SECONDS: list[float] = []
+
+@pytest.fixture(scope="session", autouse=True)
+def _shell_first(shell_before_cluster: None) -> None:
+    """The shell outlives ``ray_nodes``; see ``shell_before_cluster``."""
 
 
 @pytest.fixture(scope="session")
@@ -19,11 +21,10 @@ def ray_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     """A Ray cluster with token authentication on; see ``cluster.ray_cluster``.
 
     Skipped with the reason where it cannot run (not root, no ``ip netns``, no ray); in CI
-    that fails instead. Its start-up time is in the run's summary.
+    that fails instead. Its start-up time is in the run's summary (tests/timing_report.py).
     """
     require("multi-node Ray cluster", missing_requirements())
     with ray_cluster(workdir=tmp_path_factory.mktemp("ray")) as running:
-        _START_SECONDS.append(running.start_seconds)
         yield running
 
 
@@ -34,10 +35,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         uses = "ray_nodes" in getattr(item, "fixturenames", ())
         if uses and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(START_TIMEOUT + 240))
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for seconds in _START_SECONDS:
-        terminalreporter.write_line(
-            f"Ray test cluster (head + 2 worker nodes): every node alive after {seconds:.1f}s"
-        )

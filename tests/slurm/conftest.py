@@ -15,6 +15,11 @@ def require_slurm_support() -> None:
     require("single-node Slurm", missing_requirements())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shell_first(shell_before_cluster: None) -> None:
+    """The shell outlives ``slurm``; see ``shell_before_cluster``."""
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """This machine as the only node of a Slurm cluster; see ``cluster.slurm_cluster``."""
