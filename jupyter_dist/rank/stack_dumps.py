@@ -31,9 +31,12 @@ MAX_FRAMES = 100
 
 
 def format_threads(frames: dict[int, FrameType], skip: int | None = None) -> str:
-    """Each thread's stack, most recent call first, as faulthandler writes it."""
+    """Each thread's stack, most recent call first, as faulthandler writes it; the main
+    thread (the one that runs cells) first, so that a reader finds it even beside threads
+    started without `threading` (whose oldest frame is no thread bootstrap either)."""
     blocks = []
-    for ident, frame in frames.items():
+    main = threading.main_thread().ident
+    for ident, frame in sorted(frames.items(), key=lambda item: item[0] != main):
         if ident == skip:
             continue
         lines = [f"Thread 0x{ident:016x} (most recent call first):"]

@@ -3,6 +3,7 @@ the format the stacks reader parses."""
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 import threading
@@ -17,16 +18,26 @@ def _waiting_in_a_cell(entered: threading.Event, release: threading.Event) -> No
     release.wait()
 
 
+def _raw_thread(entered: threading.Event, release: threading.Event, done: threading.Event) -> None:
+    entered.set()
+    release.wait()
+    done.set()
+
+
 def test_a_dump_reads_as_faulthandlers() -> None:
     entered, release = threading.Event(), threading.Event()
     worker = threading.Thread(target=_waiting_in_a_cell, args=(entered, release))
     worker.start()
+    # a thread started without `threading` (as some libraries do): no bootstrap frame
+    raw_entered, raw_done = threading.Event(), threading.Event()
+    _thread.start_new_thread(_raw_thread, (raw_entered, release, raw_done))
     try:
-        entered.wait(10)
+        assert entered.wait(10) and raw_entered.wait(10)
         text = stack_dumps.format_threads(sys._current_frames())
     finally:
         release.set()
         worker.join()
+        raw_done.wait(10)
     threads = stacks.parse_dump(text)
     assert len(threads) >= 2 and stacks.is_dump(text)
     # this (main) thread is the one whose oldest frame is not a thread bootstrap
