@@ -105,6 +105,9 @@ def start_server(
     # waited for while it runs, up to a limit that only a hung one reaches
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline and process.poll() is None:
+        # the port it took: another than the one asked for where that was taken meanwhile
+        # (by a test running beside this one); it says so in its jpserver-PID.json
+        server.url = f"http://{ip}:{listening_port(runtime_dir, process.pid, port)}"
         try:
             if server.call("GET", "/api/status")[0] == 200:
                 return server
@@ -116,6 +119,14 @@ def start_server(
     process.wait()
     said = f"exited with status {ended}" if ended is not None else f"not up in {START_S} s"
     raise RuntimeError(f"jupyter server {said}:\n{(root / 'server.log').read_text()}")
+
+
+def listening_port(runtime_dir: Path, pid: int, asked: int) -> int:
+    """The port in the server's ``jpserver-PID.json``; ``asked`` until it wrote one."""
+    try:
+        return int(json.loads((runtime_dir / f"jpserver-{pid}.json").read_text())["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return asked
 
 
 def stop_server(server: Server) -> None:

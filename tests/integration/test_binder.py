@@ -49,6 +49,20 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> str:
     return done.stdout + done.stderr
 
 
+def tracked_files(folder: str) -> list[Path]:
+    """The files of ``folder`` that git tracks (a Binder image is built from a clone)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", folder],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    files = [ROOT / name for name in listed.split("\0") if name]
+    assert files, f"git tracks no files in {folder}/"
+    return files
+
+
 @dataclass
 class Peak:
     """The largest sum of PSS (and of RSS) over a process and all its descendants."""
@@ -157,13 +171,12 @@ def test_the_notebooks_run_in_binders_memory(
     binder_env: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:
     venv, env = binder_env
-    # a copy, so that what the notebooks write (snapshots, statistics) stays out of the tree
+    # what Binder gets: the repository's files (not what other tests write into notebooks/
+    # while this one runs), copied so that what the notebooks write stays out of the tree
     work = tmp_path / "notebooks"
-    shutil.copytree(
-        ROOT / "notebooks",
-        work,
-        ignore=shutil.ignore_patterns("*.pt", "data_stats.json", ".ipynb_checkpoints"),
-    )
+    for path in tracked_files("notebooks"):
+        (work / path.relative_to(ROOT / "notebooks")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, work / path.relative_to(ROOT / "notebooks"))
     python = str(venv / "bin" / "python")
     report = []
     overall = 0

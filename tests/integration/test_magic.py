@@ -607,7 +607,11 @@ def test_ranks_keep_no_copy_of_what_they_print(run: Run) -> None:
         "6 * 7"
     )
     assert out.ok, out.stdout
-    assert "[ranks 0-1] step 1999 loss 0.001999" in out.stdout
+    # folded into one line when both ranks' copies arrive together (not on a busy machine)
+    last = "step 1999 loss 0.001999"
+    assert f"[ranks 0-1] {last}" in out.stdout or all(
+        f"[rank {rank}] {last}" in out.stdout for rank in (0, 1)
+    ), out.stdout[-2000:]
     out = run(
         "%%distributed\n"
         "ip = get_ipython()\n"

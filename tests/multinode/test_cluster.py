@@ -12,7 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .cluster import Cluster, cleanup_stale, ssh_cluster
+from tests import netns
+
+from .cluster import Cluster, ssh_cluster
 from .conftest import require_cluster_support
 
 
@@ -117,34 +119,47 @@ def test_kill_sshd_takes_the_node_down(cluster: Cluster, tmp_path: Path) -> None
 
 def test_cleanup_stale_removes_a_crashed_run(tmp_path: Path) -> None:
     require_cluster_support()
-    # A child process starts a cluster and dies by SIGKILL: no cleanup of its own runs.
+    # A child process starts a cluster and dies by SIGKILL: no cleanup of its own runs. It
+    # is killed while this test holds the networks' lock, and the lock is kept until the
+    # cleanup is done: otherwise a network started meanwhile (by a test running beside this
+    # one) would clean up the crashed run first.
     code = textwrap.dedent(
         """
-        import os, signal, sys
+        import sys
         from pathlib import Path
         sys.path.insert(0, sys.argv[1])
         from tests.multinode.cluster import ssh_cluster
         with ssh_cluster(1, workdir=Path(sys.argv[2])) as c:
             print(c.prefix, c.namespaces[0], c.bridge, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            sys.stdin.read()  # until killed
         """
     )
     root = str(Path(__file__).parents[2])
-    child = subprocess.run(
+    child = subprocess.Popen(
         [sys.executable, "-c", code, root, str(tmp_path)],
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
     )
-    assert child.returncode == -9, child.stderr
-    prefix, ns, bridge = child.stdout.split()
-    assert ns in netns_names()
-    assert link_exists(bridge)
+    try:
+        assert child.stdout is not None
+        started = child.stdout.readline()
+        assert started, child.communicate(timeout=30)[1]
+        prefix, ns, bridge = started.split()
+        with netns._host_lock():
+            child.kill()
+            assert child.wait(timeout=30) == -9
+            assert ns in netns_names()
+            assert link_exists(bridge)
 
-    assert prefix in cleanup_stale()
+            assert prefix in netns._cleanup_stale_locked(prefix)
 
-    assert ns not in netns_names()
-    assert not link_exists(bridge)
+            assert ns not in netns_names()
+            assert not link_exists(bridge)
+    finally:
+        child.kill()
+        child.communicate(timeout=30)
 
 
 def _comm(pid: int) -> str:
