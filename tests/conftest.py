@@ -147,7 +147,7 @@ def wait_until_ready(
                 break
         # the idle after that reply is heard once IOPub's subscription reached the kernel;
         # one published before it never comes: then ask again (not a failure)
-        again = min(deadline, time.monotonic() + 5)
+        again = min(deadline, time.monotonic() + 2)
         while (msg := next_msg(kc.get_iopub_msg, "IOPub message", again)) is not None:
             if (
                 msg["parent_header"].get("msg_id") == asked

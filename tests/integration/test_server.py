@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import psutil
 import pytest
 
 from jupyter_dist.common.ports import free_port
+from jupyter_dist.settings import MASTER_PORTS_VAR
 from tests.conftest import wait_until_ready
 
 from .server_process import API, Server, start_server, stop_server
@@ -122,8 +124,13 @@ def test_server_options_apply_and_stopping_the_server_stops_its_sessions(
     tmp_path: Path,
 ) -> None:
     lo = free_port()
+    # the option, not an environment's JUPYTER_DIST_MASTER_PORTS (which comes first)
+    env = {k: v for k, v in os.environ.items() if k != MASTER_PORTS_VAR}
     own = start_server(
-        tmp_path, tmp_path / "config", args=(f"--DistServerApp.master_port_range={lo}-{lo + 3}",)
+        tmp_path,
+        tmp_path / "config",
+        args=(f"--DistServerApp.master_port_range={lo}-{lo + 3}",),
+        base_env=env,
     )
     try:
         status, created = own.call("POST", f"{API}/sessions", {"name": "bye", "procs": 2})
