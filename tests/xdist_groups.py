@@ -33,15 +33,14 @@ SHARED_FOLDERS: dict[str, str] = {
     "tests/browser": "jupyterlab",
 }
 
-#: the groups that take minutes, with their seconds in a quiet run on one process (the
-#: timing summary's numbers; a hint for the order only, so a stale one costs little)
+#: the groups that take minutes, with their seconds as `make test` runs them (the timing
+#: summary's numbers; a hint for the order only, so a stale one costs little)
 GROUP_WEIGHTS: dict[str, float] = {
-    "ray-cluster": 320,
-    "jupyterlab": 260,
-    "ssh-nodes": 230,
-    "tests/integration/test_notebooks.py": 155,
-    "tests/integration/test_shared_sessions.py": 150,
-    "tests/integration/test_binder.py": 130,
+    "ray-cluster": 500,
+    "ssh-nodes": 300,
+    "jupyterlab": 300,
+    "tests/integration/test_binder.py": 230,
+    "tests/integration/test_notebooks.py": 110,
 }
 #: a group not in GROUP_WEIGHTS counts this many seconds a test; a unit test less
 SECONDS_PER_TEST = 3.0
