@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from playwright.sync_api import Browser, ViewportSize
 
 VIEWPORT: ViewportSize = {"width": 1280, "height": 1000}
+EXPECT_TIMEOUT_MS = 20_000
 REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
@@ -68,8 +69,12 @@ def lab(kernel_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def chromium() -> Iterator[Browser]:
     """Headless Chromium, driven by Playwright's sync API."""
     require_browser()
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # what a person sees after a click may take seconds on a loaded 2-core machine (a
+    # widget's round trip through a kernel that runs a cell, beside other tests' ranks):
+    # an expectation waits up to this long (5 s by default); one that holds returns at once
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         try:
