@@ -38,7 +38,7 @@ FOLDER_BUDGETS_S: dict[str, float] = {
     "integration": 1500,
     "multinode": 380,
     "ray": 600,
-    "k8s": 240,
+    "k8s": 300,
     "slurm": 60,
     "browser": 380,
     "gpu": 120,
