@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ PAST_CELLS = 64
 BURST = 64
 #: a full socket's waiting messages are sent again after this long
 SEND_RETRY_S = 0.002
+_POLLIN = int(zmq.POLLIN)
 #: the sockets of a rank kernel the notebook side uses: (name, type, port key)
 CHANNELS = (
     ("shell", zmq.DEALER, "shell_port"),
@@ -110,7 +112,7 @@ class RankClient:
         self._readers: list[int] = []
         self._paused: set[str] = set()  # channels left unread until their handler has room
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._recheck: asyncio.TimerHandle | None = None
+        self._rechecks: _Rechecks | None = None
         self._outbox: dict[str, collections.deque[list[Any]]] = {}
         self._context = context
         self._fan_in = iopub
@@ -217,7 +219,9 @@ class RankClient:
         for name, socket in self.sockets.items():
             loop.add_reader(socket.FD, self._on_ready, name)
             self._readers.append(socket.FD)
-        self._recheck = loop.call_later(RECHECK_S, self._check_all)
+        if self.sockets:
+            self._rechecks = _Rechecks.of(loop)
+            self._rechecks.add(self)
 
     def _on_ready(self, name: str, from_check: bool = False) -> None:
         """Take what ``name``'s socket holds, at most `BURST` messages in a row (the rest
@@ -276,17 +280,18 @@ class RankClient:
         self._tasks.append(asyncio.ensure_future(resume()))
 
     def _check_all(self) -> None:
-        """Every `RECHECK_S`, look at each socket itself for a message it was not woken
-        for. A zmq socket signals new messages through an edge-triggered file descriptor,
-        and anything that reads the socket's state (a send on it, among others) can use up
-        that edge; the message then sits in the socket while nobody is woken for it. That
-        happened to shell replies arriving as the next request went out, about once in a
-        few hundred session starts on a loaded machine."""
+        """Every `RECHECK_S` (`_Rechecks`), look at each socket itself for a message it
+        was not woken for. A zmq socket signals new messages through an edge-triggered
+        file descriptor, and anything that reads the socket's state (a send on it, among
+        others) can use up that edge; the message then sits in the socket while nobody is
+        woken for it. That happened to shell replies arriving as the next request went
+        out, about once in a few hundred session starts on a loaded machine. A socket
+        with nothing in it is told by its events, without a receive that fails."""
         if self.closed:
             return
-        for name in self.sockets:
-            self._on_ready(name, from_check=True)
-        self._recheck = asyncio.get_running_loop().call_later(RECHECK_S, self._check_all)
+        for name, socket in self.sockets.items():
+            if int(socket.get(zmq.EVENTS)) & _POLLIN:
+                self._on_ready(name, from_check=True)
 
     def route_iopub(self, msg: dict[str, Any]) -> Handler | None:
         """An IOPub message of this client's kernel, read by the session's `IopubFanIn`."""
@@ -524,8 +529,8 @@ class RankClient:
                 with contextlib.suppress(Exception):
                     self._loop.remove_reader(fd)
         self._readers.clear()
-        if self._recheck is not None:
-            self._recheck.cancel()
+        if self._rechecks is not None:
+            self._rechecks.discard(self)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -535,6 +540,49 @@ class RankClient:
         for socket in self.sockets.values():
             with contextlib.suppress(Exception):
                 socket.close(linger=0)
+
+
+class _Rechecks:
+    """One timer a loop for every client's `RankClient._check_all`: a session of 32 ranks
+    wakes the loop once every `RECHECK_S` for them, not 32 times. It holds neither the
+    loop nor the clients (a loop dropped with clients never closed leaves nothing
+    behind)."""
+
+    def __init__(self) -> None:
+        self.clients: weakref.WeakSet[RankClient] = weakref.WeakSet()
+        self._armed = False
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Rechecks:
+        rechecks = _RECHECKS.get(loop)
+        if rechecks is None:
+            rechecks = _RECHECKS[loop] = cls()
+        return rechecks
+
+    def add(self, client: RankClient) -> None:
+        """Check ``client`` from now on (on the running loop)."""
+        self.clients.add(client)
+        if not self._armed:
+            self._armed = True
+            asyncio.get_running_loop().call_later(RECHECK_S, self._run)
+
+    def discard(self, client: RankClient) -> None:
+        self.clients.discard(client)
+
+    def _run(self) -> None:
+        for client in list(self.clients):
+            try:
+                client._check_all()
+            except Exception:  # one client's failure must not stop the others' checks
+                log.exception("rank %s: checking its sockets failed", client.rank)
+        self._armed = bool(self.clients)
+        if self._armed:
+            asyncio.get_running_loop().call_later(RECHECK_S, self._run)
+
+
+_RECHECKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Rechecks] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class FanOut:

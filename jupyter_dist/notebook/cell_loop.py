@@ -82,8 +82,11 @@ def _drive(
             if not backlog:
                 with contextlib.suppress(queue.Empty):
                     backlog.append(sink.get(timeout=POLL_S))
-                for _ in range(sink.qsize()):
-                    backlog.append(sink.get_nowait())
+                if isinstance(sink, EventQueue):
+                    backlog.extend(sink.take_all())
+                else:
+                    for _ in range(sink.qsize()):
+                        backlog.append(sink.get_nowait())
             while backlog:
                 event = backlog.popleft()
                 if isinstance(event, CallDone):
