@@ -93,11 +93,22 @@ class View:
     def __init__(self, label: str, log_hint: Callable[[], str]) -> None:
         self.label = label
         self.log_hint = log_hint
-        self.output = ViewOutput()
+        self._output: ViewOutput | None = None  # made with its first use: most stay empty
         self.widget: widgets.Output | None = None  # made when the cell view goes live
         self.drawn = -1
         self.drawn_at = 0.0
         self.interval = 0.0  # at least this long between redraws (a flooding rank's view)
+
+    @property
+    def output(self) -> ViewOutput:
+        if self._output is None:
+            self._output = ViewOutput()
+        return self._output
+
+    @property
+    def version(self) -> int:
+        """Its output's version: 0 while nothing was put in it."""
+        return 0 if self._output is None else self._output.version
 
     def build(self) -> widgets.Output:
         self.widget = widgets.Output(layout=widgets.Layout(max_height="480px", overflow="auto"))
@@ -105,7 +116,7 @@ class View:
         return self.widget
 
     def render(self, now: float = 0.0, final: bool = True) -> None:
-        if self.widget is None or self.output.version == self.drawn:
+        if self.widget is None or self.version == self.drawn:
             return
         if not final and now - self.drawn_at < self.interval:
             return
@@ -165,11 +176,8 @@ class CellView:
         self._last_render = 0.0
 
         self.rank_views = {r: View(f"rank {r}", self._rank_log(r)) for r in self.ranks}
-        self._rank_writers = {
-            (r, s): LineWriter(self.rank_views[r].output, s)
-            for r in self.ranks
-            for s in ("stdout", "stderr")
-        }
+        #: (rank, stream) -> what splits its output into the rank's view, once it printed
+        self._rank_writers: dict[tuple[int, str], LineWriter] = {}
         nodes = sorted({node for _host, node in places.values()})
         self.node_views: dict[int, View] = {}
         self._node_text: dict[int, TextRenderer] = {}
@@ -262,7 +270,11 @@ class CellView:
             if self.limit and printed > self.limit:
                 self.rank_views[event.rank].interval = FLOOD_RENDER_INTERVAL_S
             name = "stderr" if event.name == "stderr" else "stdout"
-            self._rank_writers[(event.rank, name)].write(event.text)
+            writer = self._rank_writers.get((event.rank, name))
+            if writer is None:
+                writer = LineWriter(self.rank_views[event.rank].output, name)
+                self._rank_writers[(event.rank, name)] = writer
+            writer.write(event.text)
             self._to_text(event)
         elif isinstance(event, RichOut):
             if event.msg_type != "update_display_data":
@@ -353,7 +365,8 @@ class CellView:
             if self.live is not None:
                 self.live.selector.index = self.selected
         for name in ("stdout", "stderr"):
-            self._rank_writers[(event.rank, name)].flush()
+            if (writer := self._rank_writers.get((event.rank, name))) is not None:
+                writer.flush()
         view = self.rank_views[event.rank].output
         if failure.traceback and failure.kind != "died":
             view.add_rich(
@@ -432,7 +445,8 @@ class CellView:
         for status in self.statuses.values():
             if status.state in ("queued", "running"):
                 status.state = "error"
-        if not self._quiet():  # the footer's logs link leads to a log for every rank
+        quiet = self._quiet()
+        if not quiet:  # the footer's logs link leads to a log for every rank
             self.logs.touch(self.ranks)
         self.logs.close()
         summary = cell_summary(list(self.statuses.values()))
@@ -446,7 +460,7 @@ class CellView:
         view = self.all_view if several else self.rank_views[self.ranks[0]]
         shown = view.output.plain_text()
         self._text = "\n".join([shown, f"[jupyter_dist] {summary}"])
-        self.quiet = self._quiet()
+        self.quiet = quiet
         if self.quiet:
             self.retire()
             return
@@ -485,7 +499,7 @@ class CellView:
             and all(s.state == "done" for s in self.statuses.values())
             and not self.notices
             and not self.metrics.series
-            and all(v.output.version == 0 for v in self.views)
+            and all(v.version == 0 for v in self.views)
         )
 
     def retire(self) -> None:

@@ -110,8 +110,9 @@ class TextRenderer:
         self.fold = fold and len(self.ranks) > 1
         self.running = set(self.ranks)
         self.partial: dict[tuple[str, int], str] = {}
+        #: each rank's whole lines not written yet (a rank's queue is made when it prints)
         self.pending: dict[str, dict[int, collections.deque[tuple[float, str]]]] = {
-            name: {r: collections.deque() for r in self.ranks} for name in STREAMS
+            name: {} for name in STREAMS
         }
         self.results: list[RichOut] = []
         #: (rank, display id) -> the latest update of that display, shown when the cell
@@ -121,6 +122,7 @@ class TextRenderer:
         self._last_transient = ""
         self.lines_written = 0
         self.summary = summary
+        #: each rank's outcome, for the summary line (kept only with ``summary``)
         self.finished: dict[int, RankStatus] = {}
         self.limit = output_limit() if limit is None else limit
         self.logs = logs
@@ -154,8 +156,11 @@ class TextRenderer:
                     self._logs().write(event.rank, failure_log_text(failure))
                 if failed_of_its_own(failure):
                     self.failures.append((time.monotonic(), failure))
-            state = STATE_OF_FINISH.get(event.status, "error")
-            self.finished[event.rank] = RankStatus(event.rank, "", 0, state, elapsed=event.elapsed)
+            if self.summary:  # what the summary line is made of
+                state = STATE_OF_FINISH.get(event.status, "error")
+                self.finished[event.rank] = RankStatus(
+                    event.rank, "", 0, state, elapsed=event.elapsed
+                )
         elif isinstance(event, Notice) and event.line and self.status is not None:
             self.flush(final=True)
             self.status.set(event.line, event.text)
@@ -180,7 +185,7 @@ class TextRenderer:
     def finish(self) -> None:
         if self.status is not None:  # news while the cell ran: its outcome says it again
             self.status.clear()
-        for rank in self.ranks:
+        for rank in sorted({rank for _name, rank in self.partial}):  # ranks mid-line
             self._end_partial(rank)
         self.running.clear()
         self.flush(final=True)
@@ -262,6 +267,8 @@ class TextRenderer:
         return self._logs().hint(rank)
 
     def _end_partial(self, rank: int) -> None:
+        if not self.partial:  # no rank is mid-line (a quiet cell's every rank)
+            return
         for name in STREAMS:
             rest = self.partial.pop((name, rank), None)
             if rest:
