@@ -19,6 +19,7 @@ the notebook thread, at its end, instead of one for every rank's reply.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
 from collections.abc import Callable
@@ -92,8 +93,9 @@ class EventQueue(queue.SimpleQueue[CellEvent]):
         self.closed = False  # the notebook thread stopped reading
         self._lock = threading.Lock()
         #: quiet events put since the last one that woke the reader, oldest first: they
-        #: come after everything in the queue itself
-        self._held: list[CellEvent] = []
+        #: come after everything in the queue itself (appended without the lock: only
+        #: `_release`, under it, takes them, from the left)
+        self._held: collections.deque[CellEvent] = collections.deque()
 
     def close(self) -> None:
         """Nobody reads on: later events are dropped and readers are held no more (an
@@ -103,12 +105,12 @@ class EventQueue(queue.SimpleQueue[CellEvent]):
     def put(self, item: CellEvent, block: bool = True, timeout: float | None = None) -> None:
         if self.closed:
             return
+        if isinstance(item, QUIET_EVENTS):  # no output in them: nothing to count
+            self._held.append(item)
+            return
         size = event_size(item)
         with self._lock:
             self.waiting += size
-            if isinstance(item, QUIET_EVENTS):
-                self._held.append(item)
-                return
             if self._held:
                 self._release()
             super().put(item, block, timeout)
@@ -119,9 +121,9 @@ class EventQueue(queue.SimpleQueue[CellEvent]):
     def _release(self) -> None:
         """Move the held events into the queue (under the lock: nothing put meanwhile can
         pass them)."""
-        for held in self._held:
-            super().put(held)
-        self._held = []
+        held, put = self._held, super().put
+        while held:
+            put(held.popleft())
 
     def _release_held(self) -> bool:
         """Whether there were held events, now in the queue."""

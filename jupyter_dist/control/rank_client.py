@@ -450,11 +450,12 @@ class RankClient:
 
     def forget(self, msg_id: str) -> None:
         if self.handlers.pop(msg_id, None) is not None:
-            self.past_cells[msg_id] = None
-            while len(self.past_cells) > PAST_CELLS:
-                self.past_cells.popitem(last=False)
-            while len(self._taken) > PAST_CELLS:
-                self._taken.popitem(last=False)
+            past, taken = self.past_cells, self._taken
+            past[msg_id] = None
+            if len(past) > PAST_CELLS:  # one more than kept: one out
+                past.popitem(last=False)
+            while len(taken) > PAST_CELLS:
+                taken.popitem(last=False)
 
     def interrupt(self) -> None:
         """Ask the kernel to interrupt itself (it signals its whole process group)."""
@@ -593,7 +594,10 @@ class FanOut:
         self._sends: dict[tuple[NodeShell, str], tuple[list[Any], list[int]]] = {}
 
     def add(self, shell: NodeShell, rank: int, msg_id: str, frames: list[Any]) -> None:
-        self._sends.setdefault((shell, msg_id), (frames, []))[1].append(rank)
+        send = self._sends.get((shell, msg_id))
+        if send is None:
+            send = self._sends[(shell, msg_id)] = (frames, [])
+        send[1].append(rank)
 
     def send(self) -> None:
         for (shell, _), (frames, ranks) in self._sends.items():
