@@ -6,6 +6,7 @@ decorators below.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import queue
@@ -55,6 +56,8 @@ CellViewKind = Literal["widget", "text"]
 OUTPUT_MODES: tuple[OutputMode, ...] = ("auto", "widget", "text")
 #: seconds the cell view's stacks button waits for the ranks' dumps
 STACKS_READ_S = 15.0
+#: ``%%distributed`` lines whose parsed arguments are kept (`DistMagics._cell_args`)
+PARSED_LINES = 32
 #: each ``%dist`` command as it is typed, and what it does: ``%dist`` alone lists them
 DIST_HELP: dict[str, str] = {
     "status": "the sessions, their ranks and what each is doing",
@@ -168,6 +171,7 @@ class DistMagics(Magics):
         self._control = plane
         self._default_session: str | None = None  # set by %dist attach
         self._cells = 0
+        self._parsed_lines: dict[str, argparse.Namespace] = {}  # `_cell_args`
         self.last_view: Any = None  # the latest cell view (tests and debugging look at it)
         self._count: int | None = None  # the running notebook cell's execution count
         events = getattr(shell, "events", None)
@@ -428,13 +432,27 @@ class DistMagics(Magics):
         tracebacks name the notebook's cell number. ``%dist stacks`` shows where ranks
         hang.
         """
-        args = parse_argstring(self.distributed, line)
+        args = self._cell_args(line)
         try:
             self._distributed(args, cell)
         except DistError as err:
             if isinstance(err, SpecError):
                 raise UsageError(str(err)) from None
             raise
+
+    def _cell_args(self, line: str) -> argparse.Namespace:
+        """``%%distributed``'s arguments: parsed once for each line (a notebook's cells
+        mostly repeat theirs; argparse is a tenth of what the magic costs a quick cell),
+        a copy each time, its lists too."""
+        parsed = self._parsed_lines.get(line)
+        if parsed is None:
+            parsed = parse_argstring(self.distributed, line)
+            if len(self._parsed_lines) >= PARSED_LINES:
+                self._parsed_lines.pop(next(iter(self._parsed_lines)))
+            self._parsed_lines[line] = parsed
+        return argparse.Namespace(
+            **{k: list(v) if isinstance(v, list) else v for k, v in vars(parsed).items()}
+        )
 
     def _distributed(self, args: Any, cell: str) -> None:
         name = self._name(args.session)
