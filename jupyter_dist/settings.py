@@ -35,8 +35,14 @@ seconds is read from one.
   session's pods dial back, its image their default, and it owns what the session makes.
 * ``JUPYTER_DIST_NODE_CREDENTIALS`` (a ``--k8s`` pod, set from the session's Secret): the
   nodes' dial-back keys, read once by `node.dial_back` and removed from its environment.
+* ``JUPYTER_DIST_INTERRUPT_ACK_S`` (control plane): seconds an interrupted rank has to say
+  that Python took the interrupt (10 by default) before its stack is looked at: one that
+  is outside Python then (C code, a collective) is stuck and replaced.
+* ``JUPYTER_DIST_GENERATION`` (rank, set by the control plane): which process group of
+  the session the rank joined (0 at the start, one more at each regroup).
 
-The first ten and ``JUPYTER_DIST_K8S_POD`` are the user's to set; the rest are set by
+The first ten, ``JUPYTER_DIST_K8S_POD`` and ``JUPYTER_DIST_INTERRUPT_ACK_S`` are the
+user's to set; the rest are set by
 jupyter_dist (the rank's four on every rank, as torchrun's own variables are). A test
 checks that no module names a ``JUPYTER_DIST_`` variable anywhere but here.
 """
@@ -66,6 +72,8 @@ BACKEND_VAR = "JUPYTER_DIST_BACKEND"
 FRAMEWORK_VAR = "JUPYTER_DIST_FRAMEWORK"
 K8S_POD_VAR = "JUPYTER_DIST_K8S_POD"
 NODE_CREDENTIALS_VAR = "JUPYTER_DIST_NODE_CREDENTIALS"
+INTERRUPT_ACK_VAR = "JUPYTER_DIST_INTERRUPT_ACK_S"
+GENERATION_VAR = "JUPYTER_DIST_GENERATION"
 
 ALL_VARS = (
     OUTPUT_VAR,
@@ -84,6 +92,8 @@ ALL_VARS = (
     FRAMEWORK_VAR,
     K8S_POD_VAR,
     NODE_CREDENTIALS_VAR,
+    INTERRUPT_ACK_VAR,
+    GENERATION_VAR,
 )
 
 

@@ -26,7 +26,9 @@ Backend = Literal["gloo", "nccl"]
 #: what a rank's bootstrap prepares: a torch process group, JAX's cluster, or nothing
 Framework = Literal["torch", "jax", "none"]
 #: `control.rank_group.SessionState` values
-SessionStateName = Literal["starting", "ready", "broken", "restarting", "stopped"]
+SessionStateName = Literal[
+    "starting", "ready", "degraded", "healing", "broken", "restarting", "stopped"
+]
 #: `control.rank_group.RankState` values
 RankStateName = Literal["starting", "idle", "busy", "dead"]
 #: how a rank kernel's sockets are addressed (TCP ports, or Unix sockets ``ip-port``)
@@ -202,6 +204,10 @@ class SessionStatus(TypedDict):
     device: Device
     cells_run: int
     broken_reason: str
+    #: how many times every rank joined a new process group (ranks replaced, resized)
+    generation: int
+    #: what happened to each rank a heal will replace, in words (empty when READY)
+    faults: list[str]
     master: str | None  # "addr:port" once the rendezvous is planned
     nodes: list[NodeStatus]
     ranks: list[RankStatus]

@@ -92,6 +92,13 @@ def place_of(dump: str) -> Place:
     return Place((top.file, str(top.line), str(cell.line)), f"in {top.short()}, {where}", shown)
 
 
+def same_place(before: str, after: str) -> bool:
+    """Whether two dumps of one rank have its main thread at the same innermost frame
+    (inside one call: C code that did not return between them)."""
+    one, two = main_thread(parse_dump(before)), main_thread(parse_dump(after))
+    return bool(one) and bool(two) and one[0] == two[0]
+
+
 def group_places(dumps: Mapping[int, str]) -> list[tuple[list[int], Place]]:
     """Ranks at the same place together, the biggest group first."""
     groups: dict[tuple[str, ...], tuple[list[int], Place]] = {}

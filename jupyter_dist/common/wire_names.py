@@ -48,3 +48,12 @@ CELL_RANKS_KEY = "jupyter_dist_cell_ranks"
 #: execute_reply content key: the rank's default process group after the cell, its backend
 #: (``"gloo"``), or ``""`` when it has none; the session's status reports it
 GROUP_KEY = "jupyter_dist_group"
+#: IOPub message type a rank sends from its SIGINT handler, the moment Python takes an
+#: interrupt and raises ``KeyboardInterrupt`` in the cell: from then on the rank is
+#: handling it (a traceback, the cell's ``except``/``finally``), not stuck
+#: (`rank.interrupt_ack`)
+INTERRUPT_ACK_MSG_TYPE = "jupyter_dist_interrupt_ack"
+#: the start of the line a surviving rank prints, as it joins a new process group, with
+#: the JSON list of what it had built on the old one (`rank.regroup`; read by the control
+#: plane from that silent cell's output)
+REBUILD_MARK = "jupyter_dist-rebuild: "

@@ -29,7 +29,11 @@ from jupyter_dist.common.events import (
     StreamOut,
     WidgetComm,
 )
-from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, METRICS_MSG_TYPE
+from jupyter_dist.common.wire_names import (
+    EXECUTE_REPLY_MSG_TYPE,
+    INTERRUPT_ACK_MSG_TYPE,
+    METRICS_MSG_TYPE,
+)
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_client import PacedHandler
 from jupyter_dist.errors import STOPPED_KINDS, FailureKind, RankFailure
@@ -58,6 +62,23 @@ class RankProgress:
     #: tracebacks the rank showed on IOPub (``error`` messages): a cell that raised, and
     #: also one that only showed it (``%run`` of a script that crashed replies "ok")
     shown_errors: list[dict[str, Any]] = field(default_factory=list)
+    #: when it was last sent an interrupt, and when it last said that Python took one
+    #: (`INTERRUPT_ACK_MSG_TYPE`): it is handling the interrupt while ``acked_at`` is later
+    interrupted_at: float | None = None
+    acked_at: float | None = None
+    ack_where: str = ""  # the line the interrupt landed on
+    #: the interrupt whose silence was looked into already (its ``interrupted_at``)
+    checked: float | None = None
+
+    @property
+    def handling_interrupt(self) -> bool:
+        """It took the last interrupt and runs what that leads to (a traceback, the
+        cell's ``except``/``finally``)."""
+        return (
+            self.interrupted_at is not None
+            and self.acked_at is not None
+            and self.acked_at >= self.interrupted_at
+        )
 
 
 class CellTracker:
@@ -82,7 +103,7 @@ class CellTracker:
         self.timeout_s: float | None = None  # the --timeout it ran past
         self.interrupted = False
         #: when someone interrupted the cell (the stop button, `%dist interrupt`, the
-        #: sidebar): its ranks then get `STUCK_AFTER_S` to stop
+        #: sidebar): each rank then says when it took the interrupt
         self.stop_asked_at: float | None = None
         #: someone else interrupted or restarted the session during the cell (in words)
         self.stopped_by = ""
@@ -157,6 +178,9 @@ class CellTracker:
             )
         elif kind == "clear_output":
             self._emit(ClearOut(rank, bool(content.get("wait"))))
+        elif kind == INTERRUPT_ACK_MSG_TYPE:
+            prog.acked_at = time.monotonic()
+            prog.ack_where = str(content.get("where") or "")
 
     def _maybe_finish(self, prog: RankProgress) -> None:
         if prog.reply is None or not prog.idle:
@@ -225,6 +249,34 @@ class CellTracker:
         """Someone interrupted the cell; the first time counts."""
         self.interrupted = True
         self.stop_asked_at = self.stop_asked_at or time.monotonic()
+
+    def interrupt_sent(self, ranks: list[int]) -> None:
+        """``ranks`` were sent an interrupt now."""
+        now = time.monotonic()
+        for rank in ranks:
+            prog = self.progress.get(rank)
+            if prog is not None and not prog.finished:
+                prog.interrupted_at = now
+
+    def silent_after_interrupt(self, bound_s: float) -> list[int]:
+        """Running ranks that were interrupted at least ``bound_s`` ago, have not said
+        that Python took it, and were not looked into for that interrupt yet."""
+        now = time.monotonic()
+        return [
+            p.rank
+            for p in self.progress.values()
+            if not p.finished
+            and p.interrupted_at is not None
+            and now - p.interrupted_at >= bound_s
+            and not p.handling_interrupt
+            and p.checked != p.interrupted_at
+        ]
+
+    def handling(self) -> list[int]:
+        """Running ranks busy with an interrupt they took."""
+        return sorted(
+            p.rank for p in self.progress.values() if not p.finished and p.handling_interrupt
+        )
 
     def rank_died(
         self,
@@ -297,11 +349,12 @@ class CellTracker:
         reason: str,
         ename: str = "CellTimeout",
         details: Mapping[int, str] | None = None,
+        ranks: list[int] | None = None,
     ) -> list[int]:
         """Finish every rank still running (after a timeout, a lost agent, or ranks
-        stuck after another failed), each with ``reason`` and its own ``details``;
-        return which they were."""
-        busy = self.busy_ranks
+        stuck after another failed), or those of ``ranks`` that are, each with
+        ``reason`` and its own ``details``; return which they were."""
+        busy = self.busy_ranks if ranks is None else [r for r in ranks if r in self.busy_ranks]
         for rank in busy:
             prog = self.progress[rank]
             detail = (details or {}).get(rank)

@@ -5,16 +5,8 @@ over them. `control.session.Session` is the group that also starts and stops its
 `server_client.attached_session.AttachedSession` is the group a notebook kernel builds from
 the connection details of a session the Jupyter server owns. Both run cells the same way.
 
-State machine of a session::
-
-    STARTING ──> READY ──(rank died)──> BROKEN
-        │          │  ^                   │
-        │          v  │                   │
-        │       RESTARTING <──────────────┘
-        v          │
-      STOPPED <────┴── (shutdown, from any state)
-
-and of each rank (`RankState`)::
+A session's life (READY, DEGRADED, HEALING, ...) is `control.recovery`'s state machine;
+each rank's (`RankState`)::
 
     STARTING ──> IDLE <──> BUSY ──> DEAD
 """
@@ -50,10 +42,12 @@ from jupyter_dist.control.iopub_fan_in import IopubFanIn
 from jupyter_dist.control.node_shell import NodeShell
 from jupyter_dist.control.rank_client import CHANNELS, FanOut, RankClient
 from jupyter_dist.control.rank_env import RankPlace
+from jupyter_dist.control.recovery import Fault, Recovery, SessionState, check_move
 from jupyter_dist.errors import (
     CellInterrupted,
     CellTimeout,
     DistError,
+    FailureKind,
     PullError,
     PushError,
     RanksFailed,
@@ -62,6 +56,7 @@ from jupyter_dist.errors import (
 )
 from jupyter_dist.settings import (
     ABORT_AFTER_VAR,
+    INTERRUPT_ACK_VAR,
     STRAGGLER_VAR,
     node_relay,
     seconds_from_env,
@@ -74,8 +69,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: how long ranks get to answer an interrupt before a cell is given up on
-INTERRUPT_GRACE_S = 5.0
 #: seconds between a node's relay connection breaking and judging it a relay restart
 #: (a whole node stopping breaks it too, with its agent's end heard just after)
 RELAY_LOST_GRACE_S = 1.0
@@ -88,10 +81,14 @@ STRAGGLER_S = 30.0
 #: default seconds the other ranks get to finish after one raised or died, before they
 #: are interrupted (they are usually blocked in a collective the failed rank never joins)
 ABORT_AFTER_S = 3.0
-#: seconds an interrupted rank gets to stop before it counts as stuck (a rank blocked
-#: inside a C++ collective never sees the KeyboardInterrupt): after another rank failed,
-#: and after someone stopped the cell (the stop button, `%dist interrupt`, the sidebar)
-STUCK_AFTER_S = 2.0
+#: default seconds an interrupted rank has to say that Python took the interrupt
+#: (`rank.interrupt_ack`) before its stack is looked at: one outside Python then (blocked
+#: in C code, a collective another rank never joined, where no interrupt reaches) is
+#: stuck; one that took it is handling it, however long that takes
+INTERRUPT_ACK_S = 10.0
+#: seconds between the two stack dumps that tell a rank blocked in one call (C code) from
+#: one moving through Python
+SAME_PLACE_GAP_S = 0.5
 #: the name of the notice line that says what a request waits for (`Notice.line`)
 WAITING_LINE = "waiting"
 #: the line that says which ranks wait for a console's code on them
@@ -111,29 +108,6 @@ SPARE_SOCKETS = 64
 #: open files a socket may take (its wake-up descriptor, its connection), and the spare
 FILES_PER_SOCKET = 2
 SPARE_FILES = 1024
-
-
-class SessionState(str, enum.Enum):
-    """Where a session is in its life. `Session` moves it; an `AttachedSession` takes the
-    state the server reports::
-
-        STARTING ──(every rank bootstrapped)──> READY ──(a rank died)──> BROKEN
-            │                                    │  ^                      │
-            │                          (restart) v  │ (restart done)       │ (restart)
-            │                                 RESTARTING <─────────────────┘
-            │ (start failed)                     └──(restart failed)──> BROKEN
-            v
-         STOPPED <── (shutdown, from any state)
-
-    A rank dying while STARTING marks the session BROKEN too; the start then fails and
-    shuts the session down. STOPPED is final: the next start makes a new `Session`.
-    """
-
-    STARTING = "starting"
-    READY = "ready"
-    BROKEN = "broken"
-    RESTARTING = "restarting"
-    STOPPED = "stopped"
 
 
 class RankState(str, enum.Enum):
@@ -224,6 +198,9 @@ class RankGroup:
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
         # a flooding rank is held back by its own send queue, not buffered here
         self._context.setsockopt(zmq.RCVHWM, 32)
+        # a socket closed (or collected) with messages still queued for a rank that is
+        # gone must not hold the context's end: nothing here needs them delivered
+        self._context.setsockopt(zmq.LINGER, 0)
         self._iopub: IopubFanIn | None = None  # made with the first client
         self._shells: dict[str, NodeShell] = {}  # by the relay's shell socket
         #: the objects channel's id on every rank (`RankClient.objects_comm`)
@@ -233,6 +210,9 @@ class RankGroup:
         self.stale = False  # its ranks were replaced behind this object's back
         self.straggler_s = seconds_from_env(STRAGGLER_VAR, STRAGGLER_S)
         self.abort_after_s = seconds_from_env(ABORT_AFTER_VAR, ABORT_AFTER_S)
+        self.interrupt_ack_s = seconds_from_env(INTERRUPT_ACK_VAR, INTERRUPT_ACK_S)
+        #: the faults since the last process group, and the group's generation
+        self.recovery = Recovery()
 
     @property
     def name(self) -> str:
@@ -250,6 +230,16 @@ class RankGroup:
     def state(self, value: SessionState) -> None:
         self._state = value
         self._changed()
+
+    def move(self, value: SessionState) -> None:
+        """Move the session's state as `control.recovery`'s machine allows."""
+        check_move(self.name, self._state, value)
+        self.state = value
+
+    @property
+    def generation(self) -> int:
+        """How many times the ranks joined a new process group since the session began."""
+        return self.recovery.generation
 
     def _changed(self) -> None:
         """Tell whoever watches (the server's event stream) that something moved."""
@@ -272,14 +262,22 @@ class RankGroup:
         what = how or describe_returncode(returncode)
         if rec.client:
             rec.client.fail_waiters(SessionError(f"rank {rank}: {what}"))
-        if self.state in (SessionState.READY, SessionState.STARTING):
-            self.broken_reason = (
-                f"rank {rank} (host {rec.host}, pid {rec.pid}): {what}"
-                if how
-                else f"rank {rank} (host {rec.host}, pid {rec.pid}) {what}"
-            )
+        reason = (
+            f"rank {rank} (host {rec.host}, pid {rec.pid}): {what}"
+            if how
+            else f"rank {rank} (host {rec.host}, pid {rec.pid}) {what}"
+        )
+        if self.state == SessionState.STARTING:
+            self.broken_reason = reason
             self.state = SessionState.BROKEN
             log.info("session %s: %s", self.name, self.broken_reason)
+        elif self.state in (SessionState.READY, SessionState.DEGRADED):
+            fault = Fault(rank, "lost" if how else "died", what, rec.place.node_rank)
+            self.recovery.record(fault)
+            self.broken_reason = self.broken_reason or reason
+            if self.state == SessionState.READY:
+                self.state = SessionState.DEGRADED
+            log.info("session %s: %s", self.name, reason)
         if self._current is not None:
             self._current.rank_died(rank, returncode, rec.pid, log_tail, how)
 
@@ -309,15 +307,35 @@ class RankGroup:
         if self._current is not None:
             self._current.answers_lost(ranks, why)
 
-    def _check_usable(self) -> None:
-        if self.state == SessionState.BROKEN:
+    def _check_usable(self, degraded_ok: bool = False) -> None:
+        """Raise unless the session can take a request: READY, or DEGRADED where
+        ``degraded_ok`` (what its surviving ranks can answer: pull, stacks)."""
+        state = self.state
+        if state == SessionState.READY or (degraded_ok and state == SessionState.DEGRADED):
+            return
+        if state == SessionState.DEGRADED:
+            raise SessionError(self.degraded_text())
+        if state == SessionState.BROKEN:
             raise SessionError(
                 f"session {self.name!r} lost {self.broken_reason}; its process group cannot "
-                f"continue. Run `%dist restart --session {self.name}` to start fresh ranks "
-                "(the ranks' variables are lost)"
+                f"continue. Run `%dist heal --session {self.name}` to replace what was lost "
+                f"(the other ranks keep their variables), or `%dist restart --session "
+                f"{self.name}` to start every rank afresh"
             )
-        if self.state != SessionState.READY:
-            raise SessionError(f"session {self.name!r} is {self.state.value}, not ready")
+        raise SessionError(f"session {self.name!r} is {self.state.value}, not ready")
+
+    def degraded_text(self) -> str:
+        """Why the session is DEGRADED and what heals it, in words."""
+        faults = "; ".join(f.sentence() for f in self.recovery.faults.values())
+        alive = [r for r, rec in sorted(self.ranks.items()) if rec.state != RankState.DEAD]
+        return (
+            f"session {self.name!r} is degraded: {faults or self.broken_reason}. "
+            f"{ranks_label(alive) if alive else 'no rank'} kept "
+            f"{'its' if len(alive) == 1 else 'their'} state (`%dist pull`, `%dist stacks` "
+            f"and `%dist status` work). `%dist heal --session {self.name}` starts the node "
+            "again (or a spare given with --spares) and replaces the lost ranks; "
+            f"`%dist restart --session {self.name}` starts every rank afresh"
+        )
 
     def check_ranks(self, ranks: Sequence[int] | None) -> list[int]:
         chosen = sorted(self.ranks) if ranks is None else sorted(ranks)
@@ -340,10 +358,13 @@ class RankGroup:
     ) -> CellResult:
         """Run ``code`` on ``ranks`` (all by default) and wait for every one of them;
         ``execution_count`` is the notebook's for the cell."""
-        self._check_usable()
+        if not self._heals_before_cell():
+            self._check_usable()
         chosen = self.check_ranks(ranks)
         try:
             async with self.turn("cell", chosen, sink) as errors:
+                if self._heals_before_cell():
+                    await self._heal_before_cell(sink)
                 self._check_usable()  # it may have broken while the cell waited
                 self._hand_over_late_output(sink)
                 result = await self._run_cell(
@@ -351,7 +372,7 @@ class RankGroup:
                 )
                 if result.stuck:  # still in the turn: no cell is sent to the stuck ranks
                     result = dataclasses.replace(
-                        result, note=await self._restart_stuck(result, sink)
+                        result, note=await self._replace_stuck(result, sink)
                     )
                 else:
                     errors.update({f.rank: f.headline() for f in result.failures})
@@ -360,6 +381,24 @@ class RankGroup:
         if sink is not None:
             sink.put(CellFinished(result))
         return result
+
+    def _heals_before_cell(self) -> bool:
+        """A DEGRADED session whose faults the next cell heals without being asked."""
+        return self.state == SessionState.DEGRADED and self.recovery.heals_itself()
+
+    async def _heal_before_cell(self, sink: queue.SimpleQueue[CellEvent] | None) -> None:
+        """Replace the ranks that died (or could not be stopped) before the cell runs, and
+        say so once in it; a heal that fails fails the cell, with the way on."""
+        faults = "; ".join(f.sentence() for f in self.recovery.faults.values())
+        if sink is not None:
+            sink.put(Notice(f"{faults}: replacing it", transient=True, line="status"))
+        try:
+            text = await self.heal()
+        finally:
+            if sink is not None:
+                sink.put(Notice("", transient=True, line="status"))
+        if sink is not None:
+            sink.put(Notice(text))
 
     def take_late_output(self, rank: int, text: str) -> None:
         """A thread started by one of this process's ended cells printed ``text``: keep
@@ -404,38 +443,36 @@ class RankGroup:
         finally:
             self.turns.end(turn.turn_id, errors, ranks)
 
-    async def _restart_stuck(
+    async def _replace_stuck(
         self, result: CellResult, sink: queue.SimpleQueue[CellEvent] | None
     ) -> str:
-        """Restart the session whose ranks were given up on while still running, and say
-        so. A rank blocked in a collective (or in C code) cannot be interrupted and would
-        hold the process group, and its GPU, for good, and run a cell nobody waits for:
-        the only clean way on is fresh ranks. Done here, in the control plane, so every
-        way of stopping a cell gets it, whoever owns the session."""
+        """Replace the ranks given up on while still running (blocked in C code, where no
+        interrupt reaches: they would hold the process group, and their GPU, for good),
+        and only them: every other rank keeps its variables. Done here, in the control
+        plane and still in the turn, so every way of stopping a cell gets it, whoever
+        owns the session."""
         stuck = ranks_label(list(result.stuck))
-        every = ranks_label(sorted(self.ranks))
         if sink is not None:
-            sink.put(
-                Notice(
-                    f"restarting the ranks of session {self.name!r}",
-                    transient=True,
-                    line="status",
-                )
-            )
+            sink.put(Notice(f"replacing {stuck}", transient=True, line="status"))
         try:
-            await self.restart_ranks()
+            text = await self.heal(result.stuck)
         except Exception as err:
-            log.warning("session %s: restart after stuck ranks failed: %s", self.name, err)
+            log.warning("session %s: replacing stuck ranks failed: %s", self.name, err)
             return (
-                f"{stuck} could not be stopped, and restarting session {self.name!r} failed "
-                f"({type(err).__name__}: {str(err)[:300]}); run `%dist restart --session "
-                f"{self.name}` (the ranks' variables are lost)"
+                f"{stuck} could not be stopped ({STUCK_WHY}), and replacing "
+                f"{'it' if len(result.stuck) == 1 else 'them'} failed ({type(err).__name__}: "
+                f"{str(err)[:300]}); run `%dist heal --session {self.name}`, or `%dist "
+                f"restart --session {self.name}` (every rank's variables are lost)"
             )
-        return (
-            f"session {self.name!r} was restarted with fresh ranks ({every}), as {stuck} "
-            f"could not be stopped ({STUCK_WHY}): the ranks' variables are lost; run your "
-            "setup cells again"
-        )
+        finally:
+            if sink is not None:
+                sink.put(Notice("", transient=True, line="status"))
+        return f"{stuck} could not be stopped ({STUCK_WHY}). {text}"
+
+    async def heal(self, ranks: Sequence[int] = (), progress: Any = None) -> str:
+        """Replace the ranks that failed (and ``ranks``) with fresh ones, then regroup
+        every rank; return what was done, in words. Whoever owns the session does it."""
+        raise SessionError(f"session {self.name!r}: its ranks cannot be replaced from here")
 
     async def restart_ranks(self) -> None:
         """Replace every rank by a fresh one (whoever owns the session does it)."""
@@ -498,15 +535,14 @@ class RankGroup:
                     where = stacks.one_line(dumps)
                     sink.put(Notice(f"timed out after {timeout:g} s; interrupting: {where}", True))
                 await self._interrupt_ranks(busy)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(run.done.wait(), INTERRUPT_GRACE_S)
-                run.stuck = tuple(
-                    run.give_up(
-                        "timeout",
-                        f"still running {timeout} s after the cell started, and did not "
-                        f"stop within {INTERRUPT_GRACE_S:.0f} s of an interrupt",
-                        details={r: _timeout_detail(run, r, dumps) for r in run.busy_ranks},
-                    )
+                await self._settle(
+                    run,
+                    sink,
+                    kind="timeout",
+                    ename="CellTimeout",
+                    why=f"still running {timeout} s after the cell started, and did not take "
+                    f"an interrupt within {self.interrupt_ack_s:g} s",
+                    details={r: _timeout_detail(run, r, dumps) for r in busy},
                 )
         finally:
             self._current = None
@@ -527,13 +563,14 @@ class RankGroup:
     async def _watch(self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None) -> None:
         """Wait for the cell.
 
-        When someone stopped the cell (`interrupt`), ranks still running `STUCK_AFTER_S`
-        later are given up on (`_give_up_stopped`). When a rank raised or died, the others
-        are told at once that they get `abort_after_s` to finish; then they are
-        interrupted, and those still running `STUCK_AFTER_S` later are given up on
-        (`CellTracker.stuck`: blocked in a collective the failed rank never joined). Else,
-        say once which ranks are still busy when the others have been done for
-        `straggler_s`.
+        An interrupted rank (someone stopped the cell, or it was wound down) is judged by
+        what it says, not by a clock (`_look_at_silent`): one that took the interrupt is
+        handling it for as long as it takes; one that did not within `interrupt_ack_s`
+        and whose stack is outside Python is stuck, given up on, and replaced after the
+        cell (`_replace_stuck`). When a rank raised or died, the others are told at once
+        that they get `abort_after_s` to finish; then they are interrupted (usually
+        blocked in a collective the failed rank never joins). Else, say once which ranks
+        are still busy when the others have been done for `straggler_s`.
         """
         console_line = [""]
         try:
@@ -545,10 +582,12 @@ class RankGroup:
     async def _watch_ticks(
         self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, console_line: list[str]
     ) -> None:
-        """`_watch`'s ticks, until the cell is done or its ranks are given up on."""
+        """`_watch`'s ticks, until the cell is done."""
         first_done: float | None = None
         said = False
         announced = False
+        wound_down = False
+        handling_line = [""]
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -557,21 +596,19 @@ class RankGroup:
             except asyncio.TimeoutError:
                 pass
             self._say_queued_behind_consoles(run, sink, console_line)
+            await self._look_at_silent(run, sink, handling_line)
             busy = run.busy_ranks
-            asked = run.stop_asked_at
-            if busy and asked is not None:
-                if time.monotonic() - asked >= STUCK_AFTER_S:
-                    await self._give_up_stopped(run, busy)
-                    return
+            if not busy or run.stop_asked_at is not None:
                 continue  # every rank was interrupted already: no wind-down of its own
             failed_at = run.first_failure_at
-            if busy and failed_at and not announced:
+            if failed_at and not announced:
                 announced = True
                 self._announce_wind_down(run, busy, sink)
-            if busy and failed_at and time.monotonic() - failed_at >= self.abort_after_s:
+            if failed_at and not wound_down and time.monotonic() - failed_at >= self.abort_after_s:
+                wound_down = True
                 await self._wind_down(run, busy, sink)
-                return
-            if not busy or len(busy) == len(run.progress) or said or sink is None:
+                continue
+            if failed_at or len(busy) == len(run.progress) or said or sink is None:
                 continue
             first_done = first_done or loop.time()
             if loop.time() - first_done >= self.straggler_s:
@@ -581,10 +618,113 @@ class RankGroup:
                     Notice(
                         f"{ranks_label(busy)} still running {self.straggler_s:.0f} s after "
                         f"the other ranks finished" + (f": {where}" if where else "")
-                        + "; the stop button interrupts them (a rank that does not stop "
-                        "within a few seconds is restarted, and its variables are lost)"
+                        + "; the stop button interrupts them (a rank blocked in C code, "
+                        "where the interrupt cannot reach it, is replaced; the others keep "
+                        "their variables)"
                     )
                 )  # fmt: skip
+
+    async def _settle(
+        self,
+        run: CellTracker,
+        sink: queue.SimpleQueue[CellEvent] | None,
+        **give_up: Any,
+    ) -> None:
+        """Wait until the interrupted cell is done: ranks handling the interrupt finish,
+        stuck ones are given up on (with ``give_up``'s kind and words)."""
+        shown = [""]
+        while not run.done.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(run.done.wait()), WATCH_TICK_S)
+            await self._look_at_silent(run, sink, shown, **give_up)
+
+    async def _look_at_silent(
+        self,
+        run: CellTracker,
+        sink: queue.SimpleQueue[CellEvent] | None,
+        shown: list[str],
+        kind: FailureKind = "stuck",
+        ename: str = "Stuck",
+        why: str = "",
+        details: Mapping[int, str] | None = None,
+    ) -> None:
+        """Interrupted ranks that did not say, within `interrupt_ack_s`, that Python took
+        the interrupt: those whose stack stays at one place outside Python are stuck and
+        given up on (`CellTracker.stuck`); those still moving through Python are waited
+        for, and said so. Ranks handling an interrupt they took are said too (one line,
+        ``shown`` holds it)."""
+        self._say_handling(run, sink, shown)
+        silent = run.silent_after_interrupt(self.interrupt_ack_s)
+        if not silent:
+            return
+        outside, moving, where = await self._outside_python(silent)
+        for rank in silent:
+            prog = run.progress[rank]
+            prog.checked = prog.interrupted_at
+        if outside and not run.done.is_set():
+            reason = why or (
+                f"did not take the interrupt within {self.interrupt_ack_s:g} s, and its "
+                "stack stayed outside Python"
+            )
+            found = {r: where[r] for r in outside if where.get(r)}
+            found.update({r: text for r, text in (details or {}).items() if text})
+            run.stuck += tuple(run.give_up(kind, reason, ename=ename, details=found, ranks=outside))
+        if moving and sink is not None:
+            places = "; ".join(f"rank {r}: {where[r]}" for r in moving if where.get(r))
+            sink.put(
+                Notice(
+                    f"{ranks_label(moving)} did not take the interrupt within "
+                    f"{self.interrupt_ack_s:g} s but {'is' if len(moving) == 1 else 'are'} "
+                    f"still running Python ({places or 'no stack'}), so "
+                    f"{'it is' if len(moving) == 1 else 'they are'} not replaced: a signal "
+                    "handler of the cell's own may have taken it; the stop button "
+                    "interrupts again"
+                )
+            )
+
+    def _say_handling(
+        self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, shown: list[str]
+    ) -> None:
+        """One line while ranks run what an interrupt they took leads to."""
+        if sink is None:
+            return
+        handling = [r for r in run.handling() if not run.progress[r].finished]
+        text = ""
+        if handling:
+            prog = run.progress[handling[0]]
+            since = time.monotonic() - (prog.acked_at or time.monotonic())
+            where = f" at {prog.ack_where}" if prog.ack_where else ""
+            text = (
+                f"{ranks_label(handling)} took the interrupt{where} and "
+                f"{'is' if len(handling) == 1 else 'are'} running what it leads to (the "
+                f"traceback, the cell's except/finally) for {since:.0f} s; waiting"
+            )
+        if text != shown[0]:
+            shown[0] = text
+            sink.put(Notice(text, transient=True, line="interrupt"))
+
+    async def _outside_python(
+        self, ranks: Sequence[int]
+    ) -> tuple[list[int], list[int], dict[int, str]]:
+        """Which of ``ranks`` are blocked outside Python (their main thread's innermost
+        frame the same in two stack dumps `SAME_PLACE_GAP_S` apart: inside one call),
+        which move, and where each was. A rank whose stack cannot be had counts as
+        blocked: it did not take the interrupt either."""
+        first = await self._dumps(ranks)
+        await asyncio.sleep(SAME_PLACE_GAP_S)
+        second = await self._dumps(ranks)
+        outside: list[int] = []
+        moving: list[int] = []
+        where: dict[int, str] = {}
+        for rank in ranks:
+            before, after = first.get(rank, ""), second.get(rank, "")
+            if after:
+                where[rank] = stacks.place_of(after).text
+            if before and after and not stacks.same_place(before, after):
+                moving.append(rank)
+            else:
+                outside.append(rank)
+        return outside, moving, where
 
     def _say_queued_behind_consoles(
         self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, shown: list[str]
@@ -616,24 +756,6 @@ class RankGroup:
             shown[0] = text
             sink.put(Notice(text, transient=True, line=CONSOLE_LINE))
 
-    async def _give_up_stopped(
-        self,
-        run: CellTracker,
-        busy: list[int],
-        why: str = f"did not stop within {STUCK_AFTER_S:g} s of the interrupt",
-    ) -> None:
-        """``busy`` did not stop within `STUCK_AFTER_S` of an interrupt: they are given up
-        on, each with where it was (the caller restarts the session)."""
-        dumps = await self._dumps(busy)
-        run.stuck = tuple(
-            run.give_up(
-                "stuck",
-                why,
-                ename="Stuck",
-                details={r: stacks.place_of(dump).text for r, dump in dumps.items()},
-            )
-        )
-
     @staticmethod
     def _cause(run: CellTracker) -> tuple[str, str]:
         """Which rank failed first, in words (``rank 1 failed``), and its error line."""
@@ -663,8 +785,8 @@ class RankGroup:
     async def _wind_down(
         self, run: CellTracker, busy: list[int], sink: queue.SimpleQueue[CellEvent] | None
     ) -> None:
-        """Interrupt the ranks still running after another failed; give up on those that
-        do not stop."""
+        """Interrupt the ranks still running after another failed; `_look_at_silent`
+        then tells those that take it from those that are stuck."""
         cause, why = self._cause(run)
         if sink is not None:
             sink.put(
@@ -676,17 +798,6 @@ class RankGroup:
                 )
             )
         await self._interrupt_ranks(busy)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(run.done.wait()), STUCK_AFTER_S)
-        stuck = run.busy_ranks
-        if not stuck:
-            return
-        await self._give_up_stopped(
-            run,
-            stuck,
-            f"still running {self.abort_after_s:g} s after {cause}, and did not stop within "
-            f"{STUCK_AFTER_S:g} s of an interrupt",
-        )
 
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
         """Each rank's stack dump (faulthandler text of every thread)."""
@@ -729,8 +840,8 @@ class RankGroup:
 
     async def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Interrupt ``ranks`` (all by default): a KeyboardInterrupt in their running code.
-        A cell of this process running there then gives its ranks `STUCK_AFTER_S` to
-        stop; those that do not are restarted (`_watch`)."""
+        A cell of this process running there then waits for each rank to take it; one
+        that does not, and is blocked outside Python, is replaced (`_watch`)."""
         chosen = self.check_ranks(ranks)
         run = self._current
         if run is not None and set(run.progress) <= set(chosen):
@@ -738,10 +849,13 @@ class RankGroup:
         await self._interrupt_ranks(chosen)
 
     async def _interrupt_ranks(self, ranks: Sequence[int]) -> None:
+        run = self._current
         for r in ranks:
             rec = self.ranks[r]
             if rec.client and rec.state != RankState.DEAD:
                 rec.client.interrupt()
+        if run is not None:
+            run.interrupt_sent(list(ranks))
 
     # -- objects ------------------------------------------------------------------------
     async def push(

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
+import json
 import logging
 import os
+import queue
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from jupyter_dist.common.agent_protocol import Heartbeat, describe_returncode
+from jupyter_dist.common.events import CellEvent, StreamOut
+from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.common.payloads import (
     KernelConnection,
     LogKind,
@@ -30,17 +36,19 @@ from jupyter_dist.common.payloads import (
     SessionMetrics,
     SessionStatus,
 )
-from jupyter_dist.common.ports import PORTS_VAR, parse_port_range
+from jupyter_dist.common.ports import PORTS_VAR, PortRange, parse_port_range
 from jupyter_dist.common.proc_titles import NODE_RANK_VAR
 from jupyter_dist.common.spec import SessionSpec
-from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, GROUP_KEY
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, GROUP_KEY, REBUILD_MARK
 from jupyter_dist.control.agent_client import AgentClient, AgentInfo
 from jupyter_dist.control.launchers import Launcher, Placement, launcher_for, placement_for
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
-from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState, SessionState
+from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState
+from jupyter_dist.control.recovery import SessionState
 from jupyter_dist.control.rendezvous import Rendezvous, check_reachable, plan_rendezvous
 from jupyter_dist.errors import AgentError, NoGPUError, RanksFailed, SessionError
-from jupyter_dist.settings import NODE_DEADLINE_VAR, seconds_from_env
+from jupyter_dist.settings import GENERATION_VAR, NODE_DEADLINE_VAR, seconds_from_env
+from jupyter_dist.text import ranks_label
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +117,8 @@ class Session(RankGroup):
         self._change_pending = False
         #: kernel id -> the notebook kernels attached to it (under a server)
         self.notebooks: dict[str, NotebookJSON] = {}
+        #: hosts that may take a lost node's place (``%dist heal --spares``), unused ones
+        self.spares: tuple[HostSpec, ...] = ()
         #: the notebook it is named after, its path now ("" for a name given by hand)
         self.notebook = ""
 
@@ -136,11 +146,6 @@ class Session(RankGroup):
         if ports:
             parse_port_range(ports)  # a bad range is named before any node starts
 
-        def agent_env(node: int) -> dict[str, str]:
-            env = {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env, node)}
-            env[NODE_RANK_VAR] = str(node)  # its title names it; its ranks get the same value
-            return {**env, PORTS_VAR: ports} if ports else env
-
         launchers = self.launchers
         self.placement = self.placements(self.spec, self.user_env)
         if self.placement is not None:
@@ -166,7 +171,7 @@ class Session(RankGroup):
             began = time.monotonic()
             if remote:
                 progress(f"node {node.host}: connecting")
-            info = await node.start(self.name, agent_env(node.node_rank), self.timeouts.start)
+            info = await node.start(self.name, self._agent_env(node.node_rank), self.timeouts.start)
             if remote:
                 gpus = f", {len(info.gpus)} GPUs" if info.gpus else ""
                 progress(f"node {node.host}: agent ready in {time.monotonic() - began:.1f} s{gpus}")
@@ -207,10 +212,7 @@ class Session(RankGroup):
         if self.spec.init_process_group:
             progress(f"{self.spec.world_size} rank kernels up; joining the process group")
         hosted = await self._run_cell(
-            "import jupyter_dist.rank.bootstrap as _jd_bootstrap\n"
-            f"_jd_bootstrap.host_store({rdzv.master_addr!r}, {rdzv.master_port}, "
-            f"{self.spec.world_size}, {self.timeouts.process_group!r})\n"
-            "del _jd_bootstrap\n",
+            self._host_store_code(rdzv),
             [0],
             sink=None,
             timeout=self.timeouts.start,
@@ -220,10 +222,7 @@ class Session(RankGroup):
             raise RanksFailed(self.name, self.spec.world_size, hosted.failures)
         await check_reachable(self.spec, self.nodes, rdzv)
         result = await self._run_cell(
-            "import jupyter_dist.rank.bootstrap as _jd_bootstrap\n"
-            f"_jd_bootstrap.bootstrap({self.spec.init_process_group!r}, "
-            f"{self.timeouts.process_group!r})\n"
-            "del _jd_bootstrap\n",
+            self._bootstrap_code(),
             sorted(self.ranks),
             sink=None,
             timeout=self.timeouts.process_group + 30,
@@ -235,6 +234,31 @@ class Session(RankGroup):
         for rec in self.ranks.values():
             rec.state, rec.group = RankState.IDLE, made
         self._changed()
+
+    def _agent_env(self, node: int) -> dict[str, str]:
+        """What node ``node``'s agent gets on top of its environment."""
+        ports = self.user_env.get(PORTS_VAR, "")
+        env = {"OMP_NUM_THREADS": omp_threads(self.spec, self.user_env, node)}
+        env[NODE_RANK_VAR] = str(node)  # its title names it; its ranks get the same value
+        return {**env, PORTS_VAR: ports} if ports else env
+
+    def _host_store_code(self, rdzv: Rendezvous) -> str:
+        """Rank 0's cell that serves the session's store at ``rdzv``."""
+        return (
+            "import jupyter_dist.rank.bootstrap as _jd_bootstrap\n"
+            f"_jd_bootstrap.host_store({rdzv.master_addr!r}, {rdzv.master_port}, "
+            f"{self.spec.world_size}, {self.timeouts.process_group!r})\n"
+            "del _jd_bootstrap\n"
+        )
+
+    def _bootstrap_code(self) -> str:
+        """Each new rank's first cell (`rank.bootstrap`)."""
+        return (
+            "import jupyter_dist.rank.bootstrap as _jd_bootstrap\n"
+            f"_jd_bootstrap.bootstrap({self.spec.init_process_group!r}, "
+            f"{self.timeouts.process_group!r})\n"
+            "del _jd_bootstrap\n"
+        )
 
     async def _spawn(self, rec: RankRecord) -> None:
         assert self.rendezvous is not None and rec.node is not None
@@ -417,6 +441,198 @@ class Session(RankGroup):
                 found[r] = ""
         return found
 
+    # -- healing and resizing ---------------------------------------------------------
+    async def heal(self, ranks: Sequence[int] = (), progress: Progress | None = None) -> str:
+        """Replace the ranks that died, were stuck or were lost (and ``ranks``) with fresh
+        rank kernels of the same rank numbers, starting lost nodes again (the same host,
+        else a spare of `spares`); then every rank joins a new process group. Survivors
+        keep their namespace. Returns what was done, in words (`recovery.heal_report`)."""
+        say = progress or (lambda _: None)
+        if self.state == SessionState.STOPPED:
+            raise SessionError(f"session {self.name!r} was shut down; start it again instead")
+        lost_nodes = [n.node_rank for n in self.nodes if n.lost]
+        plan = self.recovery.plan(lost_nodes, ranks)
+        if not plan.replace and not plan.nodes:
+            return f"session {self.name!r} has nothing to heal: every rank is alive"
+        self.move(SessionState.HEALING)
+        try:
+            rebuild = await asyncio.wait_for(
+                self._replace(plan.replace, plan.nodes, say), self.timeouts.restart
+            )
+        except BaseException as err:
+            why = (
+                "did not finish in time"
+                if isinstance(err, asyncio.TimeoutError)
+                else (str(err).splitlines()[0][:300] if str(err) else type(err).__name__)
+            )
+            self.broken_reason = f"a heal that failed: {why}"
+            self.state = SessionState.BROKEN
+            if isinstance(err, asyncio.TimeoutError):
+                raise SessionError(
+                    f"session {self.name!r}: replacing {ranks_label(list(plan.replace))} did "
+                    f"not finish within {self.timeouts.restart:.0f} s; `%dist heal` tries "
+                    "again, `%dist restart` starts every rank afresh"
+                ) from None
+            raise
+        text = self.recovery.healed(plan, rebuild)
+        self.broken_reason = ""
+        self.move(SessionState.READY)
+        self.turns.ranks_restarted()
+        log.info("session %s healed: %s", self.name, text)
+        return text
+
+    async def _replace(
+        self, replace: Sequence[int], lost_nodes: Sequence[int], say: Progress
+    ) -> dict[int, list[str]]:
+        """Stop ``replace`` where they still run, start ``lost_nodes`` again, spawn fresh
+        ranks in their places and regroup everyone; what each survivor had built on the
+        old group."""
+        for r in replace:  # dead or not, their connections go (the context ends with them)
+            rec = self.ranks[r]
+            if rec.client is not None:
+                await rec.client.close()
+                rec.client = None
+        alive = [r for r in replace if self.ranks[r].state != RankState.DEAD]
+        await self._kill_ranks(alive)
+        for node in lost_nodes:
+            await self._restart_node(node, say)
+        return await self._regroup(list(replace), bool(lost_nodes), say)
+
+    async def _kill_ranks(self, ranks: Sequence[int], grace: float = 0.0) -> None:
+        """Stop ``ranks`` (SIGKILL after ``grace``) and wait until their agents say so."""
+        by_node: dict[AgentClient, list[int]] = {}
+        for r in ranks:
+            rec = self.ranks[r]
+            if rec.node is not None and not rec.node.lost:
+                by_node.setdefault(rec.node, []).append(r)
+        await asyncio.gather(
+            *(n.kill(rs, grace) for n, rs in by_node.items()), return_exceptions=True
+        )
+        deadline = time.monotonic() + grace + 10.0
+        while any(self.ranks[r].state != RankState.DEAD for r in ranks):
+            if time.monotonic() > deadline:
+                left = [r for r in ranks if self.ranks[r].state != RankState.DEAD]
+                raise SessionError(f"{ranks_label(left)} did not exit after SIGKILL")
+            await asyncio.sleep(0.01)
+
+    def _new_agent(self, node: int, launcher: Launcher) -> AgentClient:
+        return AgentClient(
+            launcher,
+            node,
+            self._on_rank_exit,
+            self._on_node_lost,
+            heartbeat=self.nodes[node].heartbeat if node < len(self.nodes) else None,
+        )
+
+    async def _restart_node(self, node: int, say: Progress) -> None:
+        """Start node ``node``'s agent again: on its own host, else on the first spare that
+        answers (the spare then is that node)."""
+        old = self.nodes[node]
+        with contextlib.suppress(Exception):
+            await old.stop()
+        candidates: list[tuple[str, Callable[[], Launcher]]] = [
+            (old.host, lambda: self._launcher_for(node, None))
+        ]
+        for spare in self.spares:
+            candidates.append((str(spare), functools.partial(self._launcher_for, node, spare)))
+        failures: list[str] = []
+        env = self._agent_env(node)
+        for label, make in candidates:
+            say(f"node {node}: starting its agent on {label}")
+            agent = self._new_agent(node, make())
+            try:
+                await agent.start(self.name, env, self.timeouts.start)
+            except Exception as err:
+                failures.append(f"{label}: {str(err).splitlines()[0][:200]}")
+                with contextlib.suppress(Exception):
+                    await agent.stop()
+                continue
+            self.nodes[node] = agent
+            if label != old.host and self.spec.hosts:  # the spare is that node from now on
+                spare = next(s for s in self.spares if str(s) == label)
+                self.spares = tuple(s for s in self.spares if s is not spare)
+                hosts = list(self.spec.hosts)
+                hosts[node] = spare
+                self.spec = dataclasses.replace(self.spec, hosts=tuple(hosts))
+            for rec in self.ranks.values():
+                if rec.place.node_rank == node:
+                    rec.node, rec.host = agent, agent.host
+            return
+        raise AgentError(
+            f"node {node} could not be started again: " + "; ".join(failures)
+            + ("" if self.spares or self.spec.launcher != "ssh" else
+               "; `%dist heal --spares HOST,...` names other hosts to take its place")
+        )  # fmt: skip
+
+    def _launcher_for(self, node: int, spare: HostSpec | None) -> Launcher:
+        """Node ``node``'s launcher: its own host's, or ``spare``'s."""
+        if self.placement is not None:
+            return self.placement.launcher(self.spec, node)
+        spec = self.spec
+        hosts = list(spec.hosts)
+        if spare is not None and hosts:
+            hosts[node] = spare
+            spec = dataclasses.replace(spec, hosts=tuple(hosts))
+        return self.launchers(spec, node)
+
+    async def _regroup(
+        self, replace: list[int], nodes_restarted: bool, say: Progress
+    ) -> dict[int, list[str]]:
+        """Spawn ``replace`` afresh and make every rank join a new process group (its keys
+        under the next generation); the survivors' words on what they built before.
+
+        The store stays rank 0's; a new rank 0 hosts a new one: across machines where
+        node 0's agent says a port is free (and each node's route to it is looked up
+        again when a node was started anew), on this machine at a port free now."""
+        generation = self.recovery.generation + 1
+        assert self.rendezvous is not None
+        run_id = self.rendezvous.run_id
+        if self.spec.remote and (0 in replace or nodes_restarted):
+            found, self.node_env = await plan_rendezvous(self.spec, self.nodes, self.user_env)
+            self.rendezvous = dataclasses.replace(found, run_id=run_id)
+        elif 0 in replace:
+            self.rendezvous = dataclasses.replace(
+                Rendezvous.local(self._port_range()), run_id=run_id
+            )
+        rdzv = self.rendezvous
+        for r in replace:
+            old = self.ranks[r]
+            self.ranks[r] = RankRecord(old.place, old.node.host if old.node else old.host, old.node)
+        say(f"starting {ranks_label(replace)}")
+        self.rank_vars[GENERATION_VAR] = str(generation)
+        await asyncio.gather(*(self._spawn(self.ranks[r]) for r in replace))
+        if 0 in replace:
+            hosted = await self._run_cell(
+                self._host_store_code(rdzv), [0], sink=None, timeout=self.timeouts.start,
+                silent=True,
+            )  # fmt: skip
+            if hosted.failures:
+                raise RanksFailed(self.name, self.spec.world_size, hosted.failures)
+            await check_reachable(self.spec, self.nodes, rdzv)
+        say(f"{ranks_label(sorted(self.ranks))} joining a new process group")
+        init = self.spec.init_process_group
+        outputs: queue.SimpleQueue[CellEvent] = queue.SimpleQueue()
+        joined = await self._run_cell(  # new ranks bootstrap, survivors regroup
+            "import jupyter_dist.rank.regroup as _jd_regroup\n"
+            f"_jd_regroup.join({init!r}, {rdzv.master_addr!r}, {rdzv.master_port}, "
+            f"{self.spec.world_size}, {generation}, {self.timeouts.process_group!r})\n"
+            "del _jd_regroup\n",
+            sorted(self.ranks), sink=outputs,
+            timeout=self.timeouts.process_group + 30, silent=True,
+        )  # fmt: skip
+        if joined.failures:
+            raise RanksFailed(self.name, self.spec.world_size, joined.failures)
+        made = self.spec.backend if init else ""
+        for r in sorted(self.ranks):
+            rec = self.ranks[r]
+            rec.state, rec.group = RankState.IDLE, made
+        self._changed()
+        return _rebuild_words(outputs)
+
+    def _port_range(self) -> PortRange | None:
+        ports = self.user_env.get(PORTS_VAR, "")
+        return parse_port_range(ports) if ports else None
+
     # -- restart and shutdown -------------------------------------------------------------
     async def _stop_ranks(self, grace: float) -> None:
         await self.close_clients()
@@ -454,6 +670,7 @@ class Session(RankGroup):
             raise
         self.state = SessionState.READY
         self.broken_reason = ""
+        self.recovery.faults.clear()
         self.turns.ranks_restarted()  # fresh ranks: no error of theirs yet
         log.info("session %s restarted", self.name)
 
@@ -461,6 +678,8 @@ class Session(RankGroup):
         await self.restart()
 
     async def _restart(self, progress: Progress) -> None:
+        self.recovery.generation += 1  # fresh ranks, a new group
+        self.rank_vars[GENERATION_VAR] = str(self.recovery.generation)
         if any(n.lost for n in self.nodes):
             await self._give_up_nodes()
             await self._start_nodes(progress)
@@ -523,6 +742,8 @@ class Session(RankGroup):
             "device": self.spec.device,
             "cells_run": self.cells_run,
             "broken_reason": self.broken_reason,
+            "generation": self.generation,
+            "faults": [f.sentence() for f in self.recovery.faults.values()],
             "master": (
                 f"{self.rendezvous.master_addr}:{self.rendezvous.master_port}"
                 if self.rendezvous
@@ -563,6 +784,25 @@ class Session(RankGroup):
             **self.turns.status(),
             "cluster": self.placement.hold() if self.placement is not None else None,
         }
+
+
+def _rebuild_words(outputs: queue.SimpleQueue[CellEvent]) -> dict[int, list[str]]:
+    """What each survivor's regroup said it had built on the old group (`REBUILD_MARK`)."""
+    found: dict[int, list[str]] = {}
+    texts: dict[int, str] = {}
+    while True:
+        try:
+            event = outputs.get_nowait()
+        except queue.Empty:
+            break
+        if isinstance(event, StreamOut):
+            texts[event.rank] = texts.get(event.rank, "") + event.text
+    for rank, text in texts.items():
+        for line in text.splitlines():
+            if line.startswith(REBUILD_MARK):
+                with contextlib.suppress(ValueError):
+                    found[rank] = [str(n) for n in json.loads(line[len(REBUILD_MARK) :])]
+    return found
 
 
 def _exit_summary(rec: RankRecord) -> str | None:

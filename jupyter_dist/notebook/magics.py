@@ -41,7 +41,8 @@ from jupyter_dist.common.spec import (
     validate_request,
 )
 from jupyter_dist.control.event_queue import EventQueue
-from jupyter_dist.control.rank_group import OBJECTS_TIMEOUT_S, RankGroup, SessionState
+from jupyter_dist.control.rank_group import OBJECTS_TIMEOUT_S, RankGroup
+from jupyter_dist.control.recovery import SessionState
 from jupyter_dist.display.render_text import TextRenderer
 from jupyter_dist.display.status_lines import StatusLines
 from jupyter_dist.errors import DistError, SpecError

@@ -168,8 +168,14 @@ def listen_on(addr: str, port: int) -> int:
     return sock.detach()
 
 
+#: whether this rank ran `bootstrap` (a rank kernel started by a heal has not yet)
+booted = False
+
+
 def bootstrap(init_process_group: bool, timeout_s: float) -> None:
     """Prepare this rank; called once, silently, before the first cell."""
+    global booted
+    booted = True
     register_objects_target()
     _install_metrics()
     import torch

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_dist.errors import NotInRankError, SpecError
+from jupyter_dist.settings import GENERATION_VAR
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class RankInfo:
     local_world_size: int
     node_rank: int
     host: str
+    #: which process group of the session this rank is in: 0 at the start, one more each
+    #: time ranks were replaced or the session resized and every rank joined a new one
+    generation: int = 0
 
     @property
     def is_head(self) -> bool:
@@ -56,6 +60,7 @@ def info() -> RankInfo:
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE") or _env_int("WORLD_SIZE")),
         node_rank=int(node),
         host=socket.gethostname(),
+        generation=int(os.environ.get(GENERATION_VAR) or 0),
     )
 
 

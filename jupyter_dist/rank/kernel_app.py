@@ -31,7 +31,14 @@ from jupyter_dist.common.wire_names import (
     GROUP_KEY,
     NOTEBOOK_COUNT_KEY,
 )
-from jupyter_dist.rank import child_reaper, console_guard, group_renewal, output_log, stack_dumps
+from jupyter_dist.rank import (
+    child_reaper,
+    console_guard,
+    group_renewal,
+    interrupt_ack,
+    output_log,
+    stack_dumps,
+)
 from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
 from jupyter_dist.rank.iopub_reply import IopubReplies, iopub_reply_request
 from jupyter_dist.rank.out_stream import attribute_threads
@@ -127,6 +134,11 @@ class RankKernel(IPythonKernel):
             _keep_rich_output(shell)
         self.control_handlers[ACK_MSG_TYPE] = self.credit_ack
         self._iopub_replies: IopubReplies | None = None
+
+    def pre_handler_hook(self) -> None:
+        """SIGINT raises ``KeyboardInterrupt`` during a request, as ipykernel has it, and
+        says so at once on IOPub (`rank.interrupt_ack`)."""
+        self.saved_sigint_handler = interrupt_ack.install(self)
 
     def _send_interrupt_children(self) -> None:
         """An interrupt: SIGINT to the rank's process group, as ipykernel sends it, then

@@ -40,6 +40,8 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from jupyter_dist.settings import GENERATION_VAR
+
 #: how many groups this rank has created through `install`'s wrapper
 _generation = 0
 _WRAPPED = "_jupyter_dist_wrapped"
@@ -114,6 +116,33 @@ def check_device_id(device_id: Any) -> None:
         )
 
 
+def _prefix() -> str:
+    """The session's group generation's keys in the store: ``jupyter_dist/`` for the
+    first group, ``jupyter_dist/g<n>/`` after the n-th regroup (`rank.regroup`), so that
+    a new group never reads an old one's keys."""
+    generation = os.environ.get(GENERATION_VAR, "0")
+    return "jupyter_dist/" if generation in ("", "0") else f"jupyter_dist/g{generation}/"
+
+
+def new_generation() -> None:
+    """The session regroups: this rank counts its groups afresh, as the new ranks do."""
+    global _generation
+    _generation = 0
+
+
+def retire_default_group() -> None:
+    """Take the default group out of torch's registry, kept alive (see `install`)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        return
+    _retired.append(c10d._get_default_group())
+    del _retired[:-MAX_RETIRED]
+    destroy = getattr(c10d.destroy_process_group, "__wrapped__", c10d.destroy_process_group)
+    destroy()
+
+
 def install() -> None:
     """Wrap ``init_process_group`` as the module says; idempotent."""
     import torch.distributed as dist
@@ -158,7 +187,7 @@ def install() -> None:
                 "env://", rank=me, world_size=world, timeout=wait
             )
             base, me, world = next(found)
-            store = c10d.PrefixStore(f"jupyter_dist/pg-{_generation}/", base)
+            store = c10d.PrefixStore(f"{_prefix()}pg-{_generation}/", base)
             return original(
                 backend,
                 timeout=timeout,

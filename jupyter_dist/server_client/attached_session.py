@@ -27,10 +27,10 @@ from jupyter_dist.control.rank_group import (
     RankGroup,
     RankRecord,
     RankState,
-    SessionState,
     TurnWithdrawn,
     WaitingLine,
 )
+from jupyter_dist.control.recovery import SessionState
 
 if TYPE_CHECKING:
     from jupyter_dist.server_client.rest_client import ServerClient
@@ -228,6 +228,7 @@ class AttachedSession(RankGroup):
         run.stopped_by = text
         if action == "interrupt":  # the server interrupted every rank
             run.stop_asked()
+            run.interrupt_sent(list(run.progress))
         if run.sink is not None:  # news while it runs: the cell's error says it again
             run.sink.put(Notice(text, transient=True))
         return True

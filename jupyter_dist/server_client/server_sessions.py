@@ -29,7 +29,7 @@ from jupyter_dist.common.payloads import (
 from jupyter_dist.common.ports import PORTS_VAR
 from jupyter_dist.common.spec import DEFAULT_SESSION, ShapeRequest, check_same_shape
 from jupyter_dist.control.cell_queue import Sender
-from jupyter_dist.control.rank_group import SessionState
+from jupyter_dist.control.recovery import SessionState
 from jupyter_dist.control.rendezvous import IFNAME_VARS
 from jupyter_dist.control.session import Progress
 from jupyter_dist.errors import DistError, SessionError, UnknownSession

@@ -80,6 +80,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[KernelStub]:
         sink: queue.SimpleQueue[CellEvent] | None,
         timeout: float | None,
         silent: bool = False,
+        execution_count: int | None = None,
     ) -> CellResult:
         stub.cells.append((code, list(ranks)))
         failed = next((f for text, f in stub.failures.items() if text in code), ())
@@ -388,32 +389,68 @@ async def started(cluster: FakeCluster, spec: SessionSpec) -> Session:
 @pytest.mark.parametrize(
     ("returncode", "said"), [(1, "exit code 1"), (-9, "killed by signal SIGKILL (9)")]
 )
-def test_a_rank_that_exits_breaks_the_session(
+def test_a_rank_that_exits_degrades_the_session_and_the_next_cell_replaces_it(
     kernels: KernelStub, returncode: int, said: str
 ) -> None:
     cluster = FakeCluster(remote=True)
     changes: list[str] = []
 
-    async def main() -> SessionStatus:
+    async def main() -> tuple[SessionStatus, SessionStatus, dict[int, int | None]]:
         session = await started(cluster, two_nodes())
+        before = {r: rec.pid for r, rec in session.ranks.items()}
         session.on_change = lambda group: changes.append(group.state.value)
         node1 = cluster.agents_of(1)[0]
         pid = node1.ranks[3].pid
         node1.exit_rank(3, returncode, log_tail="Segmentation fault\n")
         await cluster.settle()
         assert session.broken_reason == f"rank 3 (host node1, pid {pid}) {said}"
-        with pytest.raises(SessionError, match="%dist restart --session fake"):
-            await session.execute("print(1)")
         status = session.status()
+        kernels.cells.clear()
+        result = await session.execute("print(1)")
+        assert not result.failures
+        healed = session.status()
         await session.shutdown()
-        return status
+        return status, healed, before
 
-    status = run(main())
-    assert status["state"] == "broken" and changes[:2] == ["ready", "broken"]
+    status, healed, before = run(main())
+    assert status["state"] == "degraded" and changes[:2] == ["ready", "degraded"]
+    assert "healing" in changes and changes[-1] == "stopped"
     rank3 = status["ranks"][3]
     assert (rank3["state"], rank3["returncode"], rank3["exit"]) == ("dead", returncode, said)
     assert rank3["exit_tail"] == "Segmentation fault\n"
     assert [r["state"] for r in status["ranks"][:3]] == ["idle"] * 3
+    # rank 3 alone is new; every rank then joined generation 1's group; the cell ran
+    assert healed["state"] == "ready" and healed["generation"] == 1
+    assert [r["pid"] for r in healed["ranks"][:3]] == [before[0], before[1], before[2]]
+    assert healed["ranks"][3]["pid"] != before[3]
+    joins = [(code, ranks) for code, ranks in kernels.cells if "_jd_regroup.join(" in code]
+    assert len(joins) == 1 and joins[0][1] == [0, 1, 2, 3], kernels.cells
+    assert ", 4, 1, " in joins[0][0]  # world size 4, generation 1
+    assert kernels.cells[-1] == ("print(1)", [0, 1, 2, 3])
+    assert not any("host_store" in code for code, _ in kernels.cells)  # rank 0's store kept
+
+
+def test_a_lost_node_waits_for_a_heal_that_starts_it_again(kernels: KernelStub) -> None:
+    cluster = FakeCluster(remote=True)
+
+    async def main() -> tuple[str, SessionStatus]:
+        session = await started(cluster, two_nodes())
+        cluster.agents_of(1)[0].vanish(stderr="Killed")
+        await cluster.settle()
+        with pytest.raises(SessionError) as err:
+            await session.execute("print(1)")
+        said = await session.heal()
+        status = session.status()
+        await session.shutdown()
+        return str(err.value) + "\n" + said, status
+
+    said, status = run(main())
+    assert "is degraded: rank 2 was lost" in said and "%dist heal --session fake" in said
+    assert "ranks 0-1 kept their state" in said
+    assert "ranks 2-3 replaced by fresh rank kernels (node 1 started again)" in said
+    assert status["state"] == "ready" and status["generation"] == 1
+    assert [n["lost"] for n in status["nodes"]] == [False, False]
+    assert len(cluster.agents_of(1)) == 2  # a new agent on node 1
 
 
 def test_an_agent_that_vanishes_takes_its_ranks_with_it(kernels: KernelStub) -> None:
@@ -428,7 +465,7 @@ def test_an_agent_that_vanishes_takes_its_ranks_with_it(kernels: KernelStub) -> 
         return status
 
     status = run(main())
-    assert status["state"] == "broken"
+    assert status["state"] == "degraded"
     assert [n["lost"] for n in status["nodes"]] == [False, True]
     assert [r["state"] for r in status["ranks"]] == ["idle", "idle", "dead", "dead"]
     assert status["ranks"][2]["exit"] == "node 'node1': the agent exited"
@@ -508,7 +545,7 @@ def test_a_restart_replaces_the_ranks_and_keeps_the_agents(kernels: KernelStub) 
         session = await started(cluster, two_nodes())
         cluster.agents_of(0)[0].exit_rank(0, -9)
         await cluster.settle()
-        assert session.state == SessionState.BROKEN
+        assert session.state == SessionState.DEGRADED
         await session.restart()
         new_pids = {r.rank: r.pid for a in cluster.agents for r in a.ranks.values()}
         status = session.status()
