@@ -192,6 +192,31 @@ class ClusterHold(_ClusterPlace):
     owner: str  # ``user@host/pid``: everything the owner named is under it
 
 
+class HealRequest(TypedDict, total=False):
+    """``POST /sessions/NAME/heal``: replace what failed (and ``ranks``), after taking
+    ``spares`` (hosts a lost node may move to, as ``--hosts`` writes them) and ``auto``
+    (heal lost nodes before the next cell unasked); ``now`` false only takes those."""
+
+    ranks: list[int]
+    spares: list[str]
+    auto: bool
+    now: bool
+
+
+class ResizeRequest(TypedDict, total=False):
+    """``POST /sessions/NAME/resize``: ``counts`` ranks on each node from now on."""
+
+    counts: list[int]
+    spares: list[str]
+
+
+class RecoveryReply(TypedDict):
+    """What a heal or a resize did, in words, and the session after it."""
+
+    said: str
+    status: SessionStatus
+
+
 class SessionStatus(TypedDict):
     """A JSON-able picture of a session, for ``%dist status``, the UI and the REST API."""
 

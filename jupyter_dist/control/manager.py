@@ -224,6 +224,45 @@ class SessionManager:
     async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None:
         await self.get(name).interrupt(ranks)
 
+    async def heal(
+        self,
+        name: str,
+        ranks: Sequence[int] = (),
+        spares: Sequence[HostSpec] = (),
+        auto: bool | None = None,
+        now: bool = True,
+        progress: Progress = lambda _: None,
+    ) -> str:
+        """Heal session ``name`` (`Session.heal`, ``ranks`` replaced too) after taking
+        ``spares`` (hosts a lost node may move to) and ``auto`` (heal lost nodes before the
+        next cell without being asked); with ``now`` False only those are taken."""
+        session = self.get(name)
+        if spares:
+            session.spares = tuple(dict.fromkeys([*session.spares, *spares]))
+        if auto is not None:
+            session.recovery.auto_heal = auto
+        if not now:
+            return ""
+        return await session.heal(ranks, self._progress(name, progress))
+
+    async def resize(
+        self,
+        name: str,
+        counts: Sequence[int],
+        spares: Sequence[HostSpec] = (),
+        progress: Progress = lambda _: None,
+    ) -> str:
+        """Give session ``name`` ``counts`` ranks per node (`Session.resize`)."""
+        session = self.get(name)
+        if spares:
+            session.spares = tuple(dict.fromkeys([*session.spares, *spares]))
+        limit = self.defaults.max_ranks_per_node or max_ranks_per_node()
+        if max(counts) > limit:
+            raise SpecError(
+                f"resize: {max(counts)} ranks on a node, over the limit of {limit} a node"
+            )
+        return await session.resize(counts, self._progress(name, progress))
+
     async def shutdown(self, name: str, why: str = "") -> None:
         """Stop session ``name``; ``why`` (who asked, what is lost) is kept for the
         notebook it is named after, whose next kernel says it."""

@@ -128,7 +128,7 @@ class RankState(str, enum.Enum):
     DEAD = "dead"
 
 
-def _room_for_sockets(context: zmq.Context[Any], sockets: int) -> None:
+def room_for_sockets(context: zmq.Context[Any], sockets: int) -> None:
     """Let ``context`` open ``sockets`` sockets and this process the files they take.
 
     zmq allows 1,023 sockets a context by default, and many systems 1,024 open files a
@@ -193,7 +193,7 @@ class RankGroup:
         #: rank -> what threads of this process's ended cells printed since (bounded)
         self.late_output: dict[int, str] = {}
         self._context = zmq.asyncio.Context()
-        _room_for_sockets(self._context, len(CHANNELS) * spec.world_size)
+        room_for_sockets(self._context, len(CHANNELS) * spec.world_size)
         # a kernel binds its ports a few ms after it is forked: reconnect quickly
         self._context.setsockopt(zmq.RECONNECT_IVL, 10)
         # a flooding rank is held back by its own send queue, not buffered here

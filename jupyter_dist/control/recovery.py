@@ -168,10 +168,12 @@ def heal_report(plan: HealPlan, generation: int, rebuild: Mapping[int, Sequence[
     whys = "; ".join(f.sentence() for f in plan.faults)
     replaced = ranks_label(list(plan.replace))
     nodes = f" (node {', '.join(map(str, plan.nodes))} started again)" if plan.nodes else ""
+    many = len(plan.replace) > 1
+    kernels = "fresh rank kernels" if many else "a fresh rank kernel"
     lines = [
-        f"{replaced} replaced by {'fresh rank kernels' if len(plan.replace) > 1 else 'a fresh rank kernel'}{nodes}"
+        f"{replaced} replaced by {kernels}{nodes}"
         + (f": {whys}" if whys else "")
-        + f". {'They start' if len(plan.replace) > 1 else 'It starts'} empty; every other "
+        + f". {'They start' if many else 'It starts'} empty; every other "
         f"rank kept its variables. All ranks joined a new process group (generation "
         f"{generation}).",
     ]

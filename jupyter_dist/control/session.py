@@ -43,10 +43,10 @@ from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, GROUP_KEY, RE
 from jupyter_dist.control.agent_client import AgentClient, AgentInfo
 from jupyter_dist.control.launchers import Launcher, Placement, launcher_for, placement_for
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
-from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState
-from jupyter_dist.control.recovery import SessionState
+from jupyter_dist.control.rank_group import RankGroup, RankRecord, RankState, room_for_sockets
+from jupyter_dist.control.recovery import SessionState, resize_report
 from jupyter_dist.control.rendezvous import Rendezvous, check_reachable, plan_rendezvous
-from jupyter_dist.errors import AgentError, NoGPUError, RanksFailed, SessionError
+from jupyter_dist.errors import AgentError, NoGPUError, RanksFailed, SessionError, SpecError
 from jupyter_dist.settings import GENERATION_VAR, NODE_DEADLINE_VAR, seconds_from_env
 from jupyter_dist.text import ranks_label
 
@@ -498,6 +498,97 @@ class Session(RankGroup):
             await self._restart_node(node, say)
         return await self._regroup(list(replace), bool(lost_nodes), say)
 
+    async def resize(self, counts: Sequence[int], progress: Progress | None = None) -> str:
+        """Give the session ``counts`` ranks per node: ranks are added after the survivors
+        (on new nodes, or at the end of a one-node session) or the highest removed; every
+        survivor keeps its rank number and its variables, and all join a new group."""
+        say = progress or (lambda _: None)
+        self._check_usable()
+        new_spec = _resized(self.spec, tuple(counts))
+        old_places, new_places = places(self.spec), places(new_spec)
+        common = min(len(old_places), len(new_places))
+        if old_places[:common] != new_places[:common]:
+            raise SpecError(
+                f"resize to {_counts_text(counts)} ranks per node would renumber the ranks "
+                "that stay; a resize adds or removes whole nodes, or ranks at the end of a "
+                "one-node session"
+            )
+        added_nodes = list(range(self.spec.nodes, new_spec.nodes))
+        if added_nodes and self.spec.hosts and len(self.spares) < len(added_nodes):
+            raise SpecError(
+                f"resize to {new_spec.nodes} nodes: {len(added_nodes)} more host(s) needed, "
+                f"{len(self.spares)} spare(s) given; name them with --spares HOST,..."
+            )
+        if added_nodes and self.placement is not None:
+            raise SpecError(
+                f"resize: adding nodes to a {self.spec.launcher} session is not supported; "
+                "its nodes are placed when it starts (restart it with more --nodes)"
+            )
+        removed = [p.rank for p in old_places[common:]]
+        added = [p.rank for p in new_places[common:]]
+        if not removed and not added:
+            return f"session {self.name!r} already has {_counts_text(counts)} ranks per node"
+        self.move(SessionState.HEALING)
+        try:
+            await asyncio.wait_for(
+                self._resize(new_spec, removed, added, added_nodes, say), self.timeouts.restart
+            )
+        except BaseException as err:
+            why = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            self.broken_reason = f"a resize that failed: {why}"
+            self.state = SessionState.BROKEN
+            raise
+        self.recovery.generation += 1
+        self.recovery.faults.clear()
+        self.move(SessionState.READY)
+        self.turns.ranks_restarted()
+        text = resize_report(added, removed, new_spec.world_size, self.generation)
+        log.info("session %s resized: %s", self.name, text)
+        return text
+
+    async def _resize(
+        self,
+        new_spec: SessionSpec,
+        removed: list[int],
+        added: list[int],
+        added_nodes: list[int],
+        say: Progress,
+    ) -> None:
+        for r in removed:
+            rec = self.ranks[r]
+            if rec.client is not None:
+                await rec.client.close()
+                rec.client = None
+        await self._kill_ranks([r for r in removed if self.ranks[r].state != RankState.DEAD])
+        for r in removed:
+            del self.ranks[r]
+        for node in range(new_spec.nodes, self.spec.nodes):  # nodes left without ranks
+            with contextlib.suppress(Exception):
+                await self.nodes[node].stop()
+        self.nodes = self.nodes[: new_spec.nodes]
+        hosts = list(self.spec.hosts)
+        for node in added_nodes:
+            if hosts:
+                spare, self.spares = self.spares[0], self.spares[1:]
+                hosts.append(spare)
+                new_spec = dataclasses.replace(new_spec, hosts=tuple(hosts))
+            self.spec = new_spec
+            launcher = self.launchers(new_spec, node)
+            agent = AgentClient(
+                launcher, node, self._on_rank_exit, self._on_node_lost,
+                heartbeat=self.nodes[0].heartbeat,
+            )  # fmt: skip
+            say(f"node {node}: starting its agent on {launcher.label or launcher.host}")
+            await agent.start(self.name, self._agent_env(node), self.timeouts.start)
+            self.nodes.append(agent)
+        self.spec = new_spec
+        room_for_sockets(self._context, 3 * new_spec.world_size)
+        for place in places(new_spec):
+            if place.rank in added:
+                agent = self.nodes[place.node_rank]
+                self.ranks[place.rank] = RankRecord(place, agent.host, agent)
+        await self._regroup(added, bool(added_nodes), say)
+
     async def _kill_ranks(self, ranks: Sequence[int], grace: float = 0.0) -> None:
         """Stop ``ranks`` (SIGKILL after ``grace``) and wait until their agents say so."""
         by_node: dict[AgentClient, list[int]] = {}
@@ -615,7 +706,8 @@ class Session(RankGroup):
         joined = await self._run_cell(  # new ranks bootstrap, survivors regroup
             "import jupyter_dist.rank.regroup as _jd_regroup\n"
             f"_jd_regroup.join({init!r}, {rdzv.master_addr!r}, {rdzv.master_port}, "
-            f"{self.spec.world_size}, {generation}, {self.timeouts.process_group!r})\n"
+            f"{self.spec.world_size}, {generation}, {self.timeouts.process_group!r}, "
+            f"{list(self.spec.counts)!r})\n"
             "del _jd_regroup\n",
             sorted(self.ranks), sink=outputs,
             timeout=self.timeouts.process_group + 30, silent=True,
@@ -784,6 +876,23 @@ class Session(RankGroup):
             **self.turns.status(),
             "cluster": self.placement.hold() if self.placement is not None else None,
         }
+
+
+def _resized(spec: SessionSpec, counts: tuple[int, ...]) -> SessionSpec:
+    """``spec`` with ``counts`` ranks per node."""
+    if not counts or any(c < 1 for c in counts):
+        raise SpecError(f"resize: expected at least one node of one rank or more, got {counts}")
+    uniform = len(set(counts)) == 1
+    return dataclasses.replace(
+        spec,
+        nodes=len(counts),
+        procs_per_node=counts[0] if uniform else spec.procs_per_node,
+        node_procs=() if uniform else counts,
+    )
+
+
+def _counts_text(counts: Sequence[int]) -> str:
+    return ",".join(map(str, counts))
 
 
 def _rebuild_words(outputs: queue.SimpleQueue[CellEvent]) -> dict[int, list[str]]:

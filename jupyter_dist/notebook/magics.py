@@ -24,7 +24,13 @@ from IPython.display import publish_display_data
 
 from jupyter_dist.common import cluster_env, pickling
 from jupyter_dist.common.events import CellEvent, Notice
-from jupyter_dist.common.hosts import check_python, check_ssh_config, parse_hosts, read_hostfile
+from jupyter_dist.common.hosts import (
+    check_node_count,
+    check_python,
+    check_ssh_config,
+    parse_hosts,
+    read_hostfile,
+)
 from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
 from jupyter_dist.common.payloads import SessionStatus
 from jupyter_dist.common.ray_options import RaySpec, check_strategy
@@ -50,6 +56,7 @@ from jupyter_dist.notebook import owners as planes
 from jupyter_dist.notebook.cell_loop import Renderer, run_cell, wait_with_notices
 from jupyter_dist.notebook.owners import SessionOwner, session_owner
 from jupyter_dist.settings import OUTPUT_VAR
+from jupyter_dist.text import ranks_label
 
 #: what ``--output`` and ``JUPYTER_DIST_OUTPUT`` may say; ``auto`` picks one of the views
 OutputMode = Literal["auto", "widget", "text"]
@@ -66,6 +73,12 @@ DIST_HELP: dict[str, str] = {
     "attach NAME": "make session NAME this notebook's session",
     "shutdown": "stop the session's ranks (--all: every session)",
     "restart": "start the session's ranks afresh, same shape (their variables are lost)",
+    "heal": "replace dead or stuck ranks and lost nodes (--spares HOST,...: hosts that may "
+    "take a node's place); every other rank keeps its variables",
+    "resize": "--nodes N (or --procs P on one node): add or remove ranks at the end, keeping "
+    "every remaining rank's variables",
+    "sync NAMES": "--from RANK [--to RANKS]: copy variables rank to rank over the process "
+    "group (models and optimizers by state_dict), e.g. to replaced ranks",
     "interrupt": "stop the cell running on the ranks, as the stop button does",
     "push NAMES": "copy notebook variables to the ranks",
     "pull NAME": "return a variable of the ranks, one value per rank",
@@ -173,6 +186,8 @@ class DistMagics(Magics):
         self._default_session: str | None = None  # set by %dist attach
         self._cells = 0
         self._parsed_lines: dict[str, argparse.Namespace] = {}  # `_cell_args`
+        #: (session, --heal, --spares) told to the sessions' owner already
+        self._policies_sent: set[tuple[str, bool, str]] = set()
         self.last_view: Any = None  # the latest cell view (tests and debugging look at it)
         self._count: int | None = None  # the running notebook cell's execution count
         events = getattr(shell, "events", None)
@@ -381,7 +396,19 @@ class DistMagics(Magics):
         type=float,
         default=None,
         help="seconds (finite, positive) before the ranks are interrupted and the cell "
-        "fails; ranks that do not stop within 2 s restart the session",
+        "fails; a rank that does not take the interrupt, blocked in C code, is replaced",
+    )
+    @argument(
+        "--heal",
+        action="store_true",
+        help="a lost node is started again before the next cell without `%%dist heal` "
+        "(dead and stuck ranks are always replaced)",
+    )
+    @argument(
+        "--spares",
+        default=None,
+        help="hosts that may take a lost node's place, or be added by `%%dist resize`: "
+        "h1,h2 as --hosts writes them",
     )
     @argument(
         "--no-init", action="store_true", help="do not create the torch.distributed process group"
@@ -482,6 +509,7 @@ class DistMagics(Magics):
             session = running
         else:
             session = self._call(start)
+        self._fault_policy(name, args)
         chosen = session.check_ranks(ranks)
         if payload is not None:
             self.control.run(session.push(payload, chosen))
@@ -492,6 +520,20 @@ class DistMagics(Magics):
         else:
             renderer = _renderer(chosen, summary=True)
         run_cell(self.control, session, cell, chosen, args.timeout, renderer, sink, self._count)
+
+    def _fault_policy(self, name: str, args: Any) -> None:
+        """``--heal`` and ``--spares`` go to the session's owner, once each as said."""
+        if not args.heal and not args.spares:
+            return
+        said = (name, bool(args.heal), args.spares or "")
+        if said in self._policies_sent:
+            return
+        spares = parse_hosts(args.spares, "--spares") if args.spares else ()
+        manager = self.control.manager
+        self.control.run(
+            manager.heal(name, spares=spares, auto=True if args.heal else None, now=False)
+        )
+        self._policies_sent.add(said)
 
     def _shape(self, args: Any, name: str) -> ShapeRequest:
         """What the arguments ask of the session: its nodes and ranks, checked (sizes,
@@ -614,6 +656,12 @@ class DistMagics(Magics):
         action="store_true",
         help="shutdown: every session (of this kernel, or of the Jupyter server that owns them)",
     )
+    @argument("--from", dest="source", type=int, default=None, help="sync: the rank copied from")
+    @argument("--to", default=None, help="sync: the ranks copied to (default: every other)")
+    @argument("--spares", default=None, help="heal, resize: hosts a node may move to: h1,h2")
+    @argument("--nodes", type=int, default=None, help="resize: the number of nodes")
+    @argument("--procs", default=None, help="resize: ranks per node (CPU sessions)")
+    @argument("--gpus", default=None, help="resize: ranks per node (GPU sessions)")
     @line_magic
     def dist(self, line: str) -> Any:
         """Manage sessions: status, stacks, attach NAME, shutdown, restart, interrupt,
@@ -719,6 +767,77 @@ class DistMagics(Magics):
         payload = pickling.dump(self._user_values(names))
         self.control.run(
             session.push(payload, self._ranks_arg(args, session), args.timeout, _SaidOnce())
+        )
+
+    def _dist_heal(self, args: Any) -> None:
+        name = self._name(args.session)
+        spares = parse_hosts(args.spares, "--spares") if args.spares else ()
+        manager = self.control.manager
+
+        async def heal(sink: queue.SimpleQueue[CellEvent]) -> str:
+            return await manager.heal(
+                name, spares=spares, progress=lambda text: sink.put(Notice(text))
+            )
+
+        said: str = self._call(heal)
+        print(f"[jupyter_dist] {said}")
+
+    def _dist_resize(self, args: Any) -> None:
+        name = self._name(args.session)
+        session = self._session(args.session)
+        spares = parse_hosts(args.spares, "--spares") if args.spares else ()
+        given = args.gpus if session.spec.device == "cuda" else args.procs
+        flag = "--gpus" if session.spec.device == "cuda" else "--procs"
+        nodes = args.nodes if args.nodes is not None else session.spec.nodes
+        if args.nodes is None and given is None:
+            raise SpecError(f"%dist resize: expected --nodes N or {flag} P")
+        check_node_count(nodes, "--nodes")
+        if given is not None:
+            counts = parse_counts(flag, given)
+            if len(counts) == 1:
+                counts = counts * nodes
+        else:
+            old = session.spec.counts
+            counts = tuple(old[n] if n < len(old) else old[-1] for n in range(nodes))
+        if len(counts) != nodes:
+            raise SpecError(f"{flag} {given}: {len(counts)} counts for {nodes} nodes")
+        manager = self.control.manager
+
+        async def resize(sink: queue.SimpleQueue[CellEvent]) -> str:
+            return await manager.resize(
+                name, counts, spares, progress=lambda text: sink.put(Notice(text))
+            )
+
+        said: str = self._call(resize)
+        print(f"[jupyter_dist] {said}")
+
+    def _dist_sync(self, args: Any) -> None:
+        if not args.names:
+            raise SpecError(
+                "%dist sync: expected variable names, e.g. %dist sync model,opt --from 0"
+            )
+        if args.source is None:
+            raise SpecError("%dist sync: expected --from RANK, the rank that has the variables")
+        names = parse_names(",".join(args.names), "%dist sync")
+        session = self._session(args.session)
+        (source,) = session.check_ranks([args.source])
+        targets = (
+            [r for r in parse_ranks(args.to, session.spec.world_size) if r != source]
+            if args.to
+            else [r for r in sorted(session.ranks) if r != source]
+        )
+        if not targets:
+            raise SpecError(f"%dist sync: no rank to copy to besides rank {source}")
+        code = (
+            "import jupyter_dist.rank.state_sync as _jd_sync\n"
+            f"_jd_sync.sync({names!r}, {source}, {targets!r})\n"
+            "del _jd_sync\n"
+        )
+        result = self.control.run(session.execute(code, [source, *targets], _SaidOnce()))
+        session.raise_for(result)
+        print(
+            f"[jupyter_dist] {', '.join(names)} copied from rank {source} to "
+            f"{ranks_label(targets)} over the process group"
         )
 
     def _dist_pull(self, args: Any) -> list[Any]:

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.common.payloads import SessionStatus
 from jupyter_dist.common.spec import ShapeRequest
 from jupyter_dist.control.manager import SessionManager
@@ -56,6 +57,24 @@ class SessionRegistry(Protocol):
     async def shutdown(self, name: str) -> None: ...
 
     async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None: ...
+
+    async def heal(
+        self,
+        name: str,
+        ranks: Sequence[int] = ...,
+        spares: Sequence[HostSpec] = ...,
+        auto: bool | None = ...,
+        now: bool = ...,
+        progress: Progress = ...,
+    ) -> str: ...
+
+    async def resize(
+        self,
+        name: str,
+        counts: Sequence[int],
+        spares: Sequence[HostSpec] = ...,
+        progress: Progress = ...,
+    ) -> str: ...
 
     async def shutdown_all(self) -> None: ...
 

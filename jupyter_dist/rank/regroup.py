@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -78,21 +78,34 @@ def _retire_default_group() -> None:
 
 
 def join(
-    init: bool, addr: str, port: int, world_size: int, generation: int, timeout_s: float
+    init: bool,
+    addr: str,
+    port: int,
+    world_size: int,
+    generation: int,
+    timeout_s: float,
+    local_sizes: Sequence[int] = (),
 ) -> None:
     """A new rank's first cell (the bootstrap, its environment already the new world's),
-    or a survivor's `regroup` (with ``init``: a group is made)."""
+    or a survivor's `regroup` (with ``init``: a group is made). ``local_sizes``: the ranks
+    on each node of the new world (a resize changes them)."""
     from jupyter_dist.rank import bootstrap
 
     if not bootstrap.booted:
         bootstrap.bootstrap(init, timeout_s)
         print(REBUILD_MARK + "[]", flush=True)
         return
+    env: dict[str, str] = {}
+    if local_sizes:
+        node = int(os.environ.get("GROUP_RANK") or os.environ.get("NODE_RANK") or 0)
+        env["GROUP_WORLD_SIZE"] = str(len(local_sizes))
+        if node < len(local_sizes):
+            env["LOCAL_WORLD_SIZE"] = str(local_sizes[node])
     if not init:
-        os.environ.update({"WORLD_SIZE": str(world_size), GENERATION_VAR: str(generation)})
+        os.environ.update({**env, "WORLD_SIZE": str(world_size), GENERATION_VAR: str(generation)})
         print(REBUILD_MARK + "[]", flush=True)
         return
-    regroup(addr, port, world_size, generation, timeout_s)
+    regroup(addr, port, world_size, generation, timeout_s, env)
 
 
 def regroup(

@@ -23,11 +23,13 @@ from tornado.iostream import StreamClosedError
 
 from jupyter_dist.common import stacks
 from jupyter_dist.common.hosts import (
+    MAX_NODES,
     HostSpec,
     check_host,
     check_node_count,
     check_python,
     check_ssh_config,
+    parse_host,
     parse_hosts,
 )
 from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
@@ -574,6 +576,59 @@ class SessionActionHandler(DistHandler):
         self.reply(await self.shown(session.status()))
 
 
+#: spare hosts a heal or resize request may name
+MAX_SPARES = 64
+
+
+def _list_of(body: dict[str, Any], key: str, kind: type, limit: int) -> list[Any]:
+    """``body[key]``: a list of at most ``limit`` values of ``kind`` (none: empty)."""
+    value = body.get(key, [])
+    if not isinstance(value, list) or not all(
+        isinstance(v, kind) and not isinstance(v, bool) for v in value
+    ):
+        raise SpecError(f"{key}: expected a list of {kind.__name__} values, got {str(value)[:80]}")
+    if len(value) > limit:
+        raise SpecError(f"{key}: {len(value)} values; expected at most {limit}")
+    return value
+
+
+def _spares(body: dict[str, Any]) -> tuple[HostSpec, ...]:
+    return tuple(parse_host(h, "spares") for h in _list_of(body, "spares", str, MAX_SPARES))
+
+
+class SessionRecoveryHandler(DistHandler):
+    """``/sessions/NAME/heal`` and ``/sessions/NAME/resize``: replace what failed, or give
+    the session another shape; every surviving rank keeps its variables."""
+
+    @web.authenticated
+    @authorized
+    @maps_errors
+    async def post(self, name: str, action: str) -> None:
+        session = self.manager.get(name)
+        body = self.json_body() if self.request.body else {}
+        if not isinstance(body, dict):
+            raise SpecError(f"the body: expected a JSON object, got {type(body).__name__}")
+        spares = _spares(body)
+        if action == "heal":
+            ranks = _list_of(body, "ranks", int, session.spec.world_size)
+            session.check_ranks(ranks)
+            auto = body.get("auto")
+            if auto is not None and not isinstance(auto, bool):
+                raise SpecError(f"auto: expected true or false, got {str(auto)[:40]}")
+            now = body.get("now", True)
+            if not isinstance(now, bool):
+                raise SpecError(f"now: expected true or false, got {str(now)[:40]}")
+            said = await self.manager.heal(name, ranks, spares, auto, now)
+        else:
+            counts = _list_of(body, "counts", int, MAX_NODES)
+            if not counts or any(c < 1 for c in counts):
+                raise SpecError(
+                    f"counts: expected a positive number of ranks for each node, got {counts}"
+                )
+            said = await self.manager.resize(name, counts, spares)
+        self.reply({"said": said, "status": await self.shown(session.status())})
+
+
 class EventsHandler(DistHandler):
     """``/events``: server-sent events, a snapshot first, then every change."""
 
@@ -650,4 +705,5 @@ HANDLERS = [
     (rf"{API_PREFIX}/sessions/{_NAME}/connection", ConnectionHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/stacks", StacksHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/(?P<action>interrupt|restart)", SessionActionHandler),
+    (rf"{API_PREFIX}/sessions/{_NAME}/(?P<action>heal|resize)", SessionRecoveryHandler),
 ]

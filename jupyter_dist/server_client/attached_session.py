@@ -15,7 +15,7 @@ import logging
 import queue
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jupyter_dist.common.events import CellEvent, Notice
 from jupyter_dist.common.payloads import SessionConnection, SessionStatus, TurnRequest
@@ -209,6 +209,15 @@ class AttachedSession(RankGroup):
             return
         await self.client.restart(self.name)
         self.stale = True
+
+    async def heal(self, ranks: Sequence[int] = (), progress: Any = None) -> str:
+        """Asked of the server, which owns the ranks; then this object talks to the new
+        ones (still in this notebook's turn, so its cell runs on them)."""
+        if self.client is None:
+            return await super().heal(ranks, progress)
+        reply = await self.client.heal(self.name, {"ranks": list(ranks)})
+        await self.refresh(REFRESH_TIMEOUT_S)
+        return reply["said"]
 
     async def withdraw(self, turn_id: str) -> None:
         if self.client is None:

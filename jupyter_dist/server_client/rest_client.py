@@ -19,7 +19,10 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from jupyter_dist import errors
 from jupyter_dist.common.payloads import (
+    HealRequest,
     NotebookSession,
+    RecoveryReply,
+    ResizeRequest,
     ServerEvent,
     SessionConnection,
     SessionRequest,
@@ -154,6 +157,14 @@ class ServerClient:
 
     async def restart(self, name: str) -> SessionStatus:
         found: SessionStatus = await self.call("POST", f"sessions/{quote(name)}/restart")
+        return found
+
+    async def heal(self, name: str, body: HealRequest) -> RecoveryReply:
+        found: RecoveryReply = await self.call("POST", f"sessions/{quote(name)}/heal", body)
+        return found
+
+    async def resize(self, name: str, body: ResizeRequest) -> RecoveryReply:
+        found: RecoveryReply = await self.call("POST", f"sessions/{quote(name)}/resize", body)
         return found
 
     async def delete(self, name: str) -> None:

@@ -16,7 +16,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import cast
 
+from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.common.payloads import (
+    HealRequest,
     ServerEvent,
     SessionChanged,
     SessionNotice,
@@ -268,6 +270,49 @@ class ServerSessions:
         finally:
             self._progress.pop(name, None)
         return await self._attach(name)
+
+    async def heal(
+        self,
+        name: str,
+        ranks: Sequence[int] = (),
+        spares: Sequence[HostSpec] = (),
+        auto: bool | None = None,
+        now: bool = True,
+        progress: Progress = lambda _: None,
+    ) -> str:
+        """Asked of the server, which owns the ranks; the notebook then talks to the new
+        ones (the survivors' connections stay)."""
+        await self._ensure_events()
+        body: HealRequest = {"ranks": list(ranks), "spares": [str(h) for h in spares]}
+        body["now"] = now
+        if auto is not None:
+            body["auto"] = auto
+        self._progress[name] = progress
+        try:
+            reply = await self.client.heal(name, body)
+        finally:
+            self._progress.pop(name, None)
+        if now:
+            await self._attach(name)
+        return reply["said"]
+
+    async def resize(
+        self,
+        name: str,
+        counts: Sequence[int],
+        spares: Sequence[HostSpec] = (),
+        progress: Progress = lambda _: None,
+    ) -> str:
+        await self._ensure_events()
+        self._progress[name] = progress
+        try:
+            reply = await self.client.resize(
+                name, {"counts": list(counts), "spares": [str(h) for h in spares]}
+            )
+        finally:
+            self._progress.pop(name, None)
+        await self._attach(name)
+        return reply["said"]
 
     async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None:
         """Interrupt the session's running cell, whoever sent it; everyone is told."""
