@@ -62,7 +62,7 @@ from jupyter_dist.settings import (
     seconds_from_env,
     shared_push,
 )
-from jupyter_dist.text import ranks_label
+from jupyter_dist.text import format_ranks, ranks_label
 
 if TYPE_CHECKING:
     from jupyter_dist.control.agent_client import AgentClient
@@ -336,6 +336,21 @@ class RankGroup:
             "again (or a spare given with --spares) and replaces the lost ranks; "
             f"`%dist restart --session {self.name}` starts every rank afresh"
         )
+
+    def _survivors(self, ranks: Sequence[int] | None) -> list[int]:
+        """``ranks`` (all by default) for a request a DEGRADED session's surviving ranks
+        answer too (push, pull): refused, naming them, where one of them is gone."""
+        self._check_usable(degraded_ok=True)
+        chosen = self.check_ranks(ranks)
+        gone = [r for r in chosen if self.ranks[r].state == RankState.DEAD]
+        if gone:
+            alive = [r for r in chosen if r not in gone]
+            raise SessionError(
+                f"{ranks_label(gone)} of session {self.name!r} "
+                f"{'is' if len(gone) == 1 else 'are'} gone ({self.degraded_text()})"
+                + (f"; ask the others with --ranks {format_ranks(alive)}" if alive else "")
+            )
+        return chosen
 
     def check_ranks(self, ranks: Sequence[int] | None) -> list[int]:
         chosen = sorted(self.ranks) if ranks is None else sorted(ranks)
@@ -867,8 +882,7 @@ class RankGroup:
     ) -> None:
         """Send pickled ``{name: value}`` to each rank's namespace; ``sink`` hears what it
         waits for (another notebook's cell)."""
-        self._check_usable()
-        chosen = self.check_ranks(ranks)
+        chosen = self._survivors(ranks)
         async with self.turn("push", chosen, sink):
             replies = await self._push(payload, chosen, timeout)
         errors = [(r, rep) for r, rep in zip(chosen, replies, strict=True) if _failed(rep)]
@@ -915,8 +929,7 @@ class RankGroup:
     ) -> list[Any]:
         """The value of ``name`` on each rank, in rank order; ``sink`` hears what it waits
         for (another notebook's cell)."""
-        self._check_usable()
-        chosen = self.check_ranks(ranks)
+        chosen = self._survivors(ranks)
         async with self.turn("pull", chosen, sink):
             data = {"op": "pull", "name": name}
             replies = await self._objects(f"pull {name!r}", chosen, data, (), timeout, PullError)
