@@ -129,6 +129,9 @@ def one_line(dumps: Mapping[int, str]) -> str:
 _TB_CELL = re.compile(r"^\s*Cell In\[\d+\], line (?P<line>\d+)")
 _TB_FRAME = re.compile(r"^\s*File (?P<file>.+?):(?P<line>\d+), in (?P<func>[\w.<>]+)")
 _TB_ARROW = re.compile(r"^-+> ?\d+\s*(?P<code>.*)$")
+#: the rank's SIGINT handler (`rank.interrupt_ack`): an interrupt's traceback ends in it,
+#: but where the rank was is the frame it interrupted
+_ACK_HANDLER_FILE = os.path.join("rank", "interrupt_ack.py")
 
 
 def place_of_traceback(traceback: Sequence[str]) -> str:
@@ -148,7 +151,7 @@ def place_of_traceback(traceback: Sequence[str]) -> str:
             cell_line, inner = int(cell["line"]), None
             arrow = next((m for m in map(_TB_ARROW.match, lines[1:]) if m), None)
             code = arrow["code"].strip() if arrow else ""
-        elif frame and cell_line is not None:
+        elif frame and cell_line is not None and not frame["file"].endswith(_ACK_HANDLER_FILE):
             inner = Frame(frame["file"], int(frame["line"]), frame["func"])
     if cell_line is None:
         return ""

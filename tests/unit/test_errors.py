@@ -108,6 +108,17 @@ def test_where_a_traceback_ended_reads_like_a_stack_dump() -> None:
     assert place_of_traceback(KEYBOARD_TB) == "in barrier (distributed_c10d.py:5356), cell line 2"
     assert place_of_traceback(SLEEP_TB) == "at cell line 1: time.sleep(30)"
     assert place_of_traceback(("no frames here",)) == ""
+    # an interrupt is raised from the rank's SIGINT handler: its frame is not where it was
+    handler = (
+        "\x1b[36mFile \x1b[39m\x1b[32m/site/jupyter_dist/rank/interrupt_ack.py:48\x1b[39m, in "
+        "\x1b[36mhandler_for.<locals>.on_sigint\x1b[39m\x1b[34m(signum, frame)\x1b[39m\n",
+    )
+    assert place_of_traceback(SLEEP_TB[:1] + handler + SLEEP_TB[1:]) == (
+        "at cell line 1: time.sleep(30)"
+    )
+    assert place_of_traceback(KEYBOARD_TB[:4] + handler + KEYBOARD_TB[4:]) == (
+        "in barrier (distributed_c10d.py:5356), cell line 2"
+    )
 
 
 def test_a_timeout_is_one_short_block_naming_where_each_rank_was() -> None:
