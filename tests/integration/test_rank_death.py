@@ -1,4 +1,5 @@
-"""A rank process that dies mid-cell is reported, never hangs, and restart recovers."""
+"""A rank process that dies mid-cell is reported and never hangs; the next cell replaces
+that rank alone (the others keep their variables), and a lost node waits for a heal."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from jupyter_dist.common.spec import ShapeRequest, resolve_shape
 from jupyter_dist.control.session import Session, SessionTimeouts
 from jupyter_dist.errors import RanksFailed, SessionError
+from jupyter_dist.notebook.owners import embedded_owner
 from tests.conftest import CellOutput, session_status
 
 Run = Callable[[str], CellOutput]
@@ -35,9 +37,10 @@ def crash_session(run: Run) -> Any:
         ("import ctypes; ctypes.string_at(0)", "killed by signal SIGSEGV (11)"),
     ],
 )
-def test_dead_rank_is_reported_and_restart_recovers(
+def test_a_dead_rank_is_reported_and_the_next_cell_replaces_it_alone(
     run: Run, crash_session: str, kill: str, expected: str
 ) -> None:
+    assert run(f"%%distributed --session {crash_session}\nkept = 100 + int(os.environ['RANK'])").ok
     pids = [r["pid"] for r in session_status(crash_session)["ranks"]]
     began = time.monotonic()
     out = run(
@@ -52,21 +55,27 @@ def test_dead_rank_is_reported_and_restart_recovers(
     assert expected in str(out.error)
     assert "[rank 0] rank 0 carried on" in out.stdout
     assert not psutil.pid_exists(pids[1]) or psutil.Process(pids[1]).status() == "zombie"
+    status = session_status(crash_session)
+    assert status["state"] == "degraded", status["state"]
+    assert status["faults"] == [f"rank 1 died ({expected})"], status["faults"]
 
-    again = run(f"%%distributed --session {crash_session}\nprint('hi')")
-    assert isinstance(again.error, SessionError)
-    assert "lost rank 1" in str(again.error)
-    assert "%dist restart --session crash" in str(again.error)
-
-    assert run(f"%dist restart --session {crash_session}").ok
+    # the next cell replaces rank 1 alone, says so, and runs on a new process group
     back = run(
         f"%%distributed --session {crash_session}\nimport torch, torch.distributed as dist\n"
-        "t = torch.ones(1); dist.all_reduce(t); print(t.item())"
+        "import jupyter_dist\nt = torch.ones(1); dist.all_reduce(t)\n"
+        "print(globals().get('kept'), t.item(), jupyter_dist.info().generation)"
     )
-    assert "[ranks 0-1] 2.0" in back.stdout
-    new_pids = [r["pid"] for r in session_status(crash_session)["ranks"]]
-    assert set(new_pids).isdisjoint(pids)
-    assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == "zombie"
+    assert back.ok, back.stdout + back.stderr
+    said = " ".join((back.stdout + back.stderr).split())
+    assert f"rank 1 replaced by a fresh rank kernel: rank 1 died ({expected})" in said, said
+    assert "It starts empty; every other rank kept its variables" in said, said
+    assert "All ranks joined a new process group (generation 1)" in said, said
+    assert "[rank 0] 100 2.0 1" in back.stdout, back.stdout  # rank 0 kept its variable
+    assert "[rank 1] None 2.0 1" in back.stdout, back.stdout  # rank 1 is fresh
+    status = session_status(crash_session)
+    assert (status["state"], status["generation"], status["faults"]) == ("ready", 1, [])
+    new_pids = [r["pid"] for r in status["ranks"]]
+    assert new_pids[0] == pids[0] and new_pids[1] not in pids
 
 
 def test_segfault_shows_the_faulthandler_dump(run: Run, crash_session: str) -> None:
@@ -99,8 +108,24 @@ def test_lost_agent_fails_the_cell_instead_of_hanging(run: Run, crash_session: s
     while any(psutil.pid_exists(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(psutil.pid_exists(p) for p in ranks)
-    assert run(f"%dist restart --session {crash_session}").ok
-    assert run(f"%%distributed --session {crash_session}\nprint('back')").ok
+    status = session_status(crash_session)
+    assert status["state"] == "degraded" and status["nodes"][0]["lost"], status
+    # a lost node is not started again behind the user's back: the next cell says how
+    again = run(f"%%distributed --session {crash_session}\nprint('hi')")
+    assert isinstance(again.error, SessionError), again.stdout + again.stderr
+    text = str(again.error)
+    assert f"session {crash_session!r} is degraded: rank 0 was lost (" in text, text
+    assert f"`%dist heal --session {crash_session}` starts the node again" in text, text
+    said = embedded_owner().run(embedded_owner().manager.get(crash_session).heal(), 120)
+    assert "ranks 0-1 replaced by fresh rank kernels (node 0 started again)" in said, said
+    back = run(
+        f"%%distributed --session {crash_session}\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t); print('back', t.item())"
+    )
+    assert back.ok and "[ranks 0-1] back 2.0" in back.stdout, back.stdout + back.stderr
+    status = session_status(crash_session)
+    assert (status["state"], status["generation"]) == ("ready", 1)
+    assert status["nodes"][0]["agent_pid"] != agent
 
 
 def test_a_rank_that_never_answers_shows_where_it_hangs(
