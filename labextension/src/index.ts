@@ -210,6 +210,13 @@ function actionsFor(
         report(error, `Restarting ${name}`);
       }
     },
+    heal: async name => {
+      try {
+        await requestAPI(sessionPath(name, 'heal'), { method: 'POST' });
+      } catch (error) {
+        report(error, `Healing ${name}`);
+      }
+    },
     shutdown: async name => {
       if (!(await confirm(`Shut session ${name} down?`, lost(name), 'Shut down'))) {
         return;

@@ -45,6 +45,10 @@ export interface ISession {
   device: string;
   cells_run: number;
   broken_reason: string;
+  /** how many times every rank joined a new process group (ranks replaced, resized) */
+  generation?: number;
+  /** what happened to each rank a heal will replace, in words (empty when ready) */
+  faults?: string[];
   nodes: INode[];
   ranks: IRank[];
   started_at?: number;
@@ -122,7 +126,8 @@ export interface ISessionBadge {
  */
 export function sessionBadge(session: ISession, now: number): ISessionBadge {
   if (session.state !== 'ready') {
-    return { state: session.state, label: session.state, title: session.broken_reason, stuck: [] };
+    const why = session.faults?.length ? session.faults.join('; ') : session.broken_reason;
+    return { state: session.state, label: session.state, title: why, stuck: [] };
   }
   const busy = session.ranks.filter(r => r.state === 'busy');
   if (!busy.length) {

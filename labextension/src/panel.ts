@@ -30,6 +30,7 @@ export interface IActions {
   stacks(session: string): void;
   interrupt(session: string): void;
   restart(session: string): void;
+  heal(session: string): void;
   shutdown(session: string): void;
   openLog(session: string, rank: number): void;
   openConsole(session: string, rank: number): void;
@@ -295,7 +296,8 @@ export class DistPanel extends Widget {
       `${nodes} × ${perNode} ${session.device === 'cuda' ? 'GPU' : 'CPU'}`,
       session.backend,
       uptime ? `up ${uptime}` : '',
-      `${session.cells_run} cells`
+      `${session.cells_run} cells`,
+      session.generation ? `group ${session.generation}` : ''
     ]
       .filter(Boolean)
       .join(' · ');
@@ -328,6 +330,15 @@ export class DistPanel extends Widget {
       ),
       act('Stacks', `Where every rank of ${name} is now`, () => this.actions.stacks(name)),
       act('Interrupt', `Interrupt the running cell of ${name}`, () => this.actions.interrupt(name)),
+      ...(session.state === 'degraded' || session.state === 'broken'
+        ? [
+            act(
+              'Heal',
+              `Replace the lost ranks of ${name}; the others keep their variables`,
+              () => this.actions.heal(name)
+            )
+          ]
+        : []),
       act('Restart', `Restart the ranks of ${name}`, () => this.actions.restart(name)),
       act('Shut down', `Shut session ${name} down`, () => this.actions.shutdown(name), 'jp-mod-warn')
     );
@@ -335,7 +346,9 @@ export class DistPanel extends Widget {
     if (activity.textContent) {
       card.append(activity);
     }
-    if (session.broken_reason) {
+    if (session.faults?.length) {
+      card.append(span(session.faults.join('; '), 'jp-DistSession-error'));
+    } else if (session.broken_reason) {
       card.append(span(session.broken_reason, 'jp-DistSession-error'));
     } else if (badge.state === 'stuck') {
       card.append(span(badge.title, 'jp-DistSession-error jp-mod-stuck'));

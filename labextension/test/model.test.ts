@@ -98,6 +98,20 @@ describe('a session badge', () => {
     expect(sessionBadge(broken, now)).toMatchObject({ state: 'broken', title: 'its restart failed' });
   });
 
+  it('says a degraded session is degraded, with what happened to each lost rank', () => {
+    const degraded = session([rank(0)], {
+      state: 'degraded',
+      broken_reason: 'rank 1 (host a, pid 9) killed by signal SIGKILL (9)',
+      faults: ['rank 1 died (killed by signal SIGKILL (9))', 'rank 2 was lost (node b unreachable)']
+    });
+    expect(sessionBadge(degraded, now)).toMatchObject({
+      state: 'degraded',
+      label: 'degraded',
+      title: 'rank 1 died (killed by signal SIGKILL (9)); rank 2 was lost (node b unreachable)'
+    });
+    expect(sessionBadge(session([rank(0)], { state: 'healing' }), now).state).toBe('healing');
+  });
+
   it('says busy, with how long, while a cell runs on every rank', () => {
     const running = { turn_id: 't', kind: 'cell', path: 'train.ipynb', kernel_id: 'k', started: now - 600 };
     const s = session([rank(0, 'busy', { busy_since: now - 600 }), rank(1, 'busy', { busy_since: now - 600 })], {
