@@ -182,14 +182,18 @@ def test_interrupt_and_a_killed_rank(
         reply = kernel.run("%%distributed --session b\nprint('after', x)")
         assert reply.ok, reply.text
         assert with_start(reply.text, "after") == {0: ["after 1"], 1: ["after 1"]}
-        # a rank that dies fails the cell naming it; a restart brings the ranks back
+        # a rank that dies fails the cell naming it; the next cell replaces it alone, on
+        # its Ray node, and rank 0 keeps its variables
         reply = kernel.run("%%distributed --session b --ranks 1\nimport os\nos._exit(3)")
         assert not reply.ok
         assert "rank 1" in reply.text, reply.text
-        assert kernel.run("%dist restart --session b").ok
-        reply = kernel.run(f"%%distributed --session b\n{WHERE}")
+        reply = kernel.run(f"%%distributed --session b\n{WHERE}\nprint('kept', globals().get('x'))")
         assert reply.ok, reply.text
+        assert "rank 1 replaced by a fresh rank kernel: rank 1 died (exit code 3)" in " ".join(
+            reply.text.split()
+        ), reply.text
         assert {w[4] for w in where(reply.text).values()} == {"3"}
+        assert with_start(reply.text, "kept") == {0: ["kept 1"], 1: ["kept None"]}
     finally:
         kernel.run("%dist shutdown --session b")
 
