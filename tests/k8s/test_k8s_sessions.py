@@ -133,6 +133,30 @@ def test_a_session_runs_as_pods_with_state_and_gloo_and_stop_deletes_everything(
             r: int(lines[0].split()[1]) for r, lines in with_start(nxt.stdout, "again ").items()
         }
         assert again == {r: int(w[1]) for r, w in seen.items()}
+        # a rank SIGKILLed mid-cell is replaced alone, in its pod, by the next cell; the
+        # others keep their processes and variables, and all join a new group
+        run("%%distributed --session kone\nkept = dist.get_rank()")
+        killed = run(
+            "%%distributed --session kone\nimport signal, time\n"
+            "if dist.get_rank() == 3:\n    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(1)"
+        )
+        assert not killed.result.success
+        healed = run(f"%%distributed --session kone\n{WHERE}\nprint('kept', globals().get('kept'))")
+        assert healed.result.success, healed.stdout + healed.stderr
+        assert "rank 3 replaced by a fresh rank kernel" in " ".join(healed.stdout.split())
+        after = where(healed.stdout)
+        assert {w[2] for w in after.values()} == {"10"}
+        assert {r: int(w[1]) for r, w in after.items() if r < 3} == {
+            r: int(w[1]) for r, w in seen.items() if r < 3
+        }
+        assert int(after[3][1]) != int(seen[3][1])
+        assert descends_from(int(after[3][1]), cluster.pod_processes()[pods[1]["metadata"]["name"]])
+        assert with_start(healed.stdout, "kept") == {
+            0: ["kept 0"],
+            1: ["kept 1"],
+            2: ["kept 2"],
+            3: ["kept None"],
+        }
     finally:
         stop = run("%dist shutdown --session kone")
     assert stop.result.success, stop.stdout + stop.stderr
