@@ -156,9 +156,8 @@ def test_a_ddp_loop_that_lost_rank_1_goes_on_bitwise_as_an_unbroken_run(
             "ddp = DDP(model); train(ddp, opt, range(10))"
         )
         assert first.ok
-        run(
-            "%%distributed --session ddp --ranks 1\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
-        )
+        kill = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
+        run(f"%%distributed --session ddp --ranks 1\n{kill}")
         # the next cell replaces rank 1; it defines the functions again (rank 1 is empty)
         healed = run(f"%%distributed --session ddp\n{DDP_SETUP}")
         assert healed.ok, healed.stdout + healed.stderr
@@ -215,7 +214,8 @@ def test_an_interrupt_being_handled_keeps_the_session_beside_two_busy_processes(
             timer = interrupt_later(shell, name, 1.0)
             stopped = run(
                 f"%%distributed --session {name}\n"
-                "for epoch in range(10**6):\n    for (x,) in data:\n        model(x).sum().backward()"
+                "for epoch in range(10**6):\n"
+                "    for (x,) in data:\n        model(x).sum().backward()"
             )
             timer.join()
             assert stopped.error is not None, f"attempt {attempt}: the loop was not stopped"
@@ -240,3 +240,16 @@ def test_resize_two_three_two_ranks_keeps_every_survivor(run: Run, shell: Any) -
         assert "[ranks 0-1] sum 3.0 world 2 generation 2" in shrunk.stdout, shrunk.stdout
         assert "[rank 0] kept 50 2" in shrunk.stdout and "[rank 1] kept 51 2" in shrunk.stdout
         assert rank_pids(name) == pids
+
+
+def test_sync_names_what_is_missing_and_refuses_sharded_state(run: Run, shell: Any) -> None:
+    for name in started_session(shell, "syncing", "--procs 2"):
+        assert run(f"%%distributed --session {name}\nimport torch\nw = torch.arange(4.0)").ok
+        with pytest.raises(Exception, match="'nothing' is not defined on rank 0"):
+            shell.run_line_magic("dist", f"sync nothing --from 0 --session {name}")
+        shell.run_line_magic("dist", f"sync w --from 0 --to 1 --session {name}")
+        assert shell.run_line_magic("dist", f"pull w --session {name}")[1].tolist() == [0, 1, 2, 3]
+        fake = "class DTensor:\n    pass\nshard = DTensor()"
+        assert run(f"%%distributed --session {name} --ranks 0\n{fake}").ok
+        with pytest.raises(Exception, match="shard is sharded across ranks"):
+            shell.run_line_magic("dist", f"sync shard --from 0 --session {name}")
