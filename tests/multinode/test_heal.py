@@ -100,3 +100,19 @@ def test_resize_two_three_two_nodes(
     assert "[rank 0] sum 3.0 generation 2 kept 40" in shrunk.stdout, shrunk.stdout
     assert "[rank 1] sum 3.0 generation 2 kept 41" in shrunk.stdout, shrunk.stdout
     assert [n["host"] for n in session_status(name)["nodes"]] == ["node0", "node1"]
+
+
+def test_heal_flag_starts_a_lost_node_again_before_the_next_cell(
+    run: Run, cluster: Any, healing: str, spare_config: Path
+) -> None:
+    name = healing
+    start = f"%%distributed --session {name} {flags(cluster, spare_config)} --procs 1 --heal"
+    assert run(f"{start}\nimport os\nkept = 40 + int(os.environ['RANK'])").ok
+    set_link(cluster, 1, "down")
+    wait_state(name, "degraded")
+    set_link(cluster, 1, "up")
+    back = run(f"%%distributed --session {name}\n{SUM}")
+    assert back.ok, back.stdout + back.stderr
+    said = " ".join((back.stdout + back.stderr).split())
+    assert "rank 1 replaced by a fresh rank kernel (node 1 started again): rank 1 was lost" in said
+    assert "[rank 0] sum 3.0 generation 1 kept 40" in back.stdout, back.stdout
