@@ -56,6 +56,15 @@ MAX_NEWS = 16
 FORWARDED_ENV = ("OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", *IFNAME_VARS, PORTS_VAR)
 
 
+def heals_itself(status: SessionStatus) -> bool:
+    """A DEGRADED session that a cell heals before it runs, without being asked: its ranks
+    died or could not be stopped, and no node is lost (that waits for ``%dist heal``); a
+    notebook cannot attach to it before (`control.recovery`)."""
+    return status.get("state") == SessionState.DEGRADED.value and not any(
+        node.get("lost") for node in status.get("nodes", [])
+    )
+
+
 class ServerSessions:
     """The server's sessions, attached to on first use."""
 
@@ -252,12 +261,16 @@ class ServerSessions:
             body["notebook"] = self.sender.path  # its next kernels find it by the notebook
         self._progress[name] = progress
         try:
-            _status, started = await self.client.create(body)
+            status, started = await self.client.create(body)
         finally:
             self._progress.pop(name, None)
         if started and name == self.default_name and self.lost_before:
             progress(f"{self.lost_before}; this notebook's new session is {name!r}")
             self.lost_before = ""
+        if not started and heals_itself(status):  # as an embedded session's next cell does
+            progress(await self.heal(name, now=True, progress=progress))
+            self._attached_once.add(name)  # what the heal said is what became of it
+            return self.sessions[name], False
         session = await self._attach(name, progress)
         self._said_on_attach(name, started, progress)
         return session, started
