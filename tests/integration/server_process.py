@@ -139,10 +139,12 @@ def stop_server(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def serving_text_output(root: Path) -> Iterator[Server]:
-    """A server in ``root`` whose notebook kernels draw cells as text, for a module's
-    tests; stopped after them, it must leave none of its processes behind."""
-    running = start_server(root, root / "config", extra_env={"JUPYTER_DIST_OUTPUT": "text"})
+def serving_text_output(root: Path, env: Mapping[str, str] | None = None) -> Iterator[Server]:
+    """A server in ``root`` whose notebook kernels draw cells as text (and get ``env``,
+    as the server does), for a module's tests; stopped after them, it must leave none of
+    its processes behind."""
+    extra_env = {"JUPYTER_DIST_OUTPUT": "text", **(env or {})}
+    running = start_server(root, root / "config", extra_env=extra_env)
     yield running
     ours = running.descendants()
     stop_server(running)
