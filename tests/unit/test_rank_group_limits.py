@@ -36,9 +36,9 @@ def test_the_soft_open_file_limit_is_raised_towards_the_hard_one(
     monkeypatch.setattr(resource, "setrlimit", setrlimit)
     context = zmq.Context()
     try:
-        rank_group._room_for_sockets(context, 300)  # small: nothing to raise
+        rank_group.room_for_sockets(context, 300)  # small: nothing to raise
         assert limits["soft"] == 2048
-        rank_group._room_for_sockets(context, 3 * 1024)  # wants more than the hard limit
+        rank_group.room_for_sockets(context, 3 * 1024)  # wants more than the hard limit
         assert limits == {"soft": 4096, "hard": 4096}
     finally:
         context.term()
