@@ -180,8 +180,14 @@ def test_another_notebook_attaches_and_sees_rank_deaths(
         out, reply = other.run("%%distributed --ranks 1\nimport os; os._exit(3)", timeout=60)
         assert reply["status"] == "error"
         assert "rank 1" in out and "exit code 3" in out, out
-        out, reply = notebook.run("%%distributed --session shared\nprint(1)")
-        assert reply["status"] == "error" and "%dist restart --session shared" in out, out
+        # the first notebook's next cell has the server replace rank 1 alone
+        out = notebook.ok("%%distributed --session shared\nprint('y', globals().get('y'))")
+        assert "rank 1 replaced by a fresh rank kernel: rank 1 died (exit code 3)" in " ".join(
+            out.split()
+        ), out
+        assert "[rank 0] y 100" in out and "[rank 1] y None" in out, out
+        out = other.ok("%%distributed\nprint('y', globals().get('y'))")  # on the new ranks
+        assert "[rank 0] y 100" in out and "[rank 1] y None" in out, out
 
         # restarting from the first notebook gives the other one fresh ranks too
         out = notebook.ok("%dist restart --session shared")
