@@ -74,6 +74,9 @@ class AttachedSession(RankGroup):
         self._state = SessionState(status["state"])
         self.broken_reason = str(status.get("broken_reason") or "")
         self.stale = False
+        # the server's picture: its faults are recorded again as its ranks are seen dead
+        self.recovery.faults.clear()
+        self.recovery.generation = int(status.get("generation") or 0)
 
     async def refresh(self, timeout: float) -> None:
         """The server restarted the ranks while this notebook waited for its turn: talk
