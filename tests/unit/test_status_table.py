@@ -77,3 +77,17 @@ def test_the_process_group_column_says_what_the_ranks_have() -> None:
     assert group_summary(status(ranks=starting, spec=made)) == "-"  # none made yet
     text = status_bundle([status(ranks=ranks("", ""), spec=made)], "kernel", "h", {})
     assert "process group" in text["text/plain"] and "a cell destroyed it" in text["text/html"]
+
+
+def test_a_degraded_session_says_which_rank_failed() -> None:
+    dead = {**status()["ranks"][0], "rank": 1, "state": "dead", "exit": "exit code 3"}
+    s = status(
+        state="degraded",
+        broken_reason="rank 1 (host gpu1, pid 12) exit code 3",
+        faults=["rank 1 died (exit code 3)"],
+        generation=0,
+        ranks=[status()["ranks"][0], dead],
+    )
+    text = status_bundle([s], "this kernel", "sessions", {}, now=1000.0)["text/plain"]
+    row = text.splitlines()[3]
+    assert "degraded: rank 1 (host gpu1, pid 12) exit code 3" in row, text
