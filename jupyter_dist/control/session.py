@@ -619,6 +619,13 @@ class Session(RankGroup):
         """Start node ``node``'s agent again: on its own host, else on the first spare that
         answers (the spare then is that node)."""
         old = self.nodes[node]
+        if self.placement is not None:  # its actor or pod is gone with the node
+            raise AgentError(
+                f"node {node} of {self.spec.launcher} session {self.name!r} was lost, and "
+                "starting a lost node again on its cluster (a new bundle or pod) is not "
+                f"supported yet; `%dist restart --session {self.name}` starts every node "
+                "afresh (every rank's variables are lost)"
+            )
         with contextlib.suppress(Exception):
             await old.stop()
         candidates: list[tuple[str, Callable[[], Launcher]]] = [
