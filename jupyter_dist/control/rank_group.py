@@ -328,13 +328,18 @@ class RankGroup:
         """Why the session is DEGRADED and what heals it, in words."""
         faults = "; ".join(f.sentence() for f in self.recovery.faults.values())
         alive = [r for r, rec in sorted(self.ranks.items()) if rec.state != RankState.DEAD]
+        heal = (
+            f"`%dist heal --session {self.name}` starts the node again (or a spare given "
+            "with --spares) and replaces the lost ranks; "
+            if self.spec.launcher not in ("ray", "k8s")
+            else ""
+        )
         return (
             f"session {self.name!r} is degraded: {faults or self.broken_reason}. "
             f"{ranks_label(alive) if alive else 'no rank'} kept "
             f"{'its' if len(alive) == 1 else 'their'} state (`%dist pull`, `%dist stacks` "
-            f"and `%dist status` work). `%dist heal --session {self.name}` starts the node "
-            "again (or a spare given with --spares) and replaces the lost ranks; "
-            f"`%dist restart --session {self.name}` starts every rank afresh"
+            f"and `%dist status` work). {heal}`%dist restart --session {self.name}` starts "
+            "every rank afresh"
         )
 
     def _survivors(self, ranks: Sequence[int] | None) -> list[int]:
