@@ -112,7 +112,8 @@ def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_rank
         assert {f.rank: f.ename for f in out.error.failures}[1] == "NodeLost"
         status = session_status("cut")
         assert [n["lost"] for n in status["nodes"]] == [False, True]
-        assert status["state"] == "broken"
+        assert status["state"] == "degraded"
+        assert [f.split(" (")[0] for f in status["faults"]] == ["rank 1 was lost"], status
         # the node's agent stops its ranks once the notebook side has gone quiet
         deadline = time.monotonic() + 60
         while node1 & netns_pids(cluster, 1) and time.monotonic() < deadline:
@@ -128,12 +129,18 @@ def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_rank
         )
     finally:
         set_link(cluster, 1, "up")
-    # the link is back: the session restarts on both nodes
-    again = run("%dist restart --session cut")
+    # the link is back: a heal starts node 1 again; rank 0 keeps its variables
+    again = run("%dist heal --session cut")
     assert again.ok, again.stdout + again.stderr
+    said = " ".join(again.stdout.split())
+    assert "rank 1 replaced by a fresh rank kernel (node 1 started again)" in said, said
     after = run(
         "%%distributed --session cut\nimport torch, torch.distributed as dist\n"
-        "t = torch.ones(1); dist.all_reduce(t); print(t.item())"
+        "t = torch.ones(1); dist.all_reduce(t); print(t.item())\n"
+        "print('kept', 'time' in globals())"
+    )
+    assert "[rank 0] kept True" in after.stdout and "[rank 1] kept False" in after.stdout, (
+        after.stdout
     )
     # each rank printed the sum (a C-level warning of the restarted rank's process group
     # may come in between, or late, and keep the two lines apart)
