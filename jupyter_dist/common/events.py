@@ -107,15 +107,15 @@ class CellResult:
     timed_out: bool = False
     timeout_s: float | None = None  # the --timeout it ran past
     interrupted: bool = False
-    #: ranks given up on while still running (they did not stop when interrupted): the
-    #: session's process group cannot go on, so the session is restarted
+    #: ranks given up on while still running (they did not take an interrupt, blocked
+    #: outside Python): they are replaced, and every rank joins a new process group
     stuck: tuple[int, ...] = ()
     #: stopped by its sender while it waited for its turn: it never ran
     withdrawn: bool = False
     #: who else stopped it, in words ("session 's' was restarted from eval.ipynb; ...")
     stopped_by: str = ""
-    #: what became of the session after the cell, in words (its ranks were restarted,
-    #: which, why, and that their variables are lost)
+    #: what became of the session after the cell, in words (which ranks were replaced,
+    #: why, and that they start empty)
     note: str = ""
 
 

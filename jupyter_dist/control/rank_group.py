@@ -731,8 +731,9 @@ class RankGroup:
         which move, and where each was. A rank whose stack cannot be had counts as
         blocked: it did not take the interrupt either."""
         first = await self._dumps(ranks)
+        seen = [r for r in ranks if first.get(r)]  # no dump (a frozen process): no second
         await asyncio.sleep(SAME_PLACE_GAP_S)
-        second = await self._dumps(ranks)
+        second = await self._dumps(seen) if seen else {}
         outside: list[int] = []
         moving: list[int] = []
         where: dict[int, str] = {}

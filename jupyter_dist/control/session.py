@@ -119,6 +119,7 @@ class Session(RankGroup):
         self.notebooks: dict[str, NotebookJSON] = {}
         #: hosts that may take a lost node's place (``%dist heal --spares``), unused ones
         self.spares: tuple[HostSpec, ...] = ()
+        self._healing = asyncio.Lock()
         #: the notebook it is named after, its path now ("" for a name given by hand)
         self.notebook = ""
 
@@ -447,7 +448,10 @@ class Session(RankGroup):
         rank kernels of the same rank numbers, starting lost nodes again (the same host,
         else a spare of `spares`); then every rank joins a new process group. Survivors
         keep their namespace. Returns what was done, in words (`recovery.heal_report`)."""
-        say = progress or (lambda _: None)
+        async with self._healing:  # a second heal asked meanwhile finds nothing left
+            return await self._heal(ranks, progress or (lambda _: None))
+
+    async def _heal(self, ranks: Sequence[int], say: Progress) -> str:
         if self.state == SessionState.STOPPED:
             raise SessionError(f"session {self.name!r} was shut down; start it again instead")
         lost_nodes = [n.node_rank for n in self.nodes if n.lost]

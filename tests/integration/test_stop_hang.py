@@ -4,8 +4,8 @@ The most common hang: rank 0 waits in ``dist.barrier()`` for a rank that already
 the cell. The interrupt cannot reach it (the wait is in C++). The stop button ends the
 cell all the same: the rank that did not take the interrupt, its stack outside Python, is
 replaced by a fresh one, one message says which rank was replaced, why, and that only it
-starts empty, and the next cell runs with the other rank's variables kept. A failed rank's wind-down is announced as soon as it starts, on one line that
-updates.
+starts empty, and the next cell runs with the other rank's variables kept. A failed
+rank's wind-down is announced as soon as it starts, on one line that updates.
 """
 
 from __future__ import annotations
