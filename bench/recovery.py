@@ -259,7 +259,8 @@ def recover(nk: NotebookKernel, defs: str, args: argparse.Namespace, trial: Tria
         raise RuntimeError(f"the cell after the kill did not say it replaced rank 1: {said}")
     trial.said = said
     trial.parts["heal_defs"] = heal.elapsed
-    to = "" if args.sync_to == "all" else f" --to {KILLED_RANK}"
+    others = ",".join(str(r) for r in range(1, args.ranks))
+    to = f" --to {others}" if args.sync_to == "all" else ""
     trial.parts["sync"] = cell(nk, f"%dist sync model,opt --from 0{to} --session {SESSION}").elapsed
     step = cell(nk, f"%%distributed --session {SESSION}\n{STEP.format(step=args.steps)}")
     trial.total = time.perf_counter() - killed
@@ -359,8 +360,8 @@ def table(result: dict[str, Any], args: argparse.Namespace, trials: list[Trial])
         key = path[0]
         for part in PARTS[key]:
             title = PART_TITLES[part]
-            if part == "sync" and args.sync_to == "replaced":
-                title = title.replace("--from 0", f"--from 0 --to {KILLED_RANK}")
+            if part == "sync" and args.sync_to == "all":
+                title = title.replace("--from 0", "--from 0 --to all others")
             lines.append(f"| {path} | {title} | {_s(stats[part])} |")
         total = _s(stats["total"])
         lines.append(f"| {path} | **kill to a step done on every rank** | **{total}** |")
@@ -391,9 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sync-to",
         choices=("all", "replaced"),
-        default="all",
-        help="path A's sync: to every other rank, as `%%dist sync model,opt --from 0` does "
-        "(default), or to the replaced rank only (--to 1)",
+        default="replaced",
+        help="path A's sync: to the replaced rank, as `%%dist sync model,opt --from 0` does "
+        "after a heal (default), or to every other rank (--to 1,2,...)",
     )
     args = p.parse_args(argv)
     if not 2 <= args.ranks <= 64:

@@ -233,6 +233,8 @@ class SessionStatus(TypedDict):
     generation: int
     #: what happened to each rank a heal will replace, in words (empty when READY)
     faults: list[str]
+    #: the ranks the last heal or resize started empty (where ``%dist sync`` copies to)
+    replaced: list[int]
     master: str | None  # "addr:port" once the rendezvous is planned
     nodes: list[NodeStatus]
     ranks: list[RankStatus]

@@ -129,6 +129,8 @@ class Recovery:
     auto_heal: bool = False
     #: what the next cell says of the last heal or resize (once)
     news: list[str] = field(default_factory=list)
+    #: the ranks the last heal or resize started empty: where ``%dist sync`` copies to
+    replaced: tuple[int, ...] = ()
 
     def record(self, fault: Fault) -> None:
         """A rank's fault; the first kept (a rank that was stuck and then killed stays
@@ -154,6 +156,7 @@ class Recovery:
         next cell says (``rebuild``: per survivor, what was built on the old group)."""
         self.generation += 1
         self.faults.clear()
+        self.replaced = plan.replace
         text = heal_report(plan, self.generation, rebuild)
         self.news.append(text)
         return text

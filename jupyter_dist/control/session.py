@@ -546,6 +546,7 @@ class Session(RankGroup):
         self.recovery.faults.clear()
         self.move(SessionState.READY)
         self.turns.ranks_restarted()
+        self.recovery.replaced = tuple(added)
         text = resize_report(added, removed, new_spec.world_size, self.generation)
         log.info("session %s resized: %s", self.name, text)
         return text
@@ -847,6 +848,7 @@ class Session(RankGroup):
             "broken_reason": self.broken_reason,
             "generation": self.generation,
             "faults": [f.sentence() for f in self.recovery.faults.values()],
+            "replaced": list(self.recovery.replaced),
             "master": (
                 f"{self.rendezvous.master_addr}:{self.rendezvous.master_port}"
                 if self.rendezvous

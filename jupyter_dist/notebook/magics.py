@@ -78,7 +78,8 @@ DIST_HELP: dict[str, str] = {
     "resize": "--nodes N (or --procs P on one node): add or remove ranks at the end, keeping "
     "every remaining rank's variables",
     "sync NAMES": "--from RANK [--to RANKS]: copy variables rank to rank over the process "
-    "group (models and optimizers by state_dict), e.g. to replaced ranks",
+    "group (models and optimizers by state_dict); to the ranks the last heal replaced, "
+    "else to every other",
     "interrupt": "stop the cell running on the ranks, as the stop button does",
     "push NAMES": "copy notebook variables to the ranks",
     "pull NAME": "return a variable of the ranks, one value per rank",
@@ -657,7 +658,11 @@ class DistMagics(Magics):
         help="shutdown: every session (of this kernel, or of the Jupyter server that owns them)",
     )
     @argument("--from", dest="source", type=int, default=None, help="sync: the rank copied from")
-    @argument("--to", default=None, help="sync: the ranks copied to (default: every other)")
+    @argument(
+        "--to",
+        default=None,
+        help="sync: the ranks copied to (default: those the last heal replaced, else every other)",
+    )
     @argument("--spares", default=None, help="heal, resize: hosts a node may move to: h1,h2")
     @argument("--nodes", type=int, default=None, help="resize: the number of nodes")
     @argument("--procs", default=None, help="resize: ranks per node (CPU sessions)")
@@ -821,11 +826,11 @@ class DistMagics(Magics):
         names = parse_names(",".join(args.names), "%dist sync")
         session = self._session(args.session)
         (source,) = session.check_ranks([args.source])
-        targets = (
-            [r for r in parse_ranks(args.to, session.spec.world_size) if r != source]
-            if args.to
-            else [r for r in sorted(session.ranks) if r != source]
-        )
+        replaced = [r for r in session.recovery.replaced if r != source and r in session.ranks]
+        if args.to:
+            targets = [r for r in parse_ranks(args.to, session.spec.world_size) if r != source]
+        else:  # the ranks the last heal started empty, else every other
+            targets = replaced or [r for r in sorted(session.ranks) if r != source]
         if not targets:
             raise SpecError(f"%dist sync: no rank to copy to besides rank {source}")
         code = (

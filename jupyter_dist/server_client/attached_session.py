@@ -77,6 +77,7 @@ class AttachedSession(RankGroup):
         # the server's picture: its faults are recorded again as its ranks are seen dead
         self.recovery.faults.clear()
         self.recovery.generation = int(status.get("generation") or 0)
+        self.recovery.replaced = tuple(int(r) for r in status.get("replaced") or ())
 
     async def refresh(self, timeout: float) -> None:
         """The server restarted the ranks while this notebook waited for its turn: talk
