@@ -113,6 +113,12 @@ PRELOAD = (
     "jupyter_dist.rank.bootstrap",
     "jupyter_dist.rank.kernel_app",
 )
+#: imported once the agent's first ranks run and it has been idle `WARM_AFTER_S`, off the
+#: start's path: what a rank pays the first time a cell builds an optimizer (torch's
+#: compiler stack, about 1 s of CPU), so that a rank forked later, to replace one that
+#: died, is back to training as soon as the ranks that kept their state
+LATE_PRELOAD = ("torch._dynamo",)
+WARM_AFTER_S = 3.0
 #: debugpy warns on stderr as it is imported that frozen modules may hide breakpoints
 #: (about the interpreter, not the ranks' code): the agent's stderr is what a failed
 #: start shows, so the check is off while the agent imports it (ranks' environment
@@ -219,6 +225,9 @@ class Agent:
         #: rank -> (its spawn, when to give up): spawns waiting for the rank's previous
         #: process to be reaped
         self.waiting_spawns: dict[int, tuple[SpawnCommand, float]] = {}
+        #: when to import `LATE_PRELOAD` (None: not yet due, or done)
+        self.warm_due: float | None = None
+        self.warmed = False
         self.stopping = False
         #: seconds of silence from the owner after which the ranks are stopped (set by
         #: its first ``ping``; 0: the owner does not ping)
@@ -301,6 +310,7 @@ class Agent:
                 self._reap()
                 self._enforce_deadlines()
                 self._retry_spawns()
+                self._warm_up()
                 self._check_owner()
                 if self.stopping and self.children and not self.kill_deadlines:
                     self.kill(None, grace=2.0)
@@ -310,8 +320,22 @@ class Agent:
     def _on_term(self, *_: object) -> None:
         self.stopping = True
 
+    def _warm_up(self) -> None:
+        """`LATE_PRELOAD`, once, when due and nothing waits (imported in this one thread,
+        never beside a fork)."""
+        if self.warm_due is None or self.waiting_spawns or time.monotonic() < self.warm_due:
+            return
+        self.warm_due, self.warmed = None, True
+        if "torch" not in sys.modules:
+            return
+        for name in LATE_PRELOAD:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
     def _next_timeout(self) -> int | None:
         deadlines = [*self.kill_deadlines.values()]
+        if self.warm_due is not None:
+            deadlines.append(self.warm_due)
         # a waiting spawn goes on when its rank's old process is reaped (SIGCHLD wakes
         # the loop), or gives up at its deadline
         deadlines.extend(when for _, when in self.waiting_spawns.values())
@@ -465,6 +489,9 @@ class Agent:
 
     def _fork_rank(self, cmd: SpawnCommand) -> None:
         from jupyter_client.connect import write_connection_file
+
+        if not self.warmed:  # each spawn puts it off: the start's ranks come first
+            self.warm_due = time.monotonic() + WARM_AFTER_S
 
         rank = int(cmd["rank"])
         conn_path = os.path.join(self.dir, f"rank-{rank}.json")
