@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from jupyter_dist.common.wire_names import INTERRUPT_ACK_MSG_TYPE
@@ -48,6 +48,25 @@ def handler_for(kernel: Any) -> Any:
         raise KeyboardInterrupt
 
     return on_sigint
+
+
+def without_handler(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` without its last entry when that is this module's handler: a traceback shows
+    the user's line the interrupt landed on, as Python's own handler leaves it (and a
+    frontend does not try to open this package's file)."""
+    if tb is None:
+        return None
+    entry, before = tb, None
+    while entry.tb_next is not None:
+        entry, before = entry.tb_next, entry
+    if entry.tb_frame.f_code.co_name != "on_sigint" or entry.tb_frame.f_code.co_filename != (
+        __file__
+    ):
+        return tb
+    if before is None:
+        return None
+    before.tb_next = None
+    return tb
 
 
 def tell(kernel: Any, place: str) -> None:

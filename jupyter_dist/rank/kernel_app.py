@@ -69,6 +69,16 @@ class RankShell(ZMQInteractiveShell):
     (``%history -o`` on a rank lists no printed output; results shown as ``Out[N]`` are
     kept as before)."""
 
+    def _get_exc_info(self, exc_tuple: Any = None) -> Any:
+        """IPython's, with an interrupt's traceback ending on the user's line, not in the
+        handler that acknowledged it (`rank.interrupt_ack.without_handler`)."""
+        etype, value, tb = super()._get_exc_info(exc_tuple)
+        if etype is KeyboardInterrupt:
+            tb = interrupt_ack.without_handler(tb)
+            if value is not None:
+                value.__traceback__ = tb
+        return etype, value, tb
+
     @contextlib.contextmanager
     def _tee(self, *args: Any, **kwargs: Any) -> Iterator[None]:
         del args, kwargs

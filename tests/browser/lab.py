@@ -235,6 +235,9 @@ def start_lab(workdir: Path, args: Sequence[str] = (), timeout: float = LOAD_TIM
         # where the labextension may be another checkout's build: ours (linked into the
         # data folder above) comes first
         "JUPYTER_PREFER_ENV_PATH": "0",
+        # a rank blocked in a collective is judged stuck 3 s after an interrupt it does
+        # not take (10 s by default): the stop tests wait less
+        "JUPYTER_DIST_INTERRUPT_ACK_S": "3",
     }
     for var in ("JUPYTER_DIST_SERVER", "JUPYTERLAB_DIR", "JUPYTER_TOKEN"):
         env.pop(var, None)

@@ -153,3 +153,25 @@ def test_a_tracker_tells_ranks_handling_an_interrupt_from_silent_ones() -> None:
     import asyncio
 
     asyncio.run(main())
+
+
+def test_an_interrupts_traceback_ends_on_the_users_line_not_in_the_handler() -> None:
+    """What a frontend shows of an interrupted cell (a rank's console) ends where the
+    interrupt landed, as Python's own handler leaves it: no frontend tries to open this
+    package's file (`RankShell._get_exc_info` applies it)."""
+    import traceback
+
+    handler = interrupt_ack.handler_for(FakeKernel())
+
+    def users_loop() -> None:
+        handler(signal.SIGINT, None)  # as Python calls it between two of these bytecodes
+
+    try:
+        users_loop()
+    except KeyboardInterrupt as err:
+        tb = err.__traceback__
+    frames = [f.name for f in traceback.extract_tb(tb)]
+    assert frames[-1] == "on_sigint"
+    kept = [f.name for f in traceback.extract_tb(interrupt_ack.without_handler(tb))]
+    assert kept == frames[:-1] and kept[-1] == "users_loop"
+    assert interrupt_ack.without_handler(None) is None
