@@ -36,7 +36,7 @@ import pytest
 FOLDER_BUDGETS_S: dict[str, float] = {
     "unit": 90,
     "integration": 1500,
-    "multinode": 380,
+    "multinode": 440,
     "ray": 600,
     "k8s": 300,
     "slurm": 60,

@@ -37,7 +37,7 @@ SHARED_FOLDERS: dict[str, str] = {
 #: summary's numbers; a hint for the order only, so a stale one costs little)
 GROUP_WEIGHTS: dict[str, float] = {
     "ray-cluster": 500,
-    "ssh-nodes": 300,
+    "ssh-nodes": 380,
     "jupyterlab": 300,
     "tests/integration/test_binder.py": 230,
     "tests/integration/test_notebooks.py": 110,
