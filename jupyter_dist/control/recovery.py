@@ -127,8 +127,6 @@ class Recovery:
     faults: dict[int, Fault] = field(default_factory=dict)
     #: heal before the next cell without being asked, lost nodes too (``--heal``)
     auto_heal: bool = False
-    #: what the next cell says of the last heal or resize (once)
-    news: list[str] = field(default_factory=list)
     #: the ranks the last heal or resize started empty: where ``%dist sync`` copies to
     replaced: tuple[int, ...] = ()
 
@@ -158,12 +156,7 @@ class Recovery:
         self.faults.clear()
         self.replaced = plan.replace
         text = heal_report(plan, self.generation, rebuild)
-        self.news.append(text)
         return text
-
-    def take_news(self) -> list[str]:
-        news, self.news = self.news, []
-        return news
 
 
 def heal_report(plan: HealPlan, generation: int, rebuild: Mapping[int, Sequence[str]]) -> str:

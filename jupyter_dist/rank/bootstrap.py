@@ -21,7 +21,8 @@ from jupyter_dist.common.wire_names import OBJECTS_TARGET
 from jupyter_dist.settings import BACKEND_VAR, DEVICE_VAR, FRAMEWORK_VAR, MASTER_PORTS_VAR
 
 
-def _user_ns() -> dict[str, Any]:
+def user_namespace() -> dict[str, Any]:
+    """The rank kernel's user namespace (its cells' globals)."""
     from IPython import get_ipython
 
     shell = get_ipython()
@@ -41,11 +42,11 @@ def _on_objects_open(comm: Any, _open_msg: dict[str, Any]) -> None:
                 if "shared" in data:  # the rest is in a file of this machine's memory
                     buffers[1:] = shared_push.read(str(data["shared"]), data["sizes"][1:])
                 values = pickling.load(buffers, data["digest"], data["sizes"])
-                _user_ns().update(values)
+                user_namespace().update(values)
                 comm.send({"op": "ok", "id": request_id, "names": sorted(values)})
             elif data.get("op") == "pull":
                 name = data["name"]
-                ns = _user_ns()
+                ns = user_namespace()
                 if name not in ns:
                     rank = os.environ.get("RANK", "?")
                     raise NameError(f"name {name!r} is not defined on rank {rank}")

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jupyter_dist.common import pickling
+from jupyter_dist.rank.bootstrap import user_namespace
 
 #: class names whose state is sharded across ranks
 _SHARDED = ("DTensor", "FSDPModule", "FullyShardedDataParallel")
@@ -39,16 +40,6 @@ def _sharded(value: Any) -> bool:
         except Exception:
             return False
     return False
-
-
-def _namespace() -> dict[str, Any]:
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        raise RuntimeError("state sync runs inside a rank kernel")
-    ns: dict[str, Any] = shell.user_ns
-    return ns
 
 
 def _send_bytes(data: bytes | memoryview, dst: int) -> None:
@@ -108,7 +99,7 @@ def sync(names: Sequence[str], src: int, dsts: Sequence[int]) -> None:
             "%dist sync copies over the session's process group, and this rank has none"
         )
     me = dist.get_rank()
-    ns = _namespace()
+    ns = user_namespace()
     if me == src:
         missing = [n for n in names if n not in ns]
         sharded = [n for n in names if n in ns and _sharded(ns[n])]
