@@ -624,15 +624,23 @@ class Session(RankGroup):
         """Start node ``node``'s agent again: on its own host, else on the first spare that
         answers (the spare then is that node)."""
         old = self.nodes[node]
-        if self.placement is not None:  # its actor or pod is gone with the node
-            raise AgentError(
-                f"node {node} of {self.spec.launcher} session {self.name!r} was lost, and "
-                "starting a lost node again on its cluster (a new bundle or pod) is not "
-                f"supported yet; `%dist restart --session {self.name}` starts every node "
-                "afresh (every rank's variables are lost)"
-            )
         with contextlib.suppress(Exception):
             await old.stop()
+        if self.placement is not None:  # its actor or pod is gone with the node
+            say(f"node {node}: asking {self.spec.launcher} for a machine in its place")
+            await self.placement.replace_node(node, say, self.timeouts.start)
+            agent = self._new_agent(node, self.placement.launcher(self.spec, node))
+            try:
+                await agent.start(self.name, self._agent_env(node), self.timeouts.start)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await agent.stop()
+                raise
+            self.nodes[node] = agent
+            for rec in self.ranks.values():
+                if rec.place.node_rank == node:
+                    rec.node, rec.host = agent, agent.host
+            return
         candidates: list[tuple[str, Callable[[], Launcher]]] = [
             (old.host, lambda: self._launcher_for(node, None))
         ]

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from jupyter_dist.common.spec import SessionSpec
 
 from jupyter_dist._version import __version__
+from jupyter_dist.errors import AgentError
 
 #: the module every launcher runs on a node: ``python -m jupyter_dist.node``
 AGENT_MODULE = "jupyter_dist.node"
@@ -80,6 +81,18 @@ class Placement(abc.ABC):
     @abc.abstractmethod
     async def release(self) -> None:
         """Give back everything `place` took; safe to call twice, and after a failed place."""
+
+    async def replace_node(
+        self, node: int, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        """Hold a machine again for node ``node``, whose machine (its Ray node, its pod)
+        was lost, so that `launcher` then starts its agent there: the kind's own way of
+        taking a lost node's place (another bundle, a new pod of the same index). Raise
+        `AgentError` saying why when there is none; the session stays degraded."""
+        raise AgentError(
+            f"starting lost node {node} again on its cluster is not supported for "
+            f"{type(self).__name__}"
+        )
 
     def hold(self) -> ClusterHold | None:
         """What the session holds on the cluster, by name, so that a later process can
