@@ -359,6 +359,22 @@ _RUN_ALL_JS = f"""(path) => {{
     );
 }}"""
 
+# Runs cell ``index`` alone (`notebook:run-cell`: the selected cell, no advance); its
+# promise settles as run-all's does, so `wait_all` waits for it.
+_RUN_CELL_JS = f"""([path, index]) => {{
+    {_PANEL_JS}
+    const app = window.jupyterapp;
+    const panel = panelOf(path);
+    app.shell.activateById(panel.id);
+    panel.content.activeCellIndex = index;
+    panel.content.deselectAll();
+    const run = window.__browserTestRun = {{done: false, ok: null, error: null}};
+    app.commands.execute('notebook:run-cell').then(
+        (ok) => {{ run.ok = ok; run.done = true; }},
+        (err) => {{ run.error = String(err); run.done = true; }},
+    );
+}}"""
+
 _SAVE_JS = f"""(path) => {{
     {_PANEL_JS}
     const panel = panelOf(path);
@@ -426,6 +442,12 @@ class NotebookPage:
     def start_all(self) -> None:
         """Start running every cell; `wait_all` waits for them."""
         self.page.evaluate(_RUN_ALL_JS, self.path)
+
+    def run_cell(self, index: int, timeout: float = RUN_TIMEOUT_S) -> bool:
+        """Run cell ``index`` alone and wait until it has finished; True when it did not
+        fail."""
+        self.page.evaluate(_RUN_CELL_JS, [self.path, index])
+        return self.wait_all(timeout)
 
     def wait_all(self, timeout: float = RUN_TIMEOUT_S) -> bool:
         """Wait until the cells `start_all` started have finished; True when none failed."""
