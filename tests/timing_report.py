@@ -38,7 +38,7 @@ FOLDER_BUDGETS_S: dict[str, float] = {
     "integration": 1500,
     "multinode": 440,
     "ray": 600,
-    "k8s": 300,
+    "k8s": 330,
     "slurm": 60,
     "browser": 380,
     "gpu": 120,

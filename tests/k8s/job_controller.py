@@ -173,14 +173,15 @@ class JobController:
             if p.get("status", {}).get("phase") == "Succeeded"
         }
         failed = int(status.get("failed", 0))
+        seen = self._live.setdefault(uid, {})
         for pod in owned:
             if (
                 pod.get("status", {}).get("phase") == "Failed"
                 and pod["metadata"]["uid"] not in self._counted
             ):
                 self._counted.add(pod["metadata"]["uid"])
+                seen.pop(pod["metadata"]["uid"], None)  # counted: not again when it goes
                 failed += 1
-        seen = self._live.setdefault(uid, {})
         present = {p["metadata"]["uid"] for p in owned}
         for pod_uid in [u for u in seen if u not in present]:
             log.info(

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import signal
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +208,33 @@ def test_failing_pod_fails_the_job(k8s_cluster: K8sCluster) -> None:
         "Error",
     )
     cluster.delete("jobs", "fails")
+
+
+def test_a_failed_pod_is_replaced_by_one_of_its_index_and_counted_once(
+    k8s_cluster: K8sCluster,
+) -> None:
+    """Within the backoff limit a pod that failed gets a new one of its index; deleting
+    the failed one then is no second failure."""
+    cluster = k8s_cluster
+    sleeper = "import time; time.sleep(600)"
+    cluster.create("jobs", job_body("again", sleeper, completions=1, backoffLimit=1))
+    [first] = cluster.wait_for("job again Running", lambda: running_pods(cluster, "again", 1))
+    os.killpg(cluster.pod_processes()[first["metadata"]["name"]], signal.SIGKILL)
+
+    def replaced() -> list[dict[str, Any]] | None:
+        pods = {p["metadata"]["name"]: p for p in pods_of(cluster, "again")}
+        new = [p for n, p in pods.items() if n != first["metadata"]["name"]]
+        return new if new and new[0]["status"].get("phase") == "Running" else None
+
+    [second] = cluster.wait_for("a new pod of index 0 running", replaced)
+    assert second["metadata"]["labels"][INDEX_KEY] == "0"
+    cluster.delete("pods", first["metadata"]["name"])
+    cluster.wait_for("the failed pod gone", lambda: len(pods_of(cluster, "again")) == 1, timeout=30)
+    time.sleep(1)  # a few of the controller's rounds
+    status = cluster.get("jobs", "again")["status"]
+    assert status["failed"] == 1 and job_condition(cluster, "again") is None, status
+    cluster.delete("jobs", "again")
+    cluster.wait_for("its pods collected", lambda: not pods_of(cluster, "again"))
 
 
 def test_active_deadline_fails_the_job_and_kills_its_pods(k8s_cluster: K8sCluster) -> None:

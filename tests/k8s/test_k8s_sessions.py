@@ -3,15 +3,17 @@ and the fixture playing scheduler, kubelet, Job controller and garbage collector
 (``conftest.py``). Each pod's agent is a real local process dialling back; ranks are real
 kernels; gloo runs across the two "pods" on their own loopback addresses.
 
-Scenarios: start, cells and state, gloo across pods, stop (Job and Secret deleted), a
-notebook SIGKILLed (its pods exit by themselves; the notebook's pod owns what was made, and
-deleting it takes them), unschedulable, a missing RBAC verb, the same name re-run, two
-sessions at once.
+Scenarios: start, cells and state, gloo across pods, a killed rank replaced, a lost node's
+pod replaced by a heal (a new pod of its index, fresh keys), stop (Job, Secret and pods
+deleted), a notebook SIGKILLed (its pods exit by themselves; the notebook's pod owns what
+was made, and deleting it takes them), unschedulable, a missing RBAC verb, the same name
+re-run, two sessions at once.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import signal
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncssh
 import psutil
 import pytest
 from jupyter_client.manager import KernelManager
@@ -27,7 +30,7 @@ from jupyter_client.manager import KernelManager
 from jupyter_dist.common.ports import free_port
 from jupyter_dist.control.launchers import k8s_manifests as m
 from jupyter_dist.settings import K8S_POD_VAR, OUTPUT_VAR
-from tests.conftest import CellOutput, ready_client
+from tests.conftest import CellOutput, ready_client, session_status
 from tests.integration.rank_lines import with_start
 
 from .cluster import K8sCluster
@@ -63,13 +66,30 @@ def descends_from(pid: int, ancestor: int) -> bool:
         return False
 
 
+def secret_keys(cluster: K8sCluster, name: str) -> dict[int, bytes]:
+    """Each node's host key in the session's Secret (its public half)."""
+    data = base64.b64decode(cluster.get("secrets", name)["data"][m.SECRET_KEY])
+    return {
+        c["node"]: asyncssh.import_private_key(c["host_key"]).export_public_key()
+        for c in json.loads(data)
+    }
+
+
+def wait_state(name: str, state: str, within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while session_status(name)["state"] != state:
+        assert time.monotonic() < deadline, session_status(name)
+        time.sleep(0.1)
+
+
 def nothing_left(cluster: K8sCluster, session: str, timeout: float = 90) -> None:
-    """The session's Job, Secret and pod processes are all gone within ``timeout``."""
+    """The session's Job, Secret, pods and pod processes are all gone within ``timeout``."""
 
     def gone() -> bool:
         made = session_objects(cluster, session)
+        objects = cluster.list("pods", label_selector=f"{m.SESSION_LABEL}={session}")
         pods = [n for n in cluster.pod_processes() if n.startswith(f"jd-{session}-")]
-        return not made["jobs"] and not made["secrets"] and not pods
+        return not made["jobs"] and not made["secrets"] and not objects and not pods
 
     cluster.wait_for(f"nothing of session {session} left", gone, timeout)
 
@@ -156,6 +176,53 @@ def test_a_session_runs_as_pods_with_state_and_gloo_and_stop_deletes_everything(
             1: ["kept 1"],
             2: ["kept 2"],
             3: ["kept None"],
+        }
+        # node 1's machine is lost: every process of its pod dies at once (the pod Failed,
+        # the Job's controller makes another with the old keys); the session is degraded
+        # until a heal gives node 1 fresh keys and a new pod of index 1, started after them
+        keys = secret_keys(cluster, name)
+        lost = pods[1]["metadata"]["name"]
+        os.killpg(cluster.pod_processes()[lost], signal.SIGKILL)
+        wait_state("kone", "degraded")
+        index_1 = f"{m.JOB_NAME_LABEL}={name},{m.COMPLETION_INDEX_LABEL}=1"
+        cluster.wait_for(
+            "the Job's controller made a pod in the lost one's place",
+            lambda: any(
+                p["metadata"]["name"] != lost for p in cluster.list("pods", label_selector=index_1)
+            ),
+        )
+        made_meanwhile = {n for n in cluster.pod_processes() if n.startswith(f"{name}-1-")}
+        node = run("%dist heal --session kone")
+        said = " ".join((node.stdout + node.stderr).split())
+        assert node.result.success, said
+        assert "ranks 2-3 replaced by fresh rank kernels (node 1 started again)" in said, said
+        assert "generation 2" in said and f"deleted pod {lost} (Failed" in said, said
+        assert said.count("node 1: deleted pod ") == 2, said  # the controller's one too
+        now = pods_of(cluster, name)
+        assert now[0]["metadata"]["name"] == pods[0]["metadata"]["name"]
+        new = now[1]["metadata"]["name"]
+        assert new != lost and new not in made_meanwhile, (new, lost, made_meanwhile)
+        assert re.search(rf"node 1: pod {new} on node-\d, IP [\d.]+", said), said
+        renewed = secret_keys(cluster, name)
+        assert renewed[0] == keys[0] and renewed[1] != keys[1]
+        sums = run(
+            f"%%distributed --session kone\n{WHERE}\nimport jupyter_dist\n"
+            "print('kept', globals().get('kept'), jupyter_dist.info().generation)"
+        )
+        assert sums.result.success, sums.stdout + sums.stderr
+        again = where(sums.stdout)
+        assert {w[2] for w in again.values()} == {"10"}, sums.stdout
+        assert {w[0] for w in again.values()} == {pods[0]["status"]["podIP"]}
+        assert {r: w[1] for r, w in again.items() if r < 2} == {
+            r: w[1] for r, w in after.items() if r < 2
+        }
+        for rank in (2, 3):
+            assert descends_from(int(again[rank][1]), cluster.pod_processes()[new])
+        assert with_start(sums.stdout, "kept") == {
+            0: ["kept 0 2"],
+            1: ["kept 1 2"],
+            2: ["kept None 2"],
+            3: ["kept None 2"],
         }
     finally:
         stop = run("%dist shutdown --session kone")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -93,12 +94,23 @@ def test_a_field_the_schema_lacks_fails_validation() -> None:
         kubernetes_validate.validate(job, VERSIONS[-1], strict=True)
 
 
+def test_a_heal_rewrites_the_secrets_keys_with_a_patch() -> None:
+    creds = ['{"node": 0}', '{"node": 1, "host_key": "new"}']
+    secret = m.secret_manifest("jd-a", "team", {}, OWNER, creds)
+    assert "immutable" not in secret  # a heal renews a lost node's keys in it
+    patch = m.secret_patch(creds)
+    assert set(patch) == {"data"}
+    text = base64.b64decode(patch["data"][m.SECRET_KEY]).decode()
+    assert text == secret["stringData"][m.SECRET_KEY]
+    assert json.loads(text)[1] == {"node": 1, "host_key": "new"}
+
+
 def test_the_job_is_indexed_bounded_spread_and_mounts_no_token() -> None:
     job = manifests(K8sSpec(deadline=3600))["job"]
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
     assert spec["activeDeadlineSeconds"] == 3600 and spec["ttlSecondsAfterFinished"] > 0
-    assert spec["backoffLimit"] == 0
+    assert spec["backoffLimit"] == m.POD_FAILURES_PER_NODE * 2  # a lost pod is replaced
     pod = spec["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
     (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]

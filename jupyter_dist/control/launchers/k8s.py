@@ -13,6 +13,11 @@ phases; a pod that cannot be scheduled fails the start when the timeout ends, wi
 scheduler's reason; a pod that cannot start (its image, its config) fails it at once.
 Whatever fails, what the start made is deleted.
 
+A lost node (its pod deleted, evicted, Failed, its machine gone) is healed with a new pod of
+the same completion index (`K8sPlacement.replace_node`): the Job tolerates lost pods and its
+controller makes the new one; the node gets fresh keys first, so the lost pod can never
+dial in again, and every pod of that index holding the old ones is deleted.
+
 Nothing outlives the session, in layers: `K8sPlacement.release` deletes the Job and the
 Secret; the notebook's pod owns both (ownerReferences), so they go when it goes; a
 notebook process that dies leaves its pods without a listener, and they exit after
@@ -111,6 +116,7 @@ class K8sPlacement(Placement):
         #: each node's pod, once running: ``name``, ``ip``, ``node`` (the machine)
         self.pods: list[dict[str, str]] = []
         self._made: list[tuple[str, str]] = []  # (kind, name) to delete, in order
+        self._labels: dict[str, str] = {}  # the session's, on its Job and Secret
 
     # -- place ---------------------------------------------------------------------------
     async def place(self, progress: Callable[[str], None], timeout: float) -> None:
@@ -151,7 +157,7 @@ class K8sPlacement(Placement):
                 "could be used; give --image with jupyter_dist installed"
             )
         listen_host, listen_port, advertise = self._callback(own_pod)
-        labels = manifests.session_labels(self.spec.name, self.owner)
+        labels = self._labels = manifests.session_labels(self.spec.name, self.owner)
         await self._remove_leftovers(client, labels, progress)
 
         self.listener = DialBackListener(
@@ -258,22 +264,8 @@ class K8sPlacement(Placement):
                 counts[phase] = counts.get(phase, 0) + 1
                 if why:
                     reasons[index] = why
-                if mine is None:
-                    continue
-                name = mine["metadata"]["name"]
-                if phase in ("Failed", "Succeeded"):
-                    raise AgentError(
-                        f"Kubernetes: node {index}'s pod {name} ended before it connected: "
-                        f"{why or phase}"
-                    )
-                reason = why.split(":")[0]
-                if reason in STUCK_WAITING:
-                    stuck_since.setdefault(index, time.monotonic())
-                else:
-                    stuck_since.pop(index, None)
-                stuck = time.monotonic() - stuck_since.get(index, time.monotonic()) > STUCK_S
-                if reason in FATAL_WAITING or stuck:
-                    raise AgentError(f"Kubernetes: node {index}'s pod {name} cannot start: {why}")
+                if mine is not None:
+                    _check_starting(index, mine, stuck_since)
             line = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items()))
             detail = "; ".join(f"node {i}: {w}" for i, w in sorted(reasons.items()))
             now = f"pods: {line}" + (f" ({detail})" if detail else "")
@@ -297,6 +289,122 @@ class K8sPlacement(Placement):
                     f"Kubernetes: the session's pods were not all running within "
                     f"{timeout:.0f} s{why}; deleted job {client.namespace}/{self.name} and "
                     "its secret"
+                )
+            await asyncio.sleep(POLL_S)
+
+    # -- a lost node ---------------------------------------------------------------------
+    async def replace_node(
+        self, node: int, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        """A new pod of completion index ``node`` in the place of the lost one, made by the
+        Job's controller (the Job tolerates lost pods, `k8s_manifests`). First the node
+        gets fresh keys, in the listener and the Secret: the lost pod, should it dial
+        again, is refused. Then every pod of that index there now is deleted (the lost
+        one, and one the controller made meanwhile, which read the old keys): at once when
+        it was already terminating (its machine does not answer). Then it waits for a pod
+        made after that to run, saying what it waits for."""
+        client, listener = self.client, self.listener
+        if client is None or listener is None or len(self.pods) != self.spec.nodes:
+            raise AgentError("Kubernetes: the session's pods are not running")
+        timeout = self.k8s.timeout or timeout
+        where = f"{client.namespace}/{self.name}"
+        await self._check_job(client)
+        for pod in await self._index_pods(client, node):
+            if (pod.get("status") or {}).get("phase") == "Succeeded":
+                raise AgentError(
+                    f"Kubernetes: node {node}'s pod {pod['metadata']['name']} ended "
+                    "(Succeeded: it lost this notebook for longer than --k8s-grace), and job "
+                    f"{where} does not run a completed index again; `%dist restart` starts "
+                    "the session's pods afresh"
+                )
+        listener.renew(node)
+        credentials = [listener.credentials(n) for n in range(self.spec.nodes)]
+        await client.call("PATCH", "Secret", self.name, body=manifests.secret_patch(credentials))
+        progress(f"node {node}: fresh keys in secret {where}: its lost pod cannot dial in again")
+        old: dict[str, float] = {}  # pod name -> when it was deleted
+        for pod in await self._index_pods(client, node):
+            name = pod["metadata"]["name"]
+            terminating = bool(pod["metadata"].get("deletionTimestamp"))
+            await client.delete("Pod", name, grace=0 if terminating else None)
+            old[name] = time.monotonic()
+            phase, why = pod_state(pod)
+            state = "terminating" if terminating else phase + (f": {why}" if why else "")
+            progress(f"node {node}: deleted pod {name} ({state})")
+        pod = await self._wait_replacement(client, node, old, progress, timeout)
+        self.pods[node] = info = _pod_info(pod)
+        progress(f"node {node}: pod {info['name']} on {info['node']}, IP {info['ip']}")
+
+    async def _index_pods(self, client: KubeClient, node: int) -> list[dict[str, Any]]:
+        return await client.items(
+            "Pod",
+            {manifests.JOB_NAME_LABEL: self.name, manifests.COMPLETION_INDEX_LABEL: str(node)},
+        )
+
+    async def _check_job(self, client: KubeClient) -> None:
+        """The session's Job is there and has not failed (its controller makes pods)."""
+        jobs = await client.items("Job", self._labels)
+        job = next((j for j in jobs if j.get("metadata", {}).get("name") == self.name), None)
+        where = f"job {client.namespace}/{self.name}"
+        if job is None:
+            raise AgentError(
+                f"Kubernetes: {where} is gone (deleted?), and its pods with it; "
+                "`%dist restart` starts the session's pods afresh"
+            )
+        for cond in (job.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "Failed" and cond.get("status") == "True":
+                raise AgentError(
+                    f"Kubernetes: {where} failed ({cond.get('reason') or 'Failed'}: "
+                    f"{cond.get('message') or ''}), and its pods with it; `%dist restart` "
+                    "starts the session's pods afresh"
+                )
+
+    async def _wait_replacement(
+        self,
+        client: KubeClient,
+        node: int,
+        old: dict[str, float],
+        progress: Callable[[str], None],
+        timeout: float,
+    ) -> dict[str, Any]:
+        """Until a pod of index ``node`` other than ``old`` runs with an IP; an old one
+        still terminating after `STUCK_S` is deleted at once."""
+        began = time.monotonic()
+        said = ""
+        stuck_since: dict[int, float] = {}
+        while True:
+            mine: dict[str, Any] | None = None
+            for pod in await self._index_pods(client, node):
+                meta = pod["metadata"]
+                name = meta["name"]
+                if name in old:
+                    if time.monotonic() - old[name] > STUCK_S and meta.get("deletionTimestamp"):
+                        progress(
+                            f"node {node}: pod {name} is still terminating after {STUCK_S:.0f} "
+                            "s (its machine does not answer?): deleting it at once"
+                        )
+                        await client.delete("Pod", name, grace=0)
+                        old[name] = float("inf")  # asked once
+                elif not meta.get("deletionTimestamp"):
+                    mine = pod
+            if mine is None:
+                now = f"node {node}: waiting for the Job's controller to make a pod of index {node}"
+                await self._check_job(client)
+            else:
+                _check_starting(node, mine, stuck_since)
+                phase, why = pod_state(mine)
+                status = mine.get("status") or {}
+                if phase == "Running" and status.get("podIP"):
+                    return mine
+                now = f"node {node}: pod {mine['metadata']['name']} {phase}" + (
+                    f" ({why})" if why else ""
+                )
+            if now != said:
+                progress(now)
+                said = now
+            if time.monotonic() - began > timeout:
+                raise AgentError(
+                    f"Kubernetes: no pod took lost node {node}'s place within {timeout:.0f} s: "
+                    f"{now.removeprefix(f'node {node}: ')}"
                 )
             await asyncio.sleep(POLL_S)
 
@@ -353,6 +461,25 @@ class K8sPlacement(Placement):
         for kind, name in made:
             await client.delete(kind, name)
             log.info("k8s: deleted %s %s/%s", kind.lower(), client.namespace, name)
+
+
+def _check_starting(index: int, pod: Mapping[str, Any], stuck_since: dict[int, float]) -> None:
+    """Raise when node ``index``'s starting pod will not run: it ended, its container
+    cannot start, or has waited for a retried reason (`STUCK_WAITING`) for `STUCK_S`."""
+    name = pod["metadata"]["name"]
+    phase, why = pod_state(pod)
+    if phase in ("Failed", "Succeeded"):
+        raise AgentError(
+            f"Kubernetes: node {index}'s pod {name} ended before it connected: {why or phase}"
+        )
+    reason = why.split(":")[0]
+    if reason in STUCK_WAITING:
+        stuck_since.setdefault(index, time.monotonic())
+    else:
+        stuck_since.pop(index, None)
+    stuck = time.monotonic() - stuck_since.get(index, time.monotonic()) > STUCK_S
+    if reason in FATAL_WAITING or stuck:
+        raise AgentError(f"Kubernetes: node {index}'s pod {name} cannot start: {why}")
 
 
 def _own_namespace() -> str | None:

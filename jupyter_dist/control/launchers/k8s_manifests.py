@@ -9,7 +9,12 @@ The Job needs no operator or CRD. Node N is the pod of completion index N. Each 
   ``python -m jupyter_dist.node.dial_back CALLBACK --credentials env --node INDEX``.
   Its keys come from the Secret through an environment variable, never in the spec or args.
 
-The Job has a deadline (``activeDeadlineSeconds``) and a TTL after it finishes. Everything
+The Job has a deadline (``activeDeadlineSeconds``) and a TTL after it finishes. A pod that
+fails or goes (deleted, evicted, its machine lost) is a lost node, not the end of the
+session: the Job tolerates `POD_FAILURES_PER_NODE` failures per node (``backoffLimit``) and
+its controller starts a new pod of the same index, which `K8sPlacement.replace_node`
+hands fresh keys (the Secret is not immutable: a heal rewrites the node's keys in it).
+Everything
 carries the labels `session_labels` names (the session and its owner ``user@host/pid``),
 by which a later server finds a dead owner's leftovers. A ``--pod-template`` is merged
 under what the flags set.
@@ -20,6 +25,7 @@ manifests against golden files and the Kubernetes schemas.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import re
@@ -49,6 +55,10 @@ SECRET_KEY = "credentials"
 TTL_AFTER_FINISHED_S = 600
 #: seconds a deleted pod's processes get before they are killed
 TERMINATION_GRACE_S = 30
+#: pod failures the Job tolerates per node (its ``backoffLimit`` is this times the nodes):
+#: a heal of a lost node costs up to two, the lost pod and the one the Job controller made
+#: in its place before the heal, which holds the node's old keys
+POD_FAILURES_PER_NODE = 8
 #: the largest Secret the API server takes is 1 MiB; keep clear of it
 MAX_SECRET_BYTES = 900 * 1024
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -132,21 +142,31 @@ def secret_manifest(
     name: str, namespace: str, labels: Mapping[str, str], owner: Owner, credentials: Sequence[str]
 ) -> dict[str, Any]:
     """The Secret holding every node's dial-back credentials (a JSON list; a node picks its
-    own by index)."""
+    own by index). Not immutable: a heal gives a lost node's new pod fresh keys
+    (`secret_patch`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(name, namespace, labels, owner),
+        "type": "Opaque",
+        "stringData": {SECRET_KEY: _credentials_text(credentials)},
+    }
+
+
+def secret_patch(credentials: Sequence[str]) -> dict[str, Any]:
+    """A merge patch giving the Secret ``credentials`` (every node's, some renewed)."""
+    text = _credentials_text(credentials)
+    return {"data": {SECRET_KEY: base64.b64encode(text.encode()).decode()}}
+
+
+def _credentials_text(credentials: Sequence[str]) -> str:
     text = "[" + ",".join(credentials) + "]"
     if len(text) > MAX_SECRET_BYTES:
         raise ValueError(
             f"{len(credentials)} nodes' keys are {len(text) // 1024} KiB, more than one "
             f"Secret holds ({MAX_SECRET_BYTES // 1024} KiB); expected fewer nodes"
         )
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": _metadata(name, namespace, labels, owner),
-        "type": "Opaque",
-        "immutable": True,
-        "stringData": {SECRET_KEY: text},
-    }
+    return text
 
 
 def _resources(k8s: K8sSpec, gpus: int) -> dict[str, dict[str, str]]:
@@ -239,7 +259,7 @@ def job_manifest(
             "completionMode": "Indexed",
             "completions": nodes,
             "parallelism": nodes,
-            "backoffLimit": 0,
+            "backoffLimit": POD_FAILURES_PER_NODE * nodes,
             "activeDeadlineSeconds": k8s.deadline,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "template": {"metadata": pod_meta, "spec": pod_spec},
@@ -319,5 +339,6 @@ __all__ = [
     "merge_template",
     "object_name",
     "secret_manifest",
+    "secret_patch",
     "session_labels",
 ]
