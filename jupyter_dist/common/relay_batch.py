@@ -16,17 +16,37 @@ check applies). Jupyter's own signature leaves buffers out; so does this one.
 
 A request the other way names the ranks it is for in its first frame (`targets_frame`).
 
+**Folded replies.** Most of a quick cell's answer, at many ranks, is one message a rank
+that says only that the cell ran fine (`EXECUTE_REPLY_MSG_TYPE` with status ok, its
+execution count and nothing else). For a cell whose sender says it reads them
+(`FOLD_REPLIES_KEY` in the request's metadata, seen by the relay as it passes the request
+on: `BatchWriter.fold_replies_to`), the relay folds the run of such replies of its ranks
+to that cell that arrived together into one entry (`FOLDED_REPLIES_MSG_TYPE`), whose
+content names each kernel (its header's session), its execution count and its process
+group (`GROUP_KEY`). Each reply was checked against its own signature first, and the
+batch signs the entry as it signs any other. Any other message ends the run, so every
+rank's messages keep their order; a reply with output, an error, user expressions,
+buffers or metadata travels whole. An entry of this kind is an ordinary entry to a reader
+that does not know it (a message no client of it waits for), and a sender that does not
+ask never gets one.
+
 The notebook side then pays one receive, one HMAC and one JSON parse a batch instead of
 each of them for every message of every rank.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from jupyter_dist.common.wire_codec import DELIMITER, Frame, WireCodec, WireError, message
+from jupyter_dist.common.wire_names import (
+    EXECUTE_REPLY_MSG_TYPE,
+    FOLDED_REPLIES_MSG_TYPE,
+    GROUP_KEY,
+)
 
 MAGIC = b"jd-relay-batch/1"
 #: a batch is sent once it holds this many messages...
@@ -38,6 +58,76 @@ _decode_json = json.JSONDecoder().decode
 
 #: the most ranks one request may name (a node runs at most a few hundred)
 MAX_TARGETS = 4096
+#: the newest requests whose replies a relay folds, remembered (an older one's travel whole)
+FOLDING = 1024
+#: the keys of a plain reply's content (`GROUP_KEY` besides, or not)
+_PLAIN_KEYS = frozenset({"status", "execution_count", "user_expressions", "payload"})
+_REPLY_TYPE = f'"{EXECUTE_REPLY_MSG_TYPE}"'.encode()
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def plain_reply(parts: Sequence[bytes]) -> tuple[str, str, int, str | None] | None:
+    """``(cell msg_id, kernel session, execution count, group)`` of a rank's reply on
+    IOPub that says only that the cell ran fine (its content is ipykernel's reply to a
+    cell with no user expressions and no payload, and the process group; no metadata);
+    None for any other message (``parts``: header, parent, metadata, content)."""
+    header, parent, metadata, content = parts
+    if metadata != b"{}" or _REPLY_TYPE not in header:
+        return None
+    try:
+        head, cell, reply = (_decode_json(p.decode()) for p in (header, parent, content))
+    except ValueError:
+        return None
+    if not (
+        isinstance(head, dict)
+        and head.get("msg_type") == EXECUTE_REPLY_MSG_TYPE
+        and isinstance(head.get("session"), str)
+        and isinstance(cell, dict)
+        and isinstance(cell.get("msg_id"), str)
+        and isinstance(reply, dict)
+        and reply.get("status") == "ok"
+        and reply.keys() - {GROUP_KEY} == _PLAIN_KEYS
+        and reply["user_expressions"] == {}
+        and reply["payload"] == []
+        and type(reply["execution_count"]) is int
+    ):
+        return None
+    group = reply.get(GROUP_KEY)
+    if GROUP_KEY in reply and not isinstance(group, str):
+        return None
+    return cell["msg_id"], head["session"], reply["execution_count"], group
+
+
+def plain_reply_content(count: int, group: str | None) -> dict[str, Any]:
+    """The content of the plain reply that a folded entry names (`plain_reply`)."""
+    content: dict[str, Any] = {
+        "status": "ok",
+        "execution_count": count,
+        "user_expressions": {},
+        "payload": [],
+    }
+    if group is not None:
+        content[GROUP_KEY] = group
+    return content
+
+
+def folded_replies(msg: dict[str, Any]) -> list[tuple[str, int, str | None]]:
+    """``(kernel session, execution count, group)`` of each reply a folded entry stands
+    for (`read_batch` checked their shape)."""
+    return [(s, c, g) for s, c, g in msg["content"]["replies"]]
+
+
+def _check_folded(content: Any) -> None:
+    replies = content.get("replies") if isinstance(content, dict) else None
+    if not isinstance(replies, list) or not all(
+        isinstance(r, list)
+        and len(r) == 3
+        and isinstance(r[0], str)
+        and type(r[1]) is int
+        and (r[2] is None or isinstance(r[2], str))
+        for r in replies
+    ):
+        raise WireError("a relay batch's folded replies are not [[session, count, group], ...]")
 
 
 def targets_frame(ranks: list[int]) -> bytes:
@@ -81,16 +171,59 @@ class BatchWriter:
         self._entries: list[bytes] = []
         self._buffers: list[Any] = []
         self._bytes = 0
+        #: the cells whose plain replies may be folded (`fold_replies_to`), newest last
+        self.folding: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: the run of plain replies being folded: their cell, its header as it came, and
+        #: ``[session, count, group]`` of each
+        self._fold_cell: str | None = None
+        self._fold_parent = b""
+        self._folded: list[list[Any]] = []
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) + bool(self._folded)
 
     def full(self) -> bool:
-        return len(self._entries) >= MAX_MESSAGES or self._bytes >= MAX_BYTES
+        return len(self._entries) + len(self._folded) >= MAX_MESSAGES or self._bytes >= MAX_BYTES
+
+    def fold_replies_to(self, cell: str) -> None:
+        """The sender of request ``cell`` reads folded replies: fold its plain ones."""
+        folding = self.folding
+        folding[cell] = None
+        if len(folding) > FOLDING:
+            folding.popitem(last=False)
+
+    def add_iopub(self, parts: Sequence[bytes], buffers: Sequence[Any]) -> None:
+        """`add` an IOPub message, folding a plain reply to a cell whose sender asked
+        for it into the run of replies before it (`plain_reply`)."""
+        if self.folding and not buffers:
+            reply = plain_reply(parts)
+            if reply is not None and reply[0] in self.folding:
+                cell, session, count, group = reply
+                if cell != self._fold_cell:
+                    self._end_fold()
+                    self._fold_cell, self._fold_parent = cell, parts[1]
+                self._folded.append([session, count, group])
+                self._bytes += len(session) + 32
+                return
+        self.add(parts, buffers)
+
+    def _end_fold(self) -> None:
+        """The run of folded replies, as one entry in its place."""
+        if self._folded:
+            header = {
+                "msg_type": FOLDED_REPLIES_MSG_TYPE,
+                "msg_id": f"{self.relay_id}_{self.count}_{len(self._entries)}",
+            }
+            content = _dumps({"replies": self._folded})
+            parts = [_dumps(header).encode(), self._fold_parent, b"{}", content.encode()]
+            self._entries.append(b"[" + b",".join(parts) + b",0]")
+        self._fold_cell, self._fold_parent, self._folded = None, b"", []
 
     def add(self, parts: Sequence[bytes], buffers: Sequence[Any], rank: int | None = None) -> None:
         """A message's JSON parts (header, parent, metadata, content), its buffers (bytes
         or `zmq.Frame`, sent on without a copy) and the rank it comes from, if it says."""
+        if self._folded:
+            self._end_fold()  # it came after them
         tail = f",{len(buffers)}" if rank is None else f",{len(buffers)},{int(rank)}"
         entry = b"[" + b",".join(parts) + tail.encode() + b"]"
         self._entries.append(entry)
@@ -99,6 +232,7 @@ class BatchWriter:
 
     def take(self) -> list[Any]:
         """The frames of a batch of what was added since the last `take`."""
+        self._end_fold()
         self.count += 1
         stamp = json.dumps([self.relay_id, self.count]).encode()
         document = b"[" + stamp + b"," + b",".join(self._entries) + b"]"
@@ -136,6 +270,8 @@ def read_batch(codec: WireCodec, frames: Sequence[Frame]) -> list[dict[str, Any]
         header, parent, metadata, content, count = entry[:5]
         if "msg_type" not in header or not isinstance(count, int) or count < 0:
             raise WireError("a relay batch entry without msg_type or buffer count")
+        if header["msg_type"] == FOLDED_REPLIES_MSG_TYPE:
+            _check_folded(content)
         msg = message(header, parent, metadata, content, list(buffers[used : used + count]))
         if len(entry) == 6:
             if not isinstance(entry[5], int):

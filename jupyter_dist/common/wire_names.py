@@ -41,6 +41,13 @@ IOPUB_REPLY_KEY = "jupyter_dist_iopub_reply"
 #: IOPub message type of the reply to a cell that asked for it (`IOPUB_REPLY_KEY`); its
 #: content is an ``execute_reply``'s
 EXECUTE_REPLY_MSG_TYPE = "jupyter_dist_execute_reply"
+#: execute_request metadata key: the sender reads its node relays' folded replies
+#: (`FOLDED_REPLIES_MSG_TYPE`), so a relay may fold this cell's plain replies
+FOLD_REPLIES_KEY = "jupyter_dist_fold_replies"
+#: message type of a relay batch's entry that stands for several ranks' plain replies to
+#: one cell (status ok and nothing else to say: `common.relay_batch`); its content is
+#: ``{"replies": [[kernel session, execution count, group or null], ...]}``
+FOLDED_REPLIES_MSG_TYPE = "jupyter_dist_execute_replies"
 #: execute_request metadata key: how many ranks the cell is sent to; a rank whose process
 #: group user code destroyed makes it again before a cell that all ranks run
 #: (`rank.process_group`), never before one that only some run

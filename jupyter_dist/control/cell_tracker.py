@@ -182,6 +182,26 @@ class CellTracker:
             prog.acked_at = time.monotonic()
             prog.ack_where = str(content.get("where") or "")
 
+    def take_replies(self, replies: list[tuple[int, dict[str, Any]]]) -> None:
+        """Ranks' plain replies on IOPub (`ReplySink`: a node relay's folded replies),
+        each as `on_message` takes its reply's message, at once."""
+        now = time.monotonic()
+        progress = self.progress
+        for rank, content in replies:
+            prog = progress.get(rank)
+            if prog is None or prog.finished:
+                continue
+            prog.reply, prog.idle = content, True
+            if prog.shown_errors or content.get("status") != "ok":
+                self._maybe_finish(prog)
+                continue
+            prog.finished = True
+            self._unfinished -= 1
+            prog.elapsed = now - prog.started
+            self._emit(RankFinished(rank, "ok", prog.elapsed))
+        if self._unfinished == 0:
+            self.done.set()
+
     def _maybe_finish(self, prog: RankProgress) -> None:
         if prog.reply is None or not prog.idle:
             return
@@ -404,6 +424,7 @@ class _RankMessages(PacedHandler):
     def __init__(self, run: CellTracker, rank: int) -> None:
         self.run = run
         self.rank = rank
+        self.reply_sink = run
         self.sink = run.sink if isinstance(run.sink, EventQueue) else None
 
     def __call__(self, channel: str, msg: dict[str, Any]) -> None:

@@ -10,7 +10,10 @@ per rank.
 
 Where the ranks' node runs a relay (`node.relay`), the session subscribes to the relay
 instead of to each rank: one endpoint a node, and a burst from the node's ranks arrives as
-one batch (`common.relay_batch`), checked and parsed once.
+one batch (`common.relay_batch`), checked and parsed once. The plain replies of a node's
+ranks to one cell come folded into one entry there; each rank's client does for its
+reply what it does for a reply's message (`RankClient.take_reply`), and the replies whose
+handlers share a sink (the cell's tracker) go to it together (`ReplySink.take_replies`).
 
 A message says which kernel sent it: the ``session`` of its header, the kernel's own id,
 the same on all its channels. The first message of a kernel not yet known is matched by
@@ -29,9 +32,15 @@ from typing import Any
 
 import zmq
 
-from jupyter_dist.common.relay_batch import is_batch, read_batch
-from jupyter_dist.common.wire_codec import WireCodec, WireError
-from jupyter_dist.control.rank_client import PacedHandler, RankClient
+from jupyter_dist.common.relay_batch import (
+    folded_replies,
+    is_batch,
+    plain_reply_content,
+    read_batch,
+)
+from jupyter_dist.common.wire_codec import WireCodec, WireError, message
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, FOLDED_REPLIES_MSG_TYPE
+from jupyter_dist.control.rank_client import PacedHandler, RankClient, ReplySink
 from jupyter_dist.control.zmq_frames import receive, running_loop
 
 log = logging.getLogger(__name__)
@@ -144,7 +153,11 @@ class IopubFanIn:
         pause has no room (the rest of a batch then waits with it); False if it paused."""
         pending = self._pending
         while pending:
-            handler = self._route(pending.popleft())
+            msg = pending.popleft()
+            if msg["msg_type"] == FOLDED_REPLIES_MSG_TYPE:
+                handler = self._route_folded(msg)
+            else:
+                handler = self._route(msg)
             if isinstance(handler, PacedHandler) and not handler.has_room():
                 self._pause(handler)
                 return False
@@ -174,6 +187,43 @@ class IopubFanIn:
         except Exception:
             log.exception("rank %s: handling an iopub message failed", client.rank)
             return None
+
+    def _route_folded(self, msg: dict[str, Any]) -> Any:
+        """A relay's folded plain replies of its ranks to one cell (`relay_batch`): each
+        to its client, and to its handler's `reply_sink` together with the others there;
+        returns the last handler (the caller checks it for room)."""
+        parent = msg["parent_header"]
+        sinks: dict[int, tuple[ReplySink, list[tuple[int, dict[str, Any]]]]] = {}
+        last: Any = None
+        for session, count, group in folded_replies(msg):
+            client = self._by_session.get(session)
+            if client is None:  # a kernel no client here knows (a message of it would be)
+                self.unknown += 1
+                self.last_unknown.append((EXECUTE_REPLY_MSG_TYPE, str(parent.get("msg_type"))))
+                continue
+            content = plain_reply_content(count, group)
+            try:
+                handler = client.take_reply(parent, content)
+                if handler is None:
+                    continue
+                last = handler
+                if isinstance(handler, PacedHandler) and handler.reply_sink is not None:
+                    sink = handler.reply_sink
+                    taken = sinks.get(id(sink))
+                    if taken is None:
+                        taken = sinks[id(sink)] = (sink, [])
+                    taken[1].append((handler.rank, content))
+                    continue
+                header = {"msg_type": EXECUTE_REPLY_MSG_TYPE, "session": session}
+                handler("iopub", message(header, parent, {}, content, []))
+            except Exception:
+                log.exception("rank %s: handling its reply failed", client.rank)
+        for sink, replies in sinks.values():
+            try:
+                sink.take_replies(replies)
+            except Exception:
+                log.exception("handling the replies of ranks %s failed", [r for r, _ in replies])
+        return last
 
     def expect(self, msg_id: str, client: RankClient | None) -> None:
         """``client`` sent request ``msg_id`` to its kernel alone (None: forget it): the

@@ -22,7 +22,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq.asyncio
 
@@ -35,6 +35,7 @@ from jupyter_dist.common.wire_names import (
     CELL_RANKS_KEY,
     CREDIT_KEY,
     EXECUTE_REPLY_MSG_TYPE,
+    FOLD_REPLIES_KEY,
     IOPUB_REPLY_KEY,
     NOTEBOOK_COUNT_KEY,
     OBJECTS_TARGET,
@@ -71,10 +72,22 @@ CHANNELS = (
 Handler = Callable[[str, dict[str, Any]], None]
 
 
+class ReplySink(Protocol):
+    """Where the plain replies of many ranks to one cell go at once (`PacedHandler`)."""
+
+    def take_replies(self, replies: list[tuple[int, dict[str, Any]]]) -> None:
+        """``(rank, reply content)`` of each rank that ended the cell fine."""
+
+
 class PacedHandler:
     """A handler whose reader may have to wait: after each message it hands on, the
     channel's pump awaits `room` before reading the next (so a consumer that falls behind
     holds the messages in the kernel's socket, not in memory)."""
+
+    #: the rank whose messages it takes, and where that rank's plain reply may go with
+    #: other ranks' (a node relay's folded replies: `IopubFanIn`); None: to the handler
+    rank: int = -1
+    reply_sink: ReplySink | None = None
 
     def __call__(self, channel: str, msg: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -297,6 +310,20 @@ class RankClient:
         """An IOPub message of this client's kernel, read by the session's `IopubFanIn`."""
         return self._route("iopub", msg)
 
+    def take_reply(self, parent_header: dict[str, Any], content: dict[str, Any]) -> Handler | None:
+        """The kernel's plain reply (``content``) to the cell ``parent_header``, one of a
+        relay's folded replies: what `_route` does for the reply's message, except calling
+        its handler, which it returns (the caller hands the reply to it, or to its
+        `PacedHandler.reply_sink` with other ranks')."""
+        parent = parent_header.get("msg_id")
+        if self.on_activity is not None and parent_header.get("msg_type") == "execute_request":
+            self.on_activity(self.rank, EXECUTE_REPLY_MSG_TYPE, content, str(parent))
+        if not isinstance(parent, str):
+            return None
+        if parent in self._taken:
+            self._took(parent)
+        return self.handlers.get(parent)
+
     def route_shell(self, msg: dict[str, Any]) -> Handler | None:
         """A shell reply of this client's kernel, read by its node's `NodeShell`."""
         return self._route("shell", msg)
@@ -405,7 +432,8 @@ class RankClient:
             "stop_on_error": False,  # one cell at a time: nothing of others to abort
         }
         # this process paces its output, and reads the reply on IOPub, behind the output
-        metadata: dict[str, Any] = {CREDIT_KEY: True, IOPUB_REPLY_KEY: True}
+        # (and the ranks' plain replies folded by their node's relay: `relay_batch`)
+        metadata: dict[str, Any] = {CREDIT_KEY: True, IOPUB_REPLY_KEY: True, FOLD_REPLIES_KEY: True}
         if execution_count:
             metadata[NOTEBOOK_COUNT_KEY] = execution_count
         if cell_ranks is not None:

@@ -14,7 +14,8 @@ the node's agent, stands between the notebook side and the ranks of its node:
   ``b"0,1,5"``); the relay passes the same frames to each rank's shell through a DEALER of
   its own, with the notebook's identity in front, which the kernel's reply carries back.
   The replies that arrived together go back to that notebook as one batch, each entry
-  naming its rank.
+  naming its rank. A cell whose request asks for it (`FOLD_REPLIES_KEY`) has the plain
+  replies of its ranks folded into one entry on IOPub (`relay_batch`).
 
 The notebook side then pays one send a node for a cell, and one receive, one HMAC and one
 JSON parse a batch of answers; it talks to two sockets a node, not three a rank (over
@@ -36,6 +37,7 @@ reconnect to the same paths by themselves.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import uuid
@@ -45,7 +47,7 @@ import zmq
 
 from jupyter_dist.common.relay_batch import BatchWriter, parse_targets, split_message
 from jupyter_dist.common.wire_codec import WireCodec, WireError
-from jupyter_dist.common.wire_names import CREDIT_WINDOW
+from jupyter_dist.common.wire_names import CREDIT_WINDOW, FOLD_REPLIES_KEY
 
 #: the relay's sockets in the agent's folder (a Unix socket path stays under ~100 bytes)
 IOPUB_SOCKET = "relay-iopub"
@@ -53,6 +55,7 @@ SHELL_SOCKET = "relay-shell"
 #: batches the IOPub socket keeps for a subscriber that does not read: the output credit
 #: of `CREDIT_WINDOW` messages a rank (`rank.iopub_credit`), 4 times over, for 64 ranks
 PUB_QUEUE = 4 * CREDIT_WINDOW * 64
+_FOLD_KEY = FOLD_REPLIES_KEY.encode()
 
 
 def relay_url(path: str) -> str:
@@ -184,7 +187,7 @@ class NodeRelay:
             checked = self._checked(frames)
             if checked is None:
                 continue
-            writer.add(checked[1], checked[2])
+            writer.add_iopub(checked[1], checked[2])
             if writer.full():
                 self.pub.send_multipart(writer.take())
         if len(writer):
@@ -208,6 +211,8 @@ class NodeRelay:
                 self._say(f"dropped a request: {err}")
                 continue
             self.requests += 1
+            if len(frames) >= 8 and _FOLD_KEY in frames[6].bytes:
+                self._fold_replies_to(frames[4].bytes)
             message = [frames[0], *frames[2:]]  # the notebook's identity, then the request
             for rank in ranks:
                 shell = self.shells.get(rank)
@@ -218,6 +223,16 @@ class NodeRelay:
                     shell.send_multipart(message, zmq.NOBLOCK)
                 except zmq.Again:
                     self._say(f"dropped a request for rank {rank}: its queue is full")
+
+    def _fold_replies_to(self, header: bytes) -> None:
+        """The request with ``header`` asks for its plain replies folded (its sender
+        reads them so: `relay_batch`); one whose header is not JSON is passed on as is."""
+        try:
+            msg_id = json.loads(header).get("msg_id")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(msg_id, str):
+            self.iopub.fold_replies_to(msg_id)
 
     def _take_replies(self, shell: zmq.Socket[bytes]) -> None:
         rank = self.rank_of[shell]

@@ -8,9 +8,16 @@ import uuid
 from typing import Any
 
 import zmq
+import zmq.asyncio
 
+from jupyter_dist.common.events import RankFinished
+from jupyter_dist.common.relay_batch import BatchWriter, split_message
 from jupyter_dist.common.wire_codec import WireCodec
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE
+from jupyter_dist.control.cell_tracker import CellTracker
+from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.iopub_fan_in import IopubFanIn
+from jupyter_dist.control.rank_client import RankClient
 
 KEY = "fan-in-key"
 
@@ -108,3 +115,100 @@ def test_a_kernel_that_answers_nothing_asked_is_dropped_and_counted(tmp_path: An
     _clients, fan_in = asyncio.run(_exchange(str(tmp_path)))
     assert fan_in.unknown >= 1
     assert fan_in.welcomes >= 1
+
+
+def _folded_batch(kernels: list[WireCodec], cell: str, key: str = KEY) -> list[Any]:
+    """A node relay's batch of every kernel's plain reply to ``cell``, folded."""
+    writer = BatchWriter(WireCodec(key), "relay-1")
+    writer.fold_replies_to(cell)
+    for count, kernel in enumerate(kernels, start=1):
+        content = {"status": "ok", "execution_count": count, "user_expressions": {}}
+        _id, frames = kernel.encode(
+            EXECUTE_REPLY_MSG_TYPE,
+            {**content, "payload": []},
+            parent={"msg_id": cell, "msg_type": "execute_request"},
+        )
+        _topic, _signature, parts, buffers = split_message([b"kernel.reply", *frames])
+        writer.add_iopub(parts, buffers)
+    return [bytes(f) for f in writer.take()]
+
+
+def test_folded_replies_end_every_rank_of_the_cell_at_once(tmp_path: Any) -> None:
+    """The bulk path: one entry for 32 ranks' replies; each rank's client and session see
+    its reply, and the cell's tracker finishes every rank, none left out."""
+    context = zmq.asyncio.Context()
+    fan_in = IopubFanIn(context, KEY, "hmac-sha256")
+    connection: Any = {"transport": "ipc", "ip": str(tmp_path / "k")}
+    connection.update({"shell_port": 1, "control_port": 2, "iopub_port": 3})
+    clients = [RankClient(r, connection, KEY, context, iopub=fan_in) for r in range(32)]
+    kernels = [WireCodec(KEY) for _ in clients]
+    activity: list[tuple[int, str, str]] = []
+    for client, kernel in zip(clients, kernels, strict=True):
+        fan_in._by_session[kernel.session] = client  # as learnt from its first answer
+        client.on_activity = lambda rank, kind, _content, cell: activity.append((rank, kind, cell))
+    events = EventQueue()
+    tracker = CellTracker({r: ("node", r) for r in range(32)}, events)
+    # the cell as `RankGroup` sends it: one request, a handler a rank
+    cell = "cell-1"
+    for client in clients:
+        client.handlers[cell] = tracker.handler(client.rank)
+        client._taken[cell] = 0
+    try:
+        fan_in._pending.extend(fan_in._decode(_folded_batch(kernels[:20], cell)))
+        # a forged batch (another key) and a replayed one are dropped whole
+        fan_in._pending.extend(fan_in._decode(_folded_batch(kernels[20:], cell, "another key")))
+        assert fan_in._route_pending()
+        assert tracker.busy_ranks == list(range(20, 32))
+        again = _folded_batch(kernels[20:], cell)
+        fan_in._pending.extend(fan_in._decode(again))
+        assert fan_in._decode(again) == []
+        assert fan_in._route_pending()
+        assert tracker.done.is_set() and tracker.busy_ranks == []
+        result = tracker.result()
+        assert result.failures == () and sorted(result.elapsed) == list(range(32))
+        finished = [e for e in events.take_all() if isinstance(e, RankFinished)]
+        assert sorted(e.rank for e in finished) == list(range(32))
+        assert {e.status for e in finished} == {"ok"}
+        assert [p.reply["execution_count"] for p in tracker.progress.values()] == [
+            *range(1, 21),
+            *range(1, 13),
+        ]
+        assert sorted(activity) == [(r, EXECUTE_REPLY_MSG_TYPE, cell) for r in range(32)]
+        assert all(client._taken[cell] == 1 for client in clients)
+        assert fan_in.batches == 2 and fan_in.unknown == 0
+    finally:
+        fan_in.close()
+        for client in clients:
+            for socket in client.sockets.values():
+                socket.close(linger=0)
+        context.term()
+
+
+def test_a_folded_reply_of_an_unknown_kernel_is_counted_and_the_others_go_on(
+    tmp_path: Any,
+) -> None:
+    context = zmq.asyncio.Context()
+    fan_in = IopubFanIn(context, KEY, "hmac-sha256")
+    got: list[tuple[str, dict[str, Any]]] = []
+
+    class Known:
+        rank = 0
+
+        def take_reply(self, parent: dict[str, Any], content: dict[str, Any]) -> Any:
+            return lambda channel, msg: got.append((channel, msg))
+
+    known, stranger = WireCodec(KEY), WireCodec(KEY)
+    fan_in._by_session[known.session] = Known()  # type: ignore[assignment]
+    try:
+        fan_in._pending.extend(fan_in._decode(_folded_batch([stranger, known], "cell-1")))
+        assert fan_in._route_pending()
+        assert fan_in.unknown == 1
+        # a handler with no reply sink gets the reply as its message
+        ((channel, msg),) = got
+        assert channel == "iopub" and msg["msg_type"] == EXECUTE_REPLY_MSG_TYPE
+        assert msg["header"]["session"] == known.session
+        assert msg["parent_header"]["msg_id"] == "cell-1"
+        assert msg["content"]["execution_count"] == 2
+    finally:
+        fan_in.close()
+        context.term()

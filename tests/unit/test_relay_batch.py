@@ -4,19 +4,27 @@ the ranks a request is for."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from jupyter_dist.common import relay_batch
 from jupyter_dist.common.relay_batch import (
     BatchWriter,
+    folded_replies,
     is_batch,
     parse_targets,
+    plain_reply_content,
     read_batch,
     split_message,
     targets_frame,
 )
 from jupyter_dist.common.wire_codec import WireCodec, WireError
+from jupyter_dist.common.wire_names import (
+    EXECUTE_REPLY_MSG_TYPE,
+    FOLDED_REPLIES_MSG_TYPE,
+    GROUP_KEY,
+)
 
 KEY = "batch-key"
 
@@ -149,3 +157,163 @@ def test_the_ranks_a_request_is_for_read_back(ranks: list[int]) -> None:
 def test_a_request_naming_its_ranks_badly_is_refused(frame: bytes) -> None:
     with pytest.raises(ValueError):
         parse_targets(frame)
+
+
+# -- folded replies --------------------------------------------------------------------
+CELL = {"msg_id": "cell-1", "msg_type": "execute_request", "session": "notebook"}
+
+
+def _reply(
+    kernel: WireCodec,
+    count: int,
+    content: dict[str, Any] | None = None,
+    parent: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    buffers: tuple[bytes, ...] = (),
+) -> tuple[list[bytes], list[Any]]:
+    """The checked parts and buffers of a rank's reply on IOPub, as the relay has them."""
+    if content is None:
+        content = {"status": "ok", "execution_count": count, "user_expressions": {}}
+        content.update({"payload": [], GROUP_KEY: "gloo"})
+    _id, frames = kernel.encode(
+        EXECUTE_REPLY_MSG_TYPE, content, parent=parent or CELL, metadata=metadata, buffers=buffers
+    )
+    _topic, signature, parts, bufs = split_message([b"kernel.reply", *frames])
+    assert kernel.check(signature, parts)
+    return parts, bufs
+
+
+def _folding_writer() -> BatchWriter:
+    writer = BatchWriter(WireCodec(KEY), "relay-1")
+    writer.fold_replies_to("cell-1")
+    return writer
+
+
+def test_the_plain_replies_of_many_ranks_fold_into_one_entry_naming_every_rank() -> None:
+    kernels = [WireCodec(KEY) for _ in range(32)]
+    writer = _folding_writer()
+    for count, kernel in enumerate(kernels):
+        writer.add_iopub(*_reply(kernel, count))
+    frames = writer.take()
+    assert len(json.loads(frames[2])) == 2  # the stamp and one entry
+    (msg,) = read_batch(WireCodec(KEY), frames)
+    assert msg["msg_type"] == FOLDED_REPLIES_MSG_TYPE
+    assert msg["parent_header"] == CELL
+    replies = folded_replies(msg)
+    assert [s for s, _c, _g in replies] == [k.session for k in kernels]
+    assert [c for _s, c, _g in replies] == list(range(32))
+    content = plain_reply_content(*replies[3][1:])
+    assert content == {
+        "status": "ok",
+        "execution_count": 3,
+        "user_expressions": {},
+        "payload": [],
+        GROUP_KEY: "gloo",
+    }
+
+
+def test_a_reply_without_a_group_folds_and_reads_back_without_one() -> None:
+    writer = _folding_writer()
+    content = {"status": "ok", "execution_count": 4, "user_expressions": {}, "payload": []}
+    writer.add_iopub(*_reply(WireCodec(KEY), 0, content))
+    (msg,) = read_batch(WireCodec(KEY), writer.take())
+    ((_session, count, group),) = folded_replies(msg)
+    assert plain_reply_content(count, group) == content
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"status": "error", "ename": "ValueError", "evalue": "x", "traceback": []},
+        {"payload": [{"source": "page", "data": {}}]},
+        {"user_expressions": {"a": {"status": "ok"}}},
+        {"execution_count": None},
+        {"extra": 1},
+        {GROUP_KEY: 3},
+    ],
+)
+def test_a_reply_that_says_more_than_ok_travels_whole(change: dict[str, Any]) -> None:
+    content = {"status": "ok", "execution_count": 1, "user_expressions": {}, "payload": []}
+    content.update(change)
+    writer = _folding_writer()
+    writer.add_iopub(*_reply(WireCodec(KEY), 1, content))
+    (msg,) = read_batch(WireCodec(KEY), writer.take())
+    assert msg["msg_type"] == EXECUTE_REPLY_MSG_TYPE
+    assert msg["content"] == content
+
+
+def test_replies_with_buffers_metadata_or_to_a_cell_that_did_not_ask_travel_whole() -> None:
+    kernel = WireCodec(KEY)
+    writer = _folding_writer()
+    writer.add_iopub(*_reply(kernel, 1, buffers=(b"x",)))
+    writer.add_iopub(*_reply(kernel, 2, metadata={"m": 1}))
+    writer.add_iopub(*_reply(kernel, 3, parent={**CELL, "msg_id": "another cell"}))
+    messages = read_batch(WireCodec(KEY), writer.take())
+    assert [m["msg_type"] for m in messages] == [EXECUTE_REPLY_MSG_TYPE] * 3
+    assert [m["content"]["execution_count"] for m in messages] == [1, 2, 3]
+    # a writer never told to fold folds nothing
+    plain = BatchWriter(WireCodec(KEY), "relay-1")
+    plain.add_iopub(*_reply(kernel, 4))
+    (msg,) = read_batch(WireCodec(KEY), plain.take())
+    assert msg["msg_type"] == EXECUTE_REPLY_MSG_TYPE
+
+
+def test_any_other_message_ends_a_run_of_folded_replies_so_each_rank_keeps_its_order() -> None:
+    a, b = WireCodec(KEY), WireCodec(KEY)
+    writer = _folding_writer()
+    writer.add_iopub(*_reply(a, 1))
+    _topic, _sig, parts, bufs = split_message(_message(b, "b's last line"))
+    writer.add_iopub(parts, bufs)
+    writer.add_iopub(*_reply(b, 2))
+    messages = read_batch(WireCodec(KEY), writer.take())
+    assert [m["msg_type"] for m in messages] == [
+        FOLDED_REPLIES_MSG_TYPE,
+        "stream",
+        FOLDED_REPLIES_MSG_TYPE,
+    ]
+    assert [s for m in messages[::2] for s, _c, _g in folded_replies(m)] == [a.session, b.session]
+    assert messages[0]["msg_id"] != messages[2]["msg_id"]
+
+
+def test_a_batch_with_changed_folded_replies_is_refused() -> None:
+    writer = _folding_writer()
+    for count in range(3):
+        writer.add_iopub(*_reply(WireCodec(KEY), count))
+    frames = [bytes(f) for f in writer.take()]
+    entry = json.loads(frames[2])[1]
+    dropped = [entry[0], entry[1], entry[2], {"replies": entry[3]["replies"][:2]}, 0]
+    forged = json.dumps([["relay-1", 9], dropped]).encode()
+    for document in (forged, frames[2].replace(b",2,", b",7,")):
+        with pytest.raises(WireError, match="invalid signature"):
+            read_batch(WireCodec(KEY), [frames[0], frames[1], document])
+    with pytest.raises(WireError, match="unsigned"):
+        read_batch(WireCodec(KEY), [frames[0], b"", forged])
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        {},
+        {"replies": 3},
+        {"replies": [["s", 1]]},
+        {"replies": [[1, 1, None]]},
+        {"replies": [["s", "1", None]]},
+        {"replies": [["s", 1, 2]]},
+    ],
+)
+def test_folded_replies_of_the_wrong_shape_are_refused_even_signed(content: Any) -> None:
+    header = {"msg_type": FOLDED_REPLIES_MSG_TYPE, "msg_id": "x"}
+    document = json.dumps([["r", 1], [header, CELL, {}, content, 0]]).encode()
+    codec = WireCodec(KEY)
+    frames = [relay_batch.MAGIC, codec.sign([relay_batch.MAGIC, document]), document]
+    with pytest.raises(WireError, match="folded replies"):
+        read_batch(WireCodec(KEY), frames)
+
+
+def test_a_folded_entry_is_an_ordinary_entry_to_a_reader_that_does_not_know_it() -> None:
+    """What a notebook side of an earlier version checks of each entry."""
+    writer = _folding_writer()
+    writer.add_iopub(*_reply(WireCodec(KEY), 1))
+    (entry,) = json.loads(writer.take()[2])[1:]
+    assert len(entry) == 5 and isinstance(entry[0], dict) and "msg_type" in entry[0]
+    assert entry[4] == 0 and "session" not in entry[0]
