@@ -110,6 +110,9 @@ class CellResult:
     #: ranks given up on while still running (they did not take an interrupt, blocked
     #: outside Python): they are replaced, and every rank joins a new process group
     stuck: tuple[int, ...] = ()
+    #: ranks freed from a collective of their process group (its connections shut, which
+    #: ends the group for all): every rank joins a new group, none is replaced
+    freed: tuple[int, ...] = ()
     #: stopped by its sender while it waited for its turn: it never ran
     withdrawn: bool = False
     #: who else stopped it, in words ("session 's' was restarted from eval.ipynb; ...")

@@ -201,6 +201,9 @@ class HealRequest(TypedDict, total=False):
     spares: list[str]
     auto: bool
     now: bool
+    #: why every rank joins a new group though none is replaced (ranks freed from a
+    #: collective), in words
+    new_group: str
 
 
 class ResizeRequest(TypedDict, total=False):
@@ -437,6 +440,15 @@ class StacksCommand(_StacksOptions):
     ranks: list[int] | None
 
 
+class FreeCommand(TypedDict):
+    """Ask ``ranks`` to free their main thread from a collective of their process group
+    (`rank.group_sockets`)."""
+
+    op: Literal["free"]
+    id: str
+    ranks: list[int]
+
+
 class SampleCommand(TypedDict):
     op: Literal["sample"]
     id: str
@@ -483,16 +495,27 @@ AgentCommand = (
     | RouteCommand
     | ProbeCommand
     | StacksCommand
+    | FreeCommand
     | ReadLogCommand
     | SampleCommand
     | ShutdownCommand
     | PingCommand
 )
 AgentOp = Literal[
-    "spawn", "signal", "kill", "route", "probe", "stacks", "read_log", "sample", "shutdown", "ping"
+    "spawn",
+    "signal",
+    "kill",
+    "route",
+    "probe",
+    "stacks",
+    "free",
+    "read_log",
+    "sample",
+    "shutdown",
+    "ping",
 ]
 #: the commands answered by a ``reply`` event with the command's ``id``
-RequestOp = Literal["route", "probe", "stacks", "read_log", "sample"]
+RequestOp = Literal["route", "probe", "stacks", "free", "read_log", "sample"]
 
 
 # -- live samples (``sample``; ``GET /sessions/NAME/metrics``) -----------------------------
@@ -582,6 +605,8 @@ class ReplyFields(TypedDict, total=False):
     ok: bool
     # stacks: rank (as a string) -> where its log ended before the dump
     offsets: dict[str, int]
+    # free: the ranks asked
+    ranks: list[int]
     # read_log: the text, where it starts, the byte offset after it, the log's path
     text: str
     start: int

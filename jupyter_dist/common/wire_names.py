@@ -64,3 +64,5 @@ INTERRUPT_ACK_MSG_TYPE = "jupyter_dist_interrupt_ack"
 #: the JSON list of what it had built on the old one (`rank.regroup`; read by the control
 #: plane from that silent cell's output)
 REBUILD_MARK = "jupyter_dist-rebuild: "
+#: how an entry of that list ends when the rank rebuilt it in place on the new group
+REBUILT = ", rebuilt)"

@@ -481,6 +481,12 @@ class AgentClient:
             for r, t in zip(offsets, texts, strict=True)
         }
 
+    async def free(self, ranks: list[int]) -> list[int]:
+        """Ask ``ranks`` to free their main thread from a collective of their process
+        group (`rank.group_sockets`); the ranks asked."""
+        reply = await self.request("free", ranks=ranks)
+        return [int(r) for r in reply.get("ranks", [])]
+
     async def signal_rank(self, rank: int, signal_name: str) -> None:
         await self._send({"op": "signal", "rank": rank, "signal": signal_name})
 

@@ -110,6 +110,7 @@ class CellTracker:
         #: when the first rank failed (raised or died): the others then wind down
         self.first_failure_at: float | None = None
         self.stuck: tuple[int, ...] = ()
+        self.freed: tuple[int, ...] = ()
         self._unfinished = len(self.progress)  # counted, not searched: O(1) a rank
         if not self.progress:
             self.done.set()
@@ -406,6 +407,7 @@ class CellTracker:
             interrupted=self.interrupted,
             stopped_by=self.stopped_by,
             stuck=self.stuck,
+            freed=self.freed,
         )
 
 

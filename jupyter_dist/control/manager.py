@@ -232,6 +232,7 @@ class SessionManager:
         auto: bool | None = None,
         now: bool = True,
         progress: Progress = lambda _: None,
+        new_group: str = "",
     ) -> str:
         """Heal session ``name`` (`Session.heal`, ``ranks`` replaced too) after taking
         ``spares`` (hosts a lost node may move to) and ``auto`` (heal lost nodes before the
@@ -243,7 +244,7 @@ class SessionManager:
             session.recovery.auto_heal = auto
         if not now:
             return ""
-        return await session.heal(ranks, self._progress(name, progress))
+        return await session.heal(ranks, self._progress(name, progress), new_group)
 
     async def resize(
         self,

@@ -89,6 +89,9 @@ INTERRUPT_ACK_S = 10.0
 #: seconds between the two stack dumps that tell a rank blocked in one call (C code) from
 #: one moving through Python
 SAME_PLACE_GAP_S = 0.5
+#: seconds a rank freed from a collective (`rank.group_sockets`) has to say that Python
+#: took the interrupt before it counts as stuck after all
+FREE_WAIT_S = 5.0
 #: the name of the notice line that says what a request waits for (`Notice.line`)
 WAITING_LINE = "waiting"
 #: the line that says which ranks wait for a console's code on them
@@ -390,7 +393,7 @@ class RankGroup:
                 result = await self._run_cell(
                     code, chosen, sink, timeout, execution_count=execution_count
                 )
-                if result.stuck:  # still in the turn: no cell is sent to the stuck ranks
+                if result.stuck or result.freed:  # still in the turn: no cell is sent
                     result = dataclasses.replace(
                         result, note=await self._replace_stuck(result, sink)
                     )
@@ -472,12 +475,29 @@ class RankGroup:
         plane and still in the turn, so every way of stopping a cell gets it, whoever
         owns the session."""
         stuck = ranks_label(list(result.stuck))
+        freed = ""
+        if result.freed:
+            was, them = ("was", "it") if len(result.freed) == 1 else ("were", "them")
+            freed = (
+                f"{ranks_label(list(result.freed))} {was} blocked in a collective the other "
+                f"ranks were not in, where no interrupt reaches; shutting the process group's "
+                f"connections freed {them}"
+            )
         if sink is not None:
-            sink.put(Notice(f"replacing {stuck}", transient=True, line="status"))
+            doing = f"replacing {stuck}" if result.stuck else "making a new process group"
+            sink.put(Notice(doing, transient=True, line="status"))
         try:
-            text = await self.heal(result.stuck)
+            text = await self.heal(result.stuck, new_group=freed)
+            if not result.stuck:
+                return text
         except Exception as err:
             log.warning("session %s: replacing stuck ranks failed: %s", self.name, err)
+            if not result.stuck:
+                return (
+                    f"{freed}, and making a new process group failed ({type(err).__name__}: "
+                    f"{str(err)[:300]}); `%dist restart --session {self.name}` starts every "
+                    "rank afresh (every rank's variables are lost)"
+                )
             return (
                 f"{stuck} could not be stopped ({STUCK_WHY}), and replacing "
                 f"{'it' if len(result.stuck) == 1 else 'them'} failed ({type(err).__name__}: "
@@ -489,9 +509,12 @@ class RankGroup:
                 sink.put(Notice("", transient=True, line="status"))
         return f"{stuck} could not be stopped ({STUCK_WHY}). {text}"
 
-    async def heal(self, ranks: Sequence[int] = (), progress: Any = None) -> str:
+    async def heal(
+        self, ranks: Sequence[int] = (), progress: Any = None, new_group: str = ""
+    ) -> str:
         """Replace the ranks that failed (and ``ranks``) with fresh ones, then regroup
-        every rank; return what was done, in words. Whoever owns the session does it."""
+        every rank (``new_group``: why a new group is needed even when no rank is
+        replaced); return what was done, in words. Whoever owns the session does it."""
         raise SessionError(f"session {self.name!r}: its ranks cannot be replaced from here")
 
     async def restart_ranks(self) -> None:
@@ -682,6 +705,9 @@ class RankGroup:
             prog = run.progress[rank]
             prog.checked = prog.interrupted_at
         if outside and not run.done.is_set():
+            freed = await self._free(run, outside, where, sink)
+            outside = [r for r in outside if r not in freed]
+        if outside and not run.done.is_set():
             reason = why or (
                 f"did not take the interrupt within {self.interrupt_ack_s:g} s, and its "
                 "stack stayed outside Python"
@@ -701,6 +727,37 @@ class RankGroup:
                     "interrupts again"
                 )
             )
+
+    async def _free(
+        self,
+        run: CellTracker,
+        ranks: Sequence[int],
+        where: Mapping[int, str],
+        sink: queue.SimpleQueue[CellEvent] | None,
+    ) -> list[int]:
+        """Free ``ranks``, blocked outside Python, from a collective of their process group
+        (usually one a rank that took the interrupt left: `rank.group_sockets`), and wait
+        up to `FREE_WAIT_S` for each to say that Python took the interrupt. Those that do
+        are handling it, not stuck; the group is over for every rank, so all join a new
+        one after the cell (`CellResult.freed`). Returns them."""
+        asked = await self.free_from_collective(ranks)
+        if not asked:
+            return []
+        deadline = time.monotonic() + FREE_WAIT_S
+        while time.monotonic() < deadline and not run.done.is_set():
+            progress = [run.progress[r] for r in asked]
+            if all(p.finished or p.handling_interrupt for p in progress):
+                break
+            await asyncio.sleep(0.05)
+        freed = [r for r in asked if run.progress[r].finished or run.progress[r].handling_interrupt]
+        for r in freed:  # where it was blocked says more than where the interrupt landed
+            if where.get(r):
+                run.progress[r].ack_where = where[r]
+        if freed:
+            run.freed = tuple(sorted(set(run.freed) | set(freed)))
+            places = "; ".join(f"rank {r}: {where[r]}" for r in freed if where.get(r))
+            log.info("session %s: freed %s from a collective (%s)", self.name, freed, places)
+        return freed
 
     def _say_handling(
         self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, shown: list[str]
@@ -823,6 +880,12 @@ class RankGroup:
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
         """Each rank's stack dump (faulthandler text of every thread)."""
         raise SessionError(f"session {self.name!r}: stack dumps are not available here")
+
+    async def free_from_collective(self, ranks: Sequence[int]) -> list[int]:
+        """Ask ``ranks`` to free themselves from a collective of their process group
+        (`rank.group_sockets`); the ranks asked (none where the ranks' nodes cannot be
+        reached from here)."""
+        return []
 
     async def _dumps(self, ranks: Sequence[int]) -> dict[int, str]:
         """`stacks`, or none when they cannot be had."""

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from jupyter_dist.common.wire_names import REBUILT
 from jupyter_dist.errors import SessionError
 from jupyter_dist.text import ranks_label
 
@@ -149,18 +150,40 @@ class Recovery:
         faults = tuple(self.faults[r] for r in sorted(self.faults))
         return HealPlan(tuple(replace), tuple(sorted(set(lost_nodes))), faults)
 
-    def healed(self, plan: HealPlan, rebuild: Mapping[int, Sequence[str]]) -> str:
+    def healed(
+        self, plan: HealPlan, rebuild: Mapping[int, Sequence[str]], new_group: str = ""
+    ) -> str:
         """The group is new: forget the faults, count the generation, and return what the
-        next cell says (``rebuild``: per survivor, what was built on the old group)."""
+        next cell says (``rebuild``: per survivor, what was built on the old group;
+        ``new_group``: why the group was made anew besides the replaced ranks)."""
         self.generation += 1
         self.faults.clear()
         self.replaced = plan.replace
-        text = heal_report(plan, self.generation, rebuild)
-        return text
+        return heal_report(plan, self.generation, rebuild, new_group)
 
 
-def heal_report(plan: HealPlan, generation: int, rebuild: Mapping[int, Sequence[str]]) -> str:
+def heal_report(
+    plan: HealPlan, generation: int, rebuild: Mapping[int, Sequence[str]], new_group: str = ""
+) -> str:
     """What a heal did, in the words the next cell shows."""
+    names = sorted({name for found in rebuild.values() for name in found})
+    done = [n[: -len(REBUILT)] + ")" for n in names if n.endswith(REBUILT)]
+    left = [n for n in names if not n.endswith(REBUILT)]
+    rebuilt = " ".join(
+        [
+            f"Rebuilt on the new group in place: {', '.join(done)}." if done else "",
+            f"Built on the old group, rebuild on every rank: {', '.join(left)}." if left else "",
+        ]
+    ).strip()
+    freed = f"{new_group[:1].upper()}{new_group[1:]}." if new_group else ""
+    if not plan.replace:  # a new group alone: nothing was lost
+        lines = [
+            freed,
+            "Every rank kept its variables and all joined a new process group "
+            f"(generation {generation}).",
+            rebuilt,
+        ]
+        return " ".join(line for line in lines if line)
     whys = "; ".join(f.sentence() for f in plan.faults)
     replaced = ranks_label(list(plan.replace))
     nodes = f" (node {', '.join(map(str, plan.nodes))} started again)" if plan.nodes else ""
@@ -172,14 +195,13 @@ def heal_report(plan: HealPlan, generation: int, rebuild: Mapping[int, Sequence[
         + f". {'They start' if many else 'It starts'} empty; every other "
         f"rank kept its variables. All ranks joined a new process group (generation "
         f"{generation}).",
+        freed,
+        rebuilt,
     ]
-    names = sorted({name for found in rebuild.values() for name in found})
-    if names:
-        lines.append("Built on the old group, rebuild on every rank: " + ", ".join(names) + ".")
     lines.append(
         f"`%dist sync NAME[,NAME...] --from RANK` copies variables from a survivor to {replaced}."
     )
-    return " ".join(lines)
+    return " ".join(line for line in lines if line)
 
 
 def resize_report(added: Sequence[int], removed: Sequence[int], world: int, generation: int) -> str:

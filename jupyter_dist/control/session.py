@@ -442,21 +442,39 @@ class Session(RankGroup):
                 found[r] = ""
         return found
 
+    async def free_from_collective(self, ranks: Sequence[int]) -> list[int]:
+        """Ask ``ranks`` to free themselves from a collective of their process group,
+        through their nodes' agents; the ranks asked."""
+        by_node: dict[AgentClient, list[int]] = {}
+        for r in ranks:
+            rec = self.ranks[r]
+            if rec.node is not None and not rec.node.lost and rec.state != RankState.DEAD:
+                by_node.setdefault(rec.node, []).append(r)
+        asked: list[int] = []
+        for found in await asyncio.gather(
+            *(n.free(rs) for n, rs in by_node.items()), return_exceptions=True
+        ):
+            if isinstance(found, list):
+                asked += found
+        return sorted(asked)
+
     # -- healing and resizing ---------------------------------------------------------
-    async def heal(self, ranks: Sequence[int] = (), progress: Progress | None = None) -> str:
+    async def heal(
+        self, ranks: Sequence[int] = (), progress: Progress | None = None, new_group: str = ""
+    ) -> str:
         """Replace the ranks that died, were stuck or were lost (and ``ranks``) with fresh
         rank kernels of the same rank numbers, starting lost nodes again (the same host,
         else a spare of `spares`); then every rank joins a new process group. Survivors
         keep their namespace. Returns what was done, in words (`recovery.heal_report`)."""
         async with self._healing:  # a second heal asked meanwhile finds nothing left
-            return await self._heal(ranks, progress or (lambda _: None))
+            return await self._heal(ranks, progress or (lambda _: None), new_group)
 
-    async def _heal(self, ranks: Sequence[int], say: Progress) -> str:
+    async def _heal(self, ranks: Sequence[int], say: Progress, new_group: str = "") -> str:
         if self.state == SessionState.STOPPED:
             raise SessionError(f"session {self.name!r} was shut down; start it again instead")
         lost_nodes = [n.node_rank for n in self.nodes if n.lost]
         plan = self.recovery.plan(lost_nodes, ranks)
-        if not plan.replace and not plan.nodes:
+        if not plan.replace and not plan.nodes and not new_group:
             return f"session {self.name!r} has nothing to heal: every rank is alive"
         self.move(SessionState.HEALING)
         try:
@@ -478,7 +496,7 @@ class Session(RankGroup):
                     "again, `%dist restart` starts every rank afresh"
                 ) from None
             raise
-        text = self.recovery.healed(plan, rebuild)
+        text = self.recovery.healed(plan, rebuild, new_group)
         self.broken_reason = ""
         self.move(SessionState.READY)
         self.turns.ranks_restarted()
@@ -727,7 +745,7 @@ class Session(RankGroup):
             "import jupyter_dist.rank.regroup as _jd_regroup\n"
             f"_jd_regroup.join({init!r}, {rdzv.master_addr!r}, {rdzv.master_port}, "
             f"{self.spec.world_size}, {generation}, {self.timeouts.process_group!r}, "
-            f"{list(self.spec.counts)!r})\n"
+            f"{list(self.spec.counts)!r}, {not replace})\n"
             "del _jd_regroup\n",
             sorted(self.ranks), sink=outputs,
             timeout=self.timeouts.process_group + 30, silent=True,

@@ -88,6 +88,7 @@ from jupyter_dist.common.temp_space import unwritable
 from jupyter_dist.node.rank_trees import RankTrees
 from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
 from jupyter_dist.rank.output_log import read_output, remove_parts
+from jupyter_dist.rank.stack_dumps import FREE_REQUEST
 
 if TYPE_CHECKING:
     from jupyter_dist.node.samples import Sampler
@@ -404,6 +405,9 @@ class Agent:
                     None if ranks is None else set(ranks), bool(cmd.get("fallback", False))
                 )
                 self.emit({"event": "reply", "id": cmd["id"], "offsets": offsets})
+            elif cmd["op"] == "free":
+                freed = self.free_ranks(set(cmd.get("ranks") or ()))
+                self.emit({"event": "reply", "id": cmd["id"], "ranks": freed})
             elif cmd["op"] == "sample":
                 if self.sampler is None:
                     from jupyter_dist.node.samples import Sampler
@@ -710,6 +714,18 @@ class Agent:
                 offsets.pop(str(child.rank), None)
                 continue
         return offsets
+
+    def free_ranks(self, ranks: set[int]) -> list[int]:
+        """Ask each of ``ranks`` to free its main thread from a collective of its process
+        group (`rank.group_sockets`); the ranks asked."""
+        asked: list[int] = []
+        for child in self.children.values():
+            if child.rank not in ranks or child.stacks_fd < 0:
+                continue
+            with contextlib.suppress(OSError):
+                os.write(child.stacks_fd, FREE_REQUEST)
+                asked.append(child.rank)
+        return sorted(asked)
 
     def signal_rank(self, rank: int, name: str) -> None:
         pid = self._pid_of(rank)

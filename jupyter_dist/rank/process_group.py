@@ -40,6 +40,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from jupyter_dist.rank import group_sockets
 from jupyter_dist.settings import GENERATION_VAR
 
 #: how many groups this rank has created through `install`'s wrapper
@@ -49,6 +50,14 @@ _WRAPPED = "_jupyter_dist_wrapped"
 _retired: list[Any] = []
 #: at most this many are kept (the oldest are let go)
 MAX_RETIRED = 64
+
+
+def _store_port() -> int | None:
+    """The session's store's port (its connections are not the group's own)."""
+    try:
+        return int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _backend_name(backend: Any) -> str:
@@ -188,29 +197,31 @@ def install() -> None:
             )
             base, me, world = next(found)
             store = c10d.PrefixStore(f"{_prefix()}pg-{_generation}/", base)
+            with group_sockets.recording(_store_port()):
+                return original(
+                    backend,
+                    timeout=timeout,
+                    world_size=world,
+                    rank=me,
+                    store=store,
+                    group_name=group_name,
+                    pg_options=pg_options,
+                    device_id=device_id,
+                    **kwargs,
+                )
+        with group_sockets.recording(_store_port()):
             return original(
                 backend,
-                timeout=timeout,
-                world_size=world,
-                rank=me,
-                store=store,
-                group_name=group_name,
-                pg_options=pg_options,
-                device_id=device_id,
+                init_method,
+                timeout,
+                world_size,
+                rank,
+                store,
+                group_name,
+                pg_options,
+                device_id,
                 **kwargs,
             )
-        return original(
-            backend,
-            init_method,
-            timeout,
-            world_size,
-            rank,
-            store,
-            group_name,
-            pg_options,
-            device_id,
-            **kwargs,
-        )
 
     setattr(init_process_group, _WRAPPED, True)
     torch_modules: list[Any] = [c10d, dist]  # replaced on both, for either import style

@@ -26,6 +26,9 @@ from collections.abc import Callable
 from types import FrameType
 
 THREAD_NAME = "jupyter-dist-stacks"
+#: the byte that asks the thread to free the main thread from a collective of its process
+#: group (`rank.group_sockets.free`); any other byte asks for a dump
+FREE_REQUEST = b"f"
 #: innermost frames kept per thread, as faulthandler does
 MAX_FRAMES = 100
 
@@ -48,7 +51,9 @@ def format_threads(frames: dict[int, FrameType], skip: int | None = None) -> str
 
 
 def answer_requests(fd: int, write: Callable[[str], None]) -> None:
-    """Write a dump for each byte read from ``fd``, until the agent's end is closed."""
+    """Write a dump for each request read from ``fd`` (any byte but `FREE_REQUEST`), and
+    free the main thread from its group's collective for `FREE_REQUEST`
+    (`rank.group_sockets`), until the agent's end is closed."""
     me = threading.get_ident()
     while True:
         try:
@@ -59,8 +64,14 @@ def answer_requests(fd: int, write: Callable[[str], None]) -> None:
             return
         if not wanted:  # the agent is gone
             return
-        with contextlib.suppress(Exception):
-            write(format_threads(sys._current_frames(), skip=me))
+        if FREE_REQUEST in wanted:
+            with contextlib.suppress(Exception):
+                from jupyter_dist.rank import group_sockets
+
+                group_sockets.free()
+        if wanted.strip(FREE_REQUEST):
+            with contextlib.suppress(Exception):
+                write(format_threads(sys._current_frames(), skip=me))
 
 
 def start(fd: int, write: Callable[[str], None]) -> threading.Thread:

@@ -578,6 +578,8 @@ class SessionActionHandler(DistHandler):
 
 #: spare hosts a heal or resize request may name
 MAX_SPARES = 64
+#: the longest reason for a new group a heal request may give
+MAX_WHY_CHARS = 2000
 
 
 def _list_of(body: dict[str, Any], key: str, kind: type, limit: int) -> list[Any]:
@@ -598,7 +600,8 @@ def _spares(body: dict[str, Any]) -> tuple[HostSpec, ...]:
 
 class SessionRecoveryHandler(DistHandler):
     """``/sessions/NAME/heal`` and ``/sessions/NAME/resize``: replace what failed, or give
-    the session another shape; every surviving rank keeps its variables."""
+    the session another shape; every surviving rank keeps its variables.
+    ``/sessions/NAME/free``: free ranks stuck in a collective (`Session.free_from_collective`)."""
 
     @web.authenticated
     @authorized
@@ -608,6 +611,11 @@ class SessionRecoveryHandler(DistHandler):
         body = self.json_body() if self.request.body else {}
         if not isinstance(body, dict):
             raise SpecError(f"the body: expected a JSON object, got {type(body).__name__}")
+        if action == "free":
+            ranks = _list_of(body, "ranks", int, session.spec.world_size)
+            session.check_ranks(ranks)
+            self.reply({"ranks": await session.free_from_collective(ranks)})
+            return
         spares = _spares(body)
         if action == "heal":
             ranks = _list_of(body, "ranks", int, session.spec.world_size)
@@ -618,7 +626,13 @@ class SessionRecoveryHandler(DistHandler):
             now = body.get("now", True)
             if not isinstance(now, bool):
                 raise SpecError(f"now: expected true or false, got {str(now)[:40]}")
-            said = await self.manager.heal(name, ranks, spares, auto, now)
+            new_group = body.get("new_group", "")
+            if not isinstance(new_group, str) or len(new_group) > MAX_WHY_CHARS:
+                raise SpecError(
+                    f"new_group: expected words of at most {MAX_WHY_CHARS} characters, got "
+                    f"{str(new_group)[:40]}"
+                )
+            said = await self.manager.heal(name, ranks, spares, auto, now, new_group=new_group)
         else:
             counts = _list_of(body, "counts", int, MAX_NODES)
             if not counts or any(c < 1 for c in counts):
@@ -705,5 +719,5 @@ HANDLERS = [
     (rf"{API_PREFIX}/sessions/{_NAME}/connection", ConnectionHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/stacks", StacksHandler),
     (rf"{API_PREFIX}/sessions/{_NAME}/(?P<action>interrupt|restart)", SessionActionHandler),
-    (rf"{API_PREFIX}/sessions/{_NAME}/(?P<action>heal|resize)", SessionRecoveryHandler),
+    (rf"{API_PREFIX}/sessions/{_NAME}/(?P<action>heal|resize|free)", SessionRecoveryHandler),
 ]

@@ -214,12 +214,14 @@ class AttachedSession(RankGroup):
         await self.client.restart(self.name)
         self.stale = True
 
-    async def heal(self, ranks: Sequence[int] = (), progress: Any = None) -> str:
+    async def heal(
+        self, ranks: Sequence[int] = (), progress: Any = None, new_group: str = ""
+    ) -> str:
         """Asked of the server, which owns the ranks; then this object talks to the new
         ones (still in this notebook's turn, so its cell runs on them)."""
         if self.client is None:
-            return await super().heal(ranks, progress)
-        reply = await self.client.heal(self.name, {"ranks": list(ranks)})
+            return await super().heal(ranks, progress, new_group)
+        reply = await self.client.heal(self.name, {"ranks": list(ranks), "new_group": new_group})
         await self.refresh(REFRESH_TIMEOUT_S)
         return reply["said"]
 
@@ -245,6 +247,12 @@ class AttachedSession(RankGroup):
         if run.sink is not None:  # news while it runs: the cell's error says it again
             run.sink.put(Notice(text, transient=True))
         return True
+
+    async def free_from_collective(self, ranks: Sequence[int]) -> list[int]:
+        """Asked of the server, whose agents reach the ranks."""
+        if self.client is None:
+            return await super().free_from_collective(ranks)
+        return await self.client.free(self.name, list(ranks))
 
     async def stacks(self, ranks: Sequence[int] | None = None) -> dict[int, str]:
         """Asked of the server, whose agents can signal the ranks."""

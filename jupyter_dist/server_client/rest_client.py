@@ -163,6 +163,10 @@ class ServerClient:
         found: RecoveryReply = await self.call("POST", f"sessions/{quote(name)}/heal", body)
         return found
 
+    async def free(self, name: str, ranks: list[int]) -> list[int]:
+        found = await self.call("POST", f"sessions/{quote(name)}/free", {"ranks": ranks})
+        return [int(r) for r in found["ranks"]]
+
     async def resize(self, name: str, body: ResizeRequest) -> RecoveryReply:
         found: RecoveryReply = await self.call("POST", f"sessions/{quote(name)}/resize", body)
         return found

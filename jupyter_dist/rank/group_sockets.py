@@ -1,0 +1,122 @@
+"""The connections of a rank's process group, and freeing a rank stuck in one of its
+collectives.
+
+A stop interrupts every rank at once, but a rank sits where the signal lands: one may
+raise ``KeyboardInterrupt`` in its forward pass while another already waits in the
+backward pass's all-reduce for it. That one waits in C code, where no interrupt reaches,
+for a peer that will never come: gloo gives up only after the group's timeout (30 minutes
+by default). Nothing in the rank is wrong but its group.
+
+gloo ends a collective at once, with an error, when a connection of its group closes (the
+"Connection closed by peer" of a rank that died). So while the group is made (`recording`,
+around ``init_process_group``), the rank notes the connected TCP sockets that appear: the
+group's pairs to the other ranks, not its listener and not the session's store. To free
+the main thread (`free`, run by another thread of the rank: `rank.stack_dumps`), those
+sockets are shut down, not closed (their numbers stay the group's, so no later file can
+take them): the waiting collective fails, the main thread returns to Python, the pending
+interrupt is raised there, and the rank answers as any interrupted rank does. Its peers'
+ends close too, so the group is over for every rank: the session joins them all in a new
+one (`rank.regroup`), and every rank keeps its variables. A listener is left alone: gloo
+aborts the process when its listener fails.
+
+For an NCCL group the backend's own ``abort`` ends its communicators' collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+
+_FD_DIR = "/proc/self/fd"
+#: the current group's connections: (file descriptor, ``socket:[inode]``)
+_held: list[tuple[int, str]] = []
+
+
+def _sockets() -> dict[int, str]:
+    """This process's sockets: file descriptor -> ``socket:[inode]``."""
+    found: dict[int, str] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(_FD_DIR):
+            with contextlib.suppress(OSError, ValueError):
+                link = os.readlink(f"{_FD_DIR}/{name}")
+                if link.startswith("socket:"):
+                    found[int(name)] = link
+    return found
+
+
+def _is_pair(fd: int, store_port: int | None) -> bool:
+    """Whether ``fd`` is a connected TCP socket that is not the store's."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return False
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.family not in (
+            socket.AF_INET,
+            socket.AF_INET6,
+        ):
+            return False
+        peer = sock.getpeername()
+        here = sock.getsockname()
+    except OSError:  # not connected: a listener
+        return False
+    finally:
+        sock.detach()  # the descriptor stays open: it is the group's
+    return store_port not in (peer[1], here[1])
+
+
+@contextlib.contextmanager
+def recording(store_port: int | None) -> Iterator[None]:
+    """Note the group connections made inside the block (the default group's, replacing
+    those of the group before)."""
+    before = _sockets()
+    try:
+        yield
+    finally:
+        after = _sockets()
+        made = [(fd, link) for fd, link in after.items() if before.get(fd) != link]
+        _held[:] = [(fd, link) for fd, link in made if _is_pair(fd, store_port)]
+
+
+def held() -> int:
+    """How many connections of the current group are known."""
+    return len(_held)
+
+
+def free() -> int:
+    """Shut down the current group's connections, so that a collective waiting on them
+    fails at once; abort an NCCL group's communicators. Returns how many were shut."""
+    shut = 0
+    for fd, link in _held:
+        try:
+            if os.readlink(f"{_FD_DIR}/{fd}") != link:
+                continue  # closed since, and the number taken by something else
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            shut += 1
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+    _abort_accelerator_group()
+    return shut
+
+
+def _abort_accelerator_group() -> None:
+    """``abort`` the default group's backend where it is not gloo (NCCL's ends its
+    communicators' waiting collectives); nothing when torch is not loaded."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):
+        if dist.get_backend() == "gloo":
+            return
+        group = dist.distributed_c10d._get_default_group()
+        group.abort()
