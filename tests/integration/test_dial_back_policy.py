@@ -114,3 +114,38 @@ def test_credentials_others_may_read_are_refused(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert f"credentials file '{path}': mode 644, expected 600" in out.stderr
+
+
+@in_loop
+async def test_renewed_credentials_let_in_the_new_node_alone() -> None:
+    """A lost node's place is taken with fresh keys (``renew``): the old node, dialling
+    again with its own, is refused; the one given the new credentials is node 0."""
+    async with dialled() as (listener, conn):
+        old_key = conn.get_server_host_key()
+        listener.renew(0)
+        conn.close()  # the old node dials again at once, with the old key
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not listener.refused:
+            assert loop.time() < deadline, "the old node's second dial was not refused"
+            await asyncio.sleep(0.05)
+        new = subprocess.Popen(
+            [*NODE, listener.address, "--credentials", "-", "--retry", "2"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert new.stdin is not None
+            new.stdin.write(listener.credentials(0))
+            new.stdin.close()
+            taken = await listener.connection(0)
+            key = taken.get_server_host_key()
+            assert key is not None and old_key is not None
+            assert key.public_data != old_key.public_data
+            assert key.public_data == listener.host_keys[0].public_data
+            taken.close()
+        finally:
+            new.kill()
+            new.wait()

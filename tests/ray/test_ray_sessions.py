@@ -288,28 +288,79 @@ def test_the_notebook_kernel_killed_leaves_nothing_on_the_cluster(
         assert not nothing_left(ray_nodes, 30), nothing_left(ray_nodes, 0)
 
 
+#: per rank: an all_reduce of rank+1 over the session's group, its generation, and what
+#: it kept of ``kept``
+SUM = (
+    "import torch, torch.distributed as dist, jupyter_dist\n"
+    "t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)\n"
+    "print('sum', int(t.item()), 'generation', jupyter_dist.info().generation, "
+    "'kept', globals().get('kept'))\n"
+)
+
+
+def session_state(kernel: NetnsKernel, name: str, want: str, within: float = 30) -> str:
+    """Session ``name``'s state as its owner, the notebook kernel, has it, once it is
+    ``want`` or ``within`` seconds passed."""
+    reply = kernel.run(
+        "import time as _t\n"
+        "from jupyter_dist.notebook.owners import embedded_owner as _owner\n"
+        f"_end = _t.monotonic() + {within}\n"
+        f"while (_s := _owner().manager.get({name!r}).status()['state']) != {want!r}:\n"
+        "    if _t.monotonic() > _end: break\n"
+        "    _t.sleep(0.2)\n"
+        "print('state', _s)\n"
+    )
+    assert reply.ok, reply.text
+    return reply.text.split("state ")[-1].strip()
+
+
 @pytest.mark.timeout(900)  # the node starts again: `ray start` and its registration
-def test_a_ray_node_killed_mid_cell_fails_the_cell_naming_it(
-    ray_nodes: RayCluster, tmp_path: Path
+def test_a_lost_ray_node_fails_the_cell_naming_it_and_heal_places_it_again(
+    ray_nodes: RayCluster, kernel: NetnsKernel, tmp_path: Path
 ) -> None:
-    """Last: the node is started again afterwards."""
-    with notebook_kernel(ray_nodes, tmp_path) as kernel:
-        assert kernel.run("%load_ext jupyter_dist").ok
-        reply = kernel.run(f"%%distributed --ray --nodes 2 --procs 1 --ray-gpus 1\n{WHERE}")
-        assert reply.ok, reply.text
-        victim = ray_nodes.network.addresses[2]
-        mark = tmp_path / "running"
-        killer = when_running(mark, 2, lambda: ray_nodes.kill_node(2))
-        try:
-            reply = kernel.run(f"%%distributed\n{RUNNING.format(mark=str(mark))}", timeout=120)
-            failed_after = time.monotonic() - fault_at(mark)
-            assert not reply.ok
-            assert victim in reply.text, reply.text
-            # within 10 s where nothing else runs (README); the bound leaves a loaded
-            # machine its slack
-            assert failed_after < 30, failed_after
-        finally:
-            killer.join()
-            kernel.run("%dist shutdown --all")
+    """Last: the node is started again (it is also what the healed node is placed on)."""
+    flags = "--ray --nodes 2 --procs 1 --ray-gpus 1 --session h"  # on the two worker nodes
+    reply = kernel.run(f"%%distributed {flags}\nimport os\nkept = 40 + int(os.environ['RANK'])")
+    assert reply.ok, reply.text
+    ranks = where(kernel.run(f"%%distributed --session h\n{WHERE}").text)
+    lost = next(r for r, w in ranks.items() if int(w[1]) in ray_nodes.pids(2))
+    victim = ray_nodes.network.addresses[2]
+    mark = tmp_path / "running"
+    killer = when_running(mark, 2, lambda: ray_nodes.kill_node(2))
+    restarted = False
+    try:
+        reply = kernel.run(
+            f"%%distributed --session h\n{RUNNING.format(mark=str(mark))}", timeout=120
+        )
+        failed_after = time.monotonic() - fault_at(mark)
+        assert not reply.ok
+        assert victim in reply.text, reply.text
+        # within 10 s where nothing else runs (README); the bound leaves a loaded
+        # machine its slack
+        assert failed_after < 30, failed_after
+        killer.join()
+        assert session_state(kernel, "h", "degraded") == "degraded"
+        ray_nodes.restart_node(2)  # a node with room for the lost bundle (the only one)
+        restarted = True
+        began = time.monotonic()
+        healed = kernel.run("%dist heal --session h", timeout=300)
+        took = time.monotonic() - began
+        assert healed.ok, healed.text
+        said = " ".join(healed.text.split())
+        assert f"rank {lost} replaced by a fresh rank kernel (node " in said, said
+        assert re.search(
+            rf"node \d: Ray node {re.escape(victim)} \(\S+\), GPUs \S+ in place of", said
+        ), said
+        back = kernel.run(f"%%distributed --session h\n{SUM}")
+        assert back.ok, back.text
+        kept = {r: lines[0] for r, lines in with_start(back.text, "sum").items()}
+        assert kept == {
+            r: f"sum 3 generation 1 kept {None if r == lost else 40 + r}" for r in (0, 1)
+        }, (back.text, took)
+        assert session_state(kernel, "h", "ready", within=0) == "ready"
+    finally:
+        killer.join()
+        kernel.run("%dist shutdown --session h")
+        if not restarted:
             ray_nodes.restart_node(2)
     assert not nothing_left(ray_nodes, 30), nothing_left(ray_nodes, 0)

@@ -3,13 +3,18 @@ it: bundles, feasibility, the texts; the ``--ray`` shapes and their errors."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
 import pytest
 
 from jupyter_dist.common.ray_options import RaySpec
 from jupyter_dist.common.spec import SessionSpec, ShapeRequest, check_same_shape, resolve_shape
-from jupyter_dist.control.launchers import placement_for
+from jupyter_dist.control.launchers import placement_for, ray_driver
 from jupyter_dist.control.launchers.ray import RayPlacement, bundles
 from jupyter_dist.control.launchers.ray_driver import (
+    Driver,
+    PlacementError,
     ask_text,
     cluster_text,
     explain,
@@ -143,3 +148,55 @@ def test_only_ray_sessions_get_a_placement_and_it_reads_ray_address() -> None:
     assert isinstance(placement, RayPlacement) and placement.address == "head:6379"
     flagged = ray_spec(ShapeRequest(launcher="ray", procs=1, ray=RaySpec(address="h2:7000")))
     assert RayPlacement(flagged, {"RAY_ADDRESS": "head:6379"}).address == "h2:7000"
+
+
+def lost_bundle_driver(
+    monkeypatch: pytest.MonkeyPatch, homes: Iterator[str], nodes: list[dict[str, object]]
+) -> Driver:
+    """A driver whose node 1 (once on 10.0.0.3) was lost, its bundle held on ``homes`` in
+    turn (``""``: on none yet), on a cluster of ``nodes``; Ray itself not asked."""
+    driver = Driver(
+        {"owner": "me@box/1", "session": "s", "bundles": [{"CPU": 1.0, "GPU": 1.0}] * 2,
+         "strategy": "STRICT_SPREAD", "timeout": 5}
+    )  # fmt: skip
+    driver.placed = [{"node_id": "10.0.0.2"}, {"node_id": "10.0.0.3"}]
+    monkeypatch.setattr(driver, "bundle_home", lambda _i: (next(homes), "RESCHEDULING"))
+    monkeypatch.setattr(ray_driver, "cluster_nodes", lambda: nodes)
+    monkeypatch.setattr(ray_driver, "free_nodes", lambda _b, _n: 0)
+    monkeypatch.setattr(ray_driver, "REPLACE_POLL_S", 0.0)
+    monkeypatch.setattr(ray_driver, "PROGRESS_EVERY_S", 0.0)
+    return driver
+
+
+def test_a_lost_nodes_bundle_is_awaited_until_ray_holds_it_on_a_live_node(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = [*CLUSTER[:2], node("10.0.0.3", 4, 4, alive=False), node("10.0.0.4", 4, 4)]
+    homes = iter(["", "10.0.0.3", "10.0.0.4"])  # not yet; its dead node; a new one
+    driver = lost_bundle_driver(monkeypatch, homes, dead)
+    driver._await_bundle(1, deadline=float("inf"), timeout=5)
+    said = [json.loads(line)["text"] for line in capsys.readouterr().out.splitlines()]
+    assert said[0].startswith(
+        "node 1: waiting for Ray to place bundle 1 (1 GPU, 1 CPU, STRICT_SPREAD: apart from "
+        "the other nodes' bundles) again (its Ray node is gone): 0 node(s) have room now; "
+        "the cluster has 3 nodes: 10.0.0.1 (4 CPUs); "
+    ), said
+    assert said[-1] == (
+        "node 1: Ray placed bundle 1 (1 GPU, 1 CPU, STRICT_SPREAD: apart from the other "
+        "nodes' bundles) again"
+    )
+
+
+def test_a_lost_nodes_bundle_not_held_in_time_names_the_ask_and_the_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dead = [*CLUSTER[:2], node("10.0.0.3", 4, 4, alive=False)]
+    driver = lost_bundle_driver(monkeypatch, iter(lambda: "", None), dead)
+    with pytest.raises(PlacementError) as failed:
+        driver._await_bundle(1, deadline=0.0, timeout=7)
+    assert str(failed.value) == (
+        "node 1: waited 7 s for Ray to place bundle 1 (1 GPU, 1 CPU, STRICT_SPREAD: apart "
+        "from the other nodes' bundles) again (the placement group is RESCHEDULING): 0 "
+        "node(s) have room now; the cluster has 2 nodes: 10.0.0.1 (4 CPUs); 10.0.0.2 (4 "
+        "GPUs, 4 CPUs)"
+    )

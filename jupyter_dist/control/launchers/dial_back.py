@@ -86,14 +86,13 @@ class DialBackListener:
 
     async def start(self) -> None:
         """Listen; nodes may dial from now on."""
-        trusted = [k.convert_to_public() for k in self.host_keys]
         self._server = await asyncssh.listen_reverse(
             self.host,
             self.port,
             acceptor=self._accepted,
             error_handler=self._failed,
             client_factory=LinkWatch,
-            known_hosts=lambda _h, _a, _p: (trusted, [], []),
+            known_hosts=self._trusted,  # asked on each connection: `renew` takes effect
             client_keys=[self.client_key],
             username=USER,
             config=[],
@@ -126,6 +125,24 @@ class DialBackListener:
                 "client_key": self.client_key.export_public_key().decode(),
             }
         )
+
+    def renew(self, node: int) -> None:
+        """Fresh credentials for node ``node`` (a new host key; `credentials` hands it out)
+        for the machine that takes a lost node's place: the lost one, should it dial again
+        with the old key, is refused, and a connection of it still waiting is closed."""
+        self._check_node(node)
+        del self._node_of[self.host_keys[node].public_data]
+        self.host_keys[node] = asyncssh.generate_private_key(KEY_ALGORITHM)
+        self._node_of[self.host_keys[node].public_data] = node
+        queue = self._arrived[node]
+        while not queue.empty():
+            queue.get_nowait().close()
+
+    def _trusted(
+        self, _host: str, _addr: str, _port: int | None
+    ) -> tuple[list[asyncssh.SSHKey], list[asyncssh.SSHKey], list[asyncssh.SSHKey]]:
+        """The host keys a node may show: the current one of each node."""
+        return [k.convert_to_public() for k in self.host_keys], [], []
 
     def write_credentials(self, node: int, path: str) -> None:
         """`credentials` into a new file ``path`` of mode 0600 (an existing one is refused)."""

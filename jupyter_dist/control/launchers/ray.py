@@ -14,6 +14,10 @@ process: `RayPlacement` starts it, relays its progress, and stops it with the se
 driver ends with its stdin, so a notebook kernel or server that dies takes its sessions'
 actors and placement groups with it (Ray removes a driver's), and the actors' ends end the
 nodes' dial-back processes, agents and ranks.
+
+A node whose Ray node was lost is placed again by a heal (`RayPlacement.replace_node`): Ray
+reschedules a dead node's bundles on its own, the driver waits for the node's bundle and
+starts a new actor in it, and the node's agent dials back with fresh credentials.
 """
 
 from __future__ import annotations
@@ -73,6 +77,13 @@ def bundles(spec: SessionSpec) -> list[dict[str, float]]:
     return out
 
 
+def node_text(info: Mapping[str, Any]) -> str:
+    """``Ray node 10.0.0.2 (worker1), GPUs 0,1``: a node as its actor described it."""
+    gpus = info.get("gpu_ids") or []
+    held = f", GPUs {','.join(gpus)}" if gpus else ""
+    return f"Ray node {info.get('ip')} ({info.get('hostname')}){held}"
+
+
 class RayPlacement(Placement):
     """One session on a Ray cluster: its driver process, its listener, its nodes."""
 
@@ -92,6 +103,7 @@ class RayPlacement(Placement):
         self._stderr: collections.deque[str] = collections.deque(maxlen=40)
         self._tasks: list[asyncio.Task[None]] = []
         self._exit_news = asyncio.Event()
+        self._requests = 0  # replacement requests sent to the driver
 
     # -- place ---------------------------------------------------------------------------
     async def place(self, progress: Callable[[str], None], timeout: float) -> None:
@@ -137,15 +149,52 @@ class RayPlacement(Placement):
         placed = await self._next("placed", progress, (self.ray.timeout or timeout) + 30)
         self.nodes = list(placed["nodes"])
         for node, info in enumerate(self.nodes):
-            gpus = info.get("gpu_ids") or []
-            held = f", GPUs {','.join(gpus)}" if gpus else ""
-            progress(f"node {node}: Ray node {info.get('ip')} ({info.get('hostname')}){held}")
+            progress(f"node {node}: {node_text(info)}")
+
+    async def replace_node(
+        self, node: int, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        """Node ``node``'s bundle held again and a new actor in it: Ray reschedules the
+        bundles of a dead node on its own, the driver waits for it (``--ray-timeout``, else
+        ``timeout``) and starts the actor, which dials in with the node's fresh
+        credentials (the lost machine's, should it come back, no longer open the door)."""
+        if self.listener is None or self.driver is None or self.driver.returncode is not None:
+            raise AgentError(f"Ray: node {node} cannot be placed again: the session's driver "
+                             f"has ended{self._stderr_text()}")  # fmt: skip
+        while not self._events.empty():  # what came since: exits are kept by the reader
+            stale = self._events.get_nowait()
+            if stale.get("event") in ("failed", "ended"):
+                self._events.put_nowait(stale)
+                break
+        self.listener.renew(node)
+        self._requests += 1
+        wait = self.ray.timeout or timeout
+        self._send(
+            {
+                "op": "replace",
+                "request": self._requests,
+                "node": node,
+                "credentials": self.listener.credentials(node),
+                "timeout": wait,
+            }
+        )
+        done = await self._next("replaced", progress, wait + 30, request=self._requests)
+        lost = self.nodes[node] if node < len(self.nodes) else {}
+        info = dict(done["info"])
+        self.nodes[node] = info
+        self.exits.pop(node, None)  # what ended was the lost node; this one runs
+        was = f" in place of {lost.get('ip')} ({lost.get('hostname')})" if lost else ""
+        progress(f"node {node}: {node_text(info)}{was}")
 
     async def _next(
-        self, wanted: str, progress: Callable[[str], None], timeout: float
+        self,
+        wanted: str,
+        progress: Callable[[str], None],
+        timeout: float,
+        request: int | None = None,
     ) -> dict[str, Any]:
-        """The driver's next ``wanted`` event, relaying its progress; `AgentError` if it
-        fails, ends or says nothing for ``timeout`` seconds."""
+        """The driver's next ``wanted`` event (of ``request``, when given), relaying its
+        progress; `AgentError` if it fails, ends or says nothing for ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -158,6 +207,11 @@ class RayPlacement(Placement):
                     f"(waiting for {wanted}){self._stderr_text()}"
                 ) from None
             kind = event.get("event")
+            if request is not None and kind in (wanted, "replace_failed"):
+                if event.get("request") != request:
+                    continue  # an earlier request's late answer
+                if kind == "replace_failed":
+                    raise AgentError(f"Ray: {event.get('error')}")
             if kind == wanted:
                 return event
             if kind == "progress":

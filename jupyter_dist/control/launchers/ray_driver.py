@@ -6,13 +6,22 @@ Jupyter server, and so that whatever this session holds on the cluster is tied t
 process: Ray removes a driver's actors and placement groups when the driver ends, and this
 driver ends when its stdin does (its owner exited, or was killed).
 
+A node whose Ray node was lost is placed again on request: Ray reschedules the bundles of a
+dead node on its own (a placement group's bundles on a node that dies are reserved again
+elsewhere, before other placement groups are scheduled; with no room, the group waits,
+partly placed, for a node to join); the driver waits for the node's bundle to be held
+again, up to a bound, and starts a new actor in it.
+
 It speaks JSON lines. On stdin, from the owner: the request (the cluster's address, the
 bundles, the strategy, the names), then, once the driver said where it stands
 (``connected``: its address), the listener the nodes dial and each node's credentials
 (secret: they travel on this pipe and in the actors' arguments, never in a log, a
-process title or an actor's name), then ``{"op": "stop"}`` or the end of stdin. On stdout,
-events: ``connected``, ``progress``, ``placed`` (each node's address and GPUs), ``failed``,
-``node_exited``, ``released``.
+process title or an actor's name), then any number of ``{"op": "replace", "request": ID,
+"node": N, "credentials": ..., "timeout": S}`` (node N's bundle held again and a new actor
+in it, dialling the same listener with the node's fresh credentials), then
+``{"op": "stop"}`` or the end of stdin. On stdout, events: ``connected``, ``progress``,
+``placed`` (each node's address and GPUs), ``failed``, ``node_exited``, ``replaced`` (ID,
+N and the node's address and GPUs) or ``replace_failed`` (ID, N and why), ``released``.
 
 Names: the placement group is ``jupyter_dist/OWNER/SESSION`` and node N's actor
 ``jupyter_dist/OWNER/SESSION/N``, in the ``jupyter_dist`` namespace, where OWNER is the
@@ -49,11 +58,16 @@ PROGRESS_EVERY_S = 3.0
 PROGRESS_REPEAT_S = 30.0
 #: the most bytes of one line the owner sends
 MAX_LINE = 4 << 20
+#: seconds between looks at a lost node's bundle and its new actor while they are awaited
+REPLACE_POLL_S = 1.0
+_emitting = threading.Lock()
 
 
 def emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+    line = json.dumps({"event": event, **fields}) + "\n"
+    with _emitting:  # the watch and a replacement's thread both speak
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def read_line() -> dict[str, Any] | None:
@@ -225,7 +239,15 @@ class Driver:
         self.python: str | None = request.get("python")
         self.group: Any = None
         self.actors: list[Any] = []
+        #: what each node's actor said of it once started (its Ray node's id among it)
+        self.placed: list[dict[str, Any]] = []
+        #: the owner's listener (``HOST:PORT``) the nodes dial
+        self.listener = ""
         self.stopping = threading.Event()
+        #: the watched actors' ``wait`` calls: ref -> node; guarded by ``lock``, which a
+        #: replacement's thread takes to swap a node's actor
+        self.waits: dict[Any, int] = {}
+        self.lock = threading.Lock()
 
     def place(self) -> None:
         """Make the placement group and wait for it, saying why while it waits."""
@@ -272,24 +294,9 @@ class Driver:
     def start_nodes(self, listener: str, credentials: Sequence[str]) -> list[dict[str, Any]]:
         """One actor per bundle, each starting its node's dial-back process."""
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        module, _, cls_name = HOST_CLASS.partition(":")
-        host_class = getattr(__import__(module, fromlist=[cls_name]), cls_name)
-        remote = ray.remote(host_class)
-        for index, bundle in enumerate(self.bundles):
-            options: dict[str, Any] = {
-                "name": actor_name(self.owner, self.session, index),
-                "num_cpus": bundle.get("CPU", 0),
-                "num_gpus": bundle.get("GPU", 0),
-                "max_restarts": 0,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    self.group, placement_group_bundle_index=index
-                ),
-            }
-            if self.runtime_env:
-                options["runtime_env"] = self.runtime_env
-            self.actors.append(remote.options(**options).remote())
+        self.listener = listener
+        self.actors = [self._new_actor(index) for index in range(len(self.bundles))]
         refs = [
             a.start.remote(listener, creds, self.python)
             for a, creds in zip(self.actors, credentials, strict=True)
@@ -305,7 +312,31 @@ class Driver:
                     f"{len(pending)} of {len(refs)} node actors did not start within "
                     f"{self.timeout:.0f} s (a runtime environment still being prepared?)"
                 )
-        return [self._result(i, ref) for i, ref in enumerate(refs)]
+        self.placed = [self._result(i, ref) for i, ref in enumerate(refs)]
+        with self.lock:
+            self.waits = {a.wait.remote(): i for i, a in enumerate(self.actors)}
+        return self.placed
+
+    def _new_actor(self, index: int) -> Any:
+        """Node ``index``'s actor, in bundle ``index`` of the placement group."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        module, _, cls_name = HOST_CLASS.partition(":")
+        host_class = getattr(__import__(module, fromlist=[cls_name]), cls_name)
+        bundle = self.bundles[index]
+        options: dict[str, Any] = {
+            "name": actor_name(self.owner, self.session, index),
+            "num_cpus": bundle.get("CPU", 0),
+            "num_gpus": bundle.get("GPU", 0),
+            "max_restarts": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.group, placement_group_bundle_index=index
+            ),
+        }
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
+        return ray.remote(host_class).options(**options).remote()
 
     def _result(self, index: int, ref: Any) -> dict[str, Any]:
         import ray
@@ -320,11 +351,14 @@ class Driver:
         """Until stopped: say when a node's dial-back process or actor ends."""
         import ray
 
-        waits = {a.wait.remote(): i for i, a in enumerate(self.actors)}
-        while waits and not self.stopping.is_set():
-            done, _ = ray.wait(list(waits), timeout=1.0)
+        while not self.stopping.is_set():
+            with self.lock:
+                watched = list(self.waits)
+            if not watched:
+                self.stopping.wait(REPLACE_POLL_S)
+                continue
+            done, _ = ray.wait(watched, timeout=1.0)
             for ref in done:
-                node = waits.pop(ref)
                 try:
                     result = ray.get(ref)
                     detail = f"its dial-back process exited with {result.get('code')}"
@@ -332,14 +366,141 @@ class Driver:
                         detail += f": {result['stderr'][-2000:]}"
                 except Exception as err:  # the actor's worker or its Ray node is gone
                     detail = f"its Ray actor is gone ({type(err).__name__})"
-                emit("node_exited", node=node, detail=detail)
-        self.stopping.wait()
+                with self.lock:  # a node replaced meanwhile: its old actor's end is old news
+                    node = self.waits.pop(ref, None)
+                    if node is not None:
+                        emit("node_exited", node=node, detail=detail)
+
+    # -- a lost node placed again ----------------------------------------------------------
+    def replace(self, request: Mapping[str, Any]) -> None:
+        """Node ``request["node"]`` again: its old actor killed, its bundle held again (Ray
+        reschedules a dead node's bundles on its own; this waits for it), a new actor in
+        it started with the node's fresh credentials; says ``replaced`` or
+        ``replace_failed``, with the request's id."""
+        ident, index = request.get("request"), int(request["node"])
+        try:
+            if not 0 <= index < len(self.actors):
+                raise PlacementError(f"node {index}: the session has {len(self.actors)} nodes")
+            info = self._replace(index, str(request["credentials"]), float(request["timeout"]))
+        except Exception as err:
+            why = str(err) if isinstance(err, PlacementError) else f"Ray: {explain(err)}"
+            emit("replace_failed", request=ident, node=index, error=why)
+            return
+        emit("replaced", request=ident, node=index, info=info)
+
+    def _replace(self, index: int, credentials: str, timeout: float) -> dict[str, Any]:
+        import ray
+
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            old = self.actors[index]
+            for ref in [r for r, n in self.waits.items() if n == index]:
+                del self.waits[ref]
+        with contextlib.suppress(Exception):  # gone with its node, most often
+            ray.kill(old, no_restart=True)
+        self._await_bundle(index, deadline, timeout)
+        actor = self._named_actor(index, deadline)
+        with self.lock:
+            self.actors[index] = actor  # released with the session from now on
+        try:
+            info = self._started(index, actor, credentials, deadline, timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):  # it must not dial in later
+                ray.kill(actor, no_restart=True)
+            raise
+        with self.lock:
+            self.placed[index] = info
+            self.waits[actor.wait.remote()] = index
+        return info
+
+    def _started(
+        self, index: int, actor: Any, credentials: str, deadline: float, timeout: float
+    ) -> dict[str, Any]:
+        """What node ``index``'s new actor says of its node once it started the node's
+        dial-back process, waited for until ``deadline``."""
+        import ray
+
+        ref = actor.start.remote(self.listener, credentials, self.python)
+        said = 0.0
+        while not ray.wait([ref], timeout=REPLACE_POLL_S)[0]:
+            if self.stopping.is_set():
+                raise PlacementError("stopped while the node's new actor started")
+            now = time.monotonic()
+            if now >= deadline:
+                raise PlacementError(
+                    f"node {index}: its new actor did not start within {timeout:.0f} s (a "
+                    "runtime environment still being prepared, or Ray not yet aware that "
+                    "the node it waits on is gone?)"
+                )
+            if now - said >= PROGRESS_REPEAT_S:
+                said = now
+                emit("progress", text=f"node {index}: waiting for its new Ray actor to start")
+        return self._result(index, ref)
+
+    def _await_bundle(self, index: int, deadline: float, timeout: float) -> None:
+        """Until bundle ``index`` is held on a node that is alive, saying what it waits for;
+        `PlacementError` naming the bundle and the cluster at ``deadline``."""
+        bundle = self.bundles[index]
+        ask = f"bundle {index} ({bundle_text(bundle)}, {self.strategy}"
+        ask += ": apart from the other nodes' bundles)" if self.strategy == "STRICT_SPREAD" else ")"
+        lost = str(self.placed[index].get("node_id", "")) if index < len(self.placed) else ""
+        looked = said = 0.0
+        last = ""
+        while True:
+            home, state = self.bundle_home(index)
+            nodes = cluster_nodes()
+            if any(n.get("Alive") and str(n.get("NodeID")) == home for n in nodes):
+                if home != lost:
+                    emit("progress", text=f"node {index}: Ray placed {ask} again")
+                return
+            if self.stopping.is_set():
+                raise PlacementError(f"stopped while waiting for Ray to place {ask} again")
+            now = time.monotonic()
+            if now >= deadline:
+                raise PlacementError(
+                    f"node {index}: waited {timeout:.0f} s for Ray to place {ask} again "
+                    f"(the placement group is {state}): "
+                    f"{free_nodes([bundle], nodes)} node(s) have room now; {cluster_text(nodes)}"
+                )
+            if now - looked >= PROGRESS_EVERY_S:
+                looked = now
+                text = (
+                    f"node {index}: waiting for Ray to place {ask} again (its Ray node is "
+                    f"gone): {free_nodes([bundle], nodes)} node(s) have room now; "
+                    f"{cluster_text(nodes)}"
+                )
+                if text != last or now - said >= PROGRESS_REPEAT_S:
+                    emit("progress", text=text)
+                    last, said = text, now
+            time.sleep(REPLACE_POLL_S)
+
+    def bundle_home(self, index: int) -> tuple[str, str]:
+        """The id of the Ray node holding bundle ``index`` (``""`` while none does) and the
+        placement group's state (``CREATED``, ``RESCHEDULING``, ...)."""
+        from ray.util import placement_group_table
+
+        table = placement_group_table(self.group)
+        home = table.get("bundles_to_node_id", {}).get(index)
+        return str(home or ""), str(table.get("state", "?"))
+
+    def _named_actor(self, index: int, deadline: float) -> Any:
+        """A new actor for node ``index`` under its usual name, once the old one let go
+        of it (Ray frees a killed actor's name a moment later)."""
+        while True:
+            try:
+                return self._new_actor(index)
+            except ValueError:  # the name is still the old actor's
+                if time.monotonic() >= deadline or self.stopping.is_set():
+                    raise
+                time.sleep(0.2)
 
     def release(self) -> None:
         import ray
         from ray.util import remove_placement_group
 
-        for actor in self.actors:
+        with self.lock:
+            actors = list(self.actors)
+        for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
         if self.group is not None:
@@ -375,6 +536,10 @@ def serve(request: Mapping[str, Any]) -> int:
                 message = read_line()
                 if message is None or message.get("op") == "stop":
                     break
+                if message.get("op") == "replace":
+                    threading.Thread(
+                        target=driver.replace, args=(message,), name="replace", daemon=True
+                    ).start()
         driver.stopping.set()
 
     try:
