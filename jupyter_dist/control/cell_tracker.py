@@ -67,6 +67,9 @@ class RankProgress:
     interrupted_at: float | None = None
     acked_at: float | None = None
     ack_where: str = ""  # the line the interrupt landed on
+    #: where it was blocked outside Python before it was freed from a collective (its
+    #: place when stopped, rather than where the freed interrupt was raised)
+    blocked_at: str = ""
     #: the interrupt whose silence was looked into already (its ``interrupted_at``)
     checked: float | None = None
 
@@ -241,7 +244,7 @@ class CellTracker:
         place: str = "",
     ) -> RankFailure:
         if not place and kind in STOPPED_KINDS:
-            place = stacks.place_of_traceback(traceback)
+            place = prog.blocked_at or stacks.place_of_traceback(traceback)
         return RankFailure(
             rank=prog.rank,
             host=prog.host,

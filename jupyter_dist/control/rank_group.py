@@ -751,8 +751,7 @@ class RankGroup:
             await asyncio.sleep(0.05)
         freed = [r for r in asked if run.progress[r].finished or run.progress[r].handling_interrupt]
         for r in freed:  # where it was blocked says more than where the interrupt landed
-            if where.get(r):
-                run.progress[r].ack_where = where[r]
+            run.progress[r].blocked_at = where.get(r, "")
         if freed:
             run.freed = tuple(sorted(set(run.freed) | set(freed)))
             places = "; ".join(f"rank {r}: {where[r]}" for r in freed if where.get(r))

@@ -32,6 +32,8 @@ from collections.abc import Iterator
 _FD_DIR = "/proc/self/fd"
 #: the current group's connections: (file descriptor, ``socket:[inode]``)
 _held: list[tuple[int, str]] = []
+#: how many times `free` shut them (the error the freed collective raised is ours)
+_frees = 0
 
 
 def _sockets() -> dict[int, str]:
@@ -103,8 +105,25 @@ def free() -> int:
             pass
         finally:
             sock.detach()
+    global _frees
+    _frees += 1
     _abort_accelerator_group()
     return shut
+
+
+def freed() -> bool:
+    """Whether `free` ran in this process (the next interrupt's context, a collective
+    that failed as its connections closed, is then this package's doing)."""
+    return _frees > 0
+
+
+def hide_freed_error(value: BaseException) -> None:
+    """An interrupt raised as a freed collective failed says only that: the collective's
+    own error ("Connection closed by peer ... a remote worker crashing") is not chained
+    to it, as nothing crashed."""
+    context = value.__context__
+    if freed() and isinstance(context, RuntimeError) and "Connection closed" in str(context):
+        value.__suppress_context__ = True
 
 
 def _abort_accelerator_group() -> None:

@@ -35,6 +35,7 @@ from jupyter_dist.rank import (
     child_reaper,
     console_guard,
     group_renewal,
+    group_sockets,
     interrupt_ack,
     output_log,
     stack_dumps,
@@ -71,12 +72,14 @@ class RankShell(ZMQInteractiveShell):
 
     def _get_exc_info(self, exc_tuple: Any = None) -> Any:
         """IPython's, with an interrupt's traceback ending on the user's line, not in the
-        handler that acknowledged it (`rank.interrupt_ack.without_handler`)."""
+        handler that acknowledged it (`rank.interrupt_ack.without_handler`), and without
+        the error of a collective it was freed from (`rank.group_sockets`)."""
         etype, value, tb = super()._get_exc_info(exc_tuple)
         if etype is KeyboardInterrupt:
             tb = interrupt_ack.without_handler(tb)
             if value is not None:
                 value.__traceback__ = tb
+                group_sockets.hide_freed_error(value)
         return etype, value, tb
 
     @contextlib.contextmanager

@@ -3,9 +3,10 @@
 The classic distributed-notebook hang: rank 1 raises before a collective, ranks 0 and 2
 enter `all_reduce` and wait for it forever (gloo's default timeout is 30 minutes). The
 others get `JUPYTER_DIST_ABORT_AFTER_S` seconds and are interrupted; ranks that do not take
-the interrupt within `JUPYTER_DIST_INTERRUPT_ACK_S` (deaf: the wait is in C++) are replaced
-by fresh ones, with a note saying which; the rank that failed keeps its variables. Ranks
-that are in Python code take the interrupt and the session keeps its state.
+the interrupt within `JUPYTER_DIST_INTERRUPT_ACK_S` (deaf: the wait is in C++) are freed by
+shutting their process group's connections, with a note saying so, and every rank joins a
+new group keeping its variables. Ranks that are in Python code take the interrupt and the
+session keeps its state.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-import psutil
 import pytest
 
 from jupyter_dist.errors import RanksFailed, SpecError
@@ -37,7 +37,7 @@ def three_ranks(run: Run, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     run("%dist shutdown --session wind")
 
 
-def test_ranks_blocked_on_a_failed_rank_are_given_up_and_replaced_alone(
+def test_ranks_blocked_on_a_failed_rank_are_freed_and_every_rank_keeps_its_state(
     run: Run, three_ranks: str
 ) -> None:
     assert run(f"%%distributed --session {three_ranks}\nkept = 10 + dist.get_rank()").ok
@@ -52,40 +52,35 @@ def test_ranks_blocked_on_a_failed_rank_are_given_up_and_replaced_alone(
     took = time.monotonic() - began
     assert isinstance(out.error, RanksFailed), out.stdout + out.stderr
     err = out.error
-    # the root cause comes first; the blocked ranks are named with where they were
+    # the root cause comes first; the blocked ranks are named too
     assert err.groups[0].first.rank == 1
     assert "ValueError: bad batch on rank 1" in str(err)
-    stuck = [f for f in err.failures if f.kind == "stuck"]
-    assert sorted(f.rank for f in stuck) == [0, 2]
-    assert all("did not take the interrupt within 3 s" in f.evalue for f in stuck), stuck
-    assert any("all_reduce" in f.evalue for f in stuck), stuck[0].evalue
+    others = sorted(f.rank for f in err.failures if f.rank != 1)
+    assert others == [0, 2], err.failures
+    assert not [f for f in err.failures if f.kind == "stuck"], err.failures
     text = out.stdout + out.stderr
     assert "interrupting ranks 0,2, still running 1 s later" in text
-    # the note says which ranks were replaced and that only they start empty
+    # the note: the blocked ranks were freed from the all_reduce, none was replaced
     note = " ".join(err.note.split())
-    assert note.startswith("ranks 0,2 could not be stopped (blocked in C code"), note
-    assert "ranks 0,2 replaced by fresh rank kernels" in note, note
-    assert "They start empty; every other rank kept its variables" in note, note
-    assert "(generation 1)" in note, note
+    assert note.startswith("Ranks 0,2 were blocked in a collective the other ranks were not in"), (
+        note
+    )
+    assert "freed them" in note and "Every rank kept its variables" in note, note
+    assert "(generation 1)" in note and "replaced" not in note, note
     # far below gloo's own 30-minute timeout; generous for a loaded machine
     assert took < 120, took
 
     status = session_status(three_ranks)
     assert (status["state"], status["generation"]) == ("ready", 1)
-    new_pids = [r["pid"] for r in status["ranks"]]
-    assert new_pids[1] == old_pids[1]  # the rank that raised is the same process
-    assert {new_pids[0], new_pids[2]}.isdisjoint(old_pids)
-    _gone, alive = psutil.wait_procs(
-        [psutil.Process(p) for p in (old_pids[0], old_pids[2]) if psutil.pid_exists(p)], 10
-    )
-    assert not alive
+    assert [r["pid"] for r in status["ranks"]] == old_pids  # the same processes
     after = run(
         f"%%distributed --session {three_ranks}\nimport torch, torch.distributed as dist\n"
-        "print(globals().get('kept'))\nt = torch.ones(1); dist.all_reduce(t); print(t.item())"
+        "print('kept', globals().get('kept'))\n"
+        "t = torch.ones(1); dist.all_reduce(t); print(t.item())"
     )
     assert after.ok, after.stdout + after.stderr
-    assert "[ranks 0,2] None" in after.stdout, after.stdout  # fresh
-    assert "[rank 1] 11" in after.stdout, after.stdout
+    for rank in range(3):
+        assert f"[rank {rank}] kept {10 + rank}" in after.stdout, after.stdout
     assert "[ranks 0-2] 3.0" in after.stdout
 
 

@@ -350,16 +350,12 @@ def test_stacks_show_idle_ranks_and_where_a_hang_is(
         text,
     )
     assert "CellTimeout" in text
-    # and each rank given up on says where it was
+    # the two ranks deaf in the all_reduce were freed from it: none replaced
     assert isinstance(out.error, RanksFailed)
-    for failure in out.error.failures:
-        assert re.search(
-            r"did not take an interrupt within 2 s; it was in all_reduce "
-            r"\(distributed_c10d\.py:\d+\), cell line 2$",
-            failure.evalue,
-        ), failure.evalue
+    assert sorted(f.rank for f in out.error.failures) == [0, 1], out.error.failures
     said = " ".join(str(out.error).split())
-    assert "ranks 0-1 replaced by fresh rank kernels" in said, said  # rank 2 is kept
+    assert "Ranks 0-1 were blocked in a collective the other ranks were not in" in said, said
+    assert "Every rank kept its variables" in said and "replaced" not in said, said
     assert run("%dist shutdown --session hang").ok
 
 

@@ -86,6 +86,7 @@ def test_the_stop_button_frees_the_rank_blocked_in_a_barrier_and_every_rank_keep
     assert first == (
         "CellInterrupted: interrupted on rank 0 in session 'default'; rank 1 had finished"
     ), shown
+    assert "rank 0: in barrier" in shown, shown
     # one message: rank 0 was freed from the barrier, no rank replaced, a new group
     flat = " ".join(shown.split())
     assert "Rank 0 was blocked in a collective the other ranks were not in" in flat, shown
@@ -96,6 +97,7 @@ def test_the_stop_button_frees_the_rank_blocked_in_a_barrier_and_every_rank_keep
     messages = until_idle(nbk, msg_id)
     printed = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
     assert "blocked in a collective" not in printed  # said once, in the error
+
     assert nbk.our_pids() == pids  # the agent and both ranks are the same processes
 
     nbk.text.clear()
