@@ -818,9 +818,17 @@ class Session(RankGroup):
         await self._start_ranks(progress)
 
     async def _give_up_nodes(self) -> None:
-        """Stop every agent (a lost node's for good), so that the next start is fresh."""
+        """Stop every agent (a lost node's for good), and give back what the cluster held
+        for them (the next start places the session anew), so that the next start is
+        fresh."""
         await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
         await self._stop_ranks(0.0)
+        placement, self.placement = self.placement, None
+        if placement is not None:
+            try:
+                await placement.release()
+            except Exception as err:  # the agents are gone; say what may be left
+                log.warning("session %s: releasing its placement: %s", self.name, err)
 
     async def shutdown(self) -> None:
         """Stop every rank and agent; safe to call twice and from any state."""

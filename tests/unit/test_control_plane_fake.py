@@ -26,6 +26,7 @@ from jupyter_dist.common.events import CellEvent, CellResult
 from jupyter_dist.common.hosts import HostSpec
 from jupyter_dist.common.payloads import Backend, Device, ManagerEvent, SessionStatus
 from jupyter_dist.common.spec import SessionSpec, ShapeRequest
+from jupyter_dist.control.launchers.base import Launcher, Placement
 from jupyter_dist.control.manager import SessionManager
 from jupyter_dist.control.rank_client import RankClient
 from jupyter_dist.control.rank_group import RankGroup, RankState, SessionState
@@ -707,3 +708,59 @@ def test_an_ssh_node_is_labelled_as_the_user_wrote_it() -> None:
     assert SSHLauncher(HostSpec("gpu-a")).label == "gpu-a"
     assert SSHLauncher(HostSpec("vm", user="me", port=2202)).label == "me@vm:2202"
     assert LocalLauncher().label is None  # this machine goes by its reported hostname
+
+
+@dataclass
+class RecordingPlacement(Placement):
+    """A cluster kind's placement over the fake cluster's launchers, saying what was
+    asked of it."""
+
+    cluster: FakeCluster
+    calls: list[str] = field(default_factory=list)
+
+    async def place(self, progress: Callable[[str], None], timeout: float) -> None:
+        self.calls.append("place")
+
+    def launcher(self, spec: SessionSpec, node: int) -> Launcher:
+        return self.cluster.launcher(spec, node)
+
+    async def release(self) -> None:
+        self.calls.append("release")
+
+    async def replace_node(
+        self, node: int, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        progress(f"node {node}: another machine")
+        self.calls.append(f"replace {node}")
+
+
+def test_a_cluster_kinds_lost_node_is_replaced_by_its_placement_and_a_restart_releases_it(
+    kernels: KernelStub,
+) -> None:
+    cluster = FakeCluster(remote=True)
+    made: list[RecordingPlacement] = []
+
+    def placements(spec: SessionSpec, env: Any) -> RecordingPlacement:
+        made.append(RecordingPlacement(cluster))
+        return made[-1]
+
+    async def main() -> tuple[str, list[str]]:
+        session = Session(
+            two_nodes(), timeouts=FAST, env={}, launchers=cluster.launcher, placements=placements
+        )
+        await session.start()
+        cluster.agents_of(1)[0].vanish(stderr="Killed")
+        await cluster.settle()
+        said: list[str] = []
+        text = await session.heal(progress=said.append)
+        cluster.agents_of(1)[-1].vanish(stderr="Killed")  # lost again: restarted whole
+        await cluster.settle()
+        await session.restart()
+        await session.shutdown()
+        return text + "\n" + "\n".join(said), [c for p in made for c in p.calls]
+
+    said, calls = run(main())
+    assert "node 1: another machine" in said, said
+    assert "ranks 2-3 replaced by fresh rank kernels (node 1 started again)" in said, said
+    # the first placement is given back before the restart places the session anew
+    assert calls == ["place", "replace 1", "release", "place", "release"], calls

@@ -175,3 +175,23 @@ def test_an_interrupts_traceback_ends_on_the_users_line_not_in_the_handler() -> 
     kept = [f.name for f in traceback.extract_tb(interrupt_ack.without_handler(tb))]
     assert kept == frames[:-1] and kept[-1] == "users_loop"
     assert interrupt_ack.without_handler(None) is None
+
+
+def test_a_new_group_alone_says_why_that_no_rank_was_replaced_and_what_was_rebuilt() -> None:
+    book = Recovery()
+    plan = book.plan(lost_nodes=[])
+    said = book.healed(
+        plan,
+        {
+            0: ["ddp (a DDP model, rebuilt)", "mesh (a DeviceMesh)"],
+            1: ["ddp (a DDP model, rebuilt)"],
+        },
+        new_group="rank 0 was blocked in a collective; shutting its connections freed it",
+    )
+    assert said == (
+        "Rank 0 was blocked in a collective; shutting its connections freed it. Every rank "
+        "kept its variables and all joined a new process group (generation 1). Rebuilt on "
+        "the new group in place: ddp (a DDP model). Built on the old group, rebuild on every "
+        "rank: mesh (a DeviceMesh)."
+    ), said
+    assert book.replaced == () and book.generation == 1
