@@ -645,7 +645,8 @@ class Session(RankGroup):
         with contextlib.suppress(Exception):
             await old.stop()
         if self.placement is not None:  # its actor or pod is gone with the node
-            say(f"node {node}: asking {self.spec.launcher} for a machine in its place")
+            cluster = _CLUSTER_NAMES.get(self.spec.launcher, self.spec.launcher)
+            say(f"node {node}: asking {cluster} for a machine in its place")
             await self.placement.replace_node(node, say, self.timeouts.start)
             agent = self._new_agent(node, self.placement.launcher(self.spec, node))
             try:
@@ -940,6 +941,10 @@ def _resized(spec: SessionSpec, counts: tuple[int, ...]) -> SessionSpec:
 
 def _counts_text(counts: Sequence[int]) -> str:
     return ",".join(map(str, counts))
+
+
+#: the clusters' own names, as progress says them
+_CLUSTER_NAMES = {"ray": "Ray", "k8s": "Kubernetes", "slurm": "Slurm"}
 
 
 def _rebuild_words(outputs: queue.SimpleQueue[CellEvent]) -> dict[int, list[str]]:
