@@ -32,6 +32,22 @@ class DetectedCluster:
     gpus_per_node: int | None
 
 
+def split_allocation(
+    cluster: DetectedCluster, nodes: int | None
+) -> tuple[tuple[HostSpec, ...], tuple[HostSpec, ...]]:
+    """The first ``nodes`` of an allocation's nodes for the session, and the rest, which a
+    lost node's heal or a resize may move to (all of them, none left, without ``nodes``)."""
+    if nodes is None or nodes == len(cluster.hosts):
+        return cluster.hosts, ()
+    if not 1 <= nodes <= len(cluster.hosts):
+        names = ",".join(str(h) for h in cluster.hosts)
+        raise SpecError(
+            f"--nodes {nodes}: the {cluster.source} allocation has {len(cluster.hosts)} "
+            f"node(s) ({names}); expected 1 to {len(cluster.hosts)}"
+        )
+    return cluster.hosts[:nodes], cluster.hosts[nodes:]
+
+
 def detect_skypilot(env: Mapping[str, str]) -> DetectedCluster | None:
     ips = env.get("SKYPILOT_NODE_IPS", "").split()
     if not ips:

@@ -25,6 +25,7 @@ from IPython.display import publish_display_data
 from jupyter_dist.common import cluster_env, pickling
 from jupyter_dist.common.events import CellEvent, Notice
 from jupyter_dist.common.hosts import (
+    HostSpec,
     check_node_count,
     check_python,
     check_ssh_config,
@@ -189,6 +190,9 @@ class DistMagics(Magics):
         self._parsed_lines: dict[str, argparse.Namespace] = {}  # `_cell_args`
         #: (session, --heal, --spares) told to the sessions' owner already
         self._policies_sent: set[tuple[str, bool, str]] = set()
+        #: the nodes of a Slurm allocation a session does not use (``--slurm --nodes N``):
+        #: they take a lost node's place, as ``--spares`` hosts do
+        self._allocation_spares: dict[str, tuple[HostSpec, ...]] = {}
         self.last_view: Any = None  # the latest cell view (tests and debugging look at it)
         self._count: int | None = None  # the running notebook cell's execution count
         events = getattr(shell, "events", None)
@@ -524,12 +528,13 @@ class DistMagics(Magics):
 
     def _fault_policy(self, name: str, args: Any) -> None:
         """``--heal`` and ``--spares`` go to the session's owner, once each as said."""
-        if not args.heal and not args.spares:
+        allocation = self._allocation_spares.get(name, ())
+        if not args.heal and not args.spares and not allocation:
             return
-        said = (name, bool(args.heal), args.spares or "")
+        said = (name, bool(args.heal), (args.spares or "") + repr(allocation))
         if said in self._policies_sent:
             return
-        spares = parse_hosts(args.spares, "--spares") if args.spares else ()
+        spares = (parse_hosts(args.spares, "--spares") if args.spares else ()) + allocation
         manager = self.control.manager
         self.control.run(
             manager.heal(name, spares=spares, auto=True if args.heal else None, now=False)
@@ -560,6 +565,7 @@ class DistMagics(Magics):
         gpus = parse_counts("--gpus", args.gpus) if args.gpus else None
         procs = parse_counts("--procs", args.procs) if args.procs else None
         fresh = name not in self.control.manager.sessions
+        nodes = args.nodes
         if args.slurm:
             detected = cluster_env.detect_slurm(os.environ)
             if detected is None:
@@ -576,10 +582,20 @@ class DistMagics(Magics):
             )
         if detected is not None and (fresh or args.slurm):
             hosts = detected.hosts
+            if args.slurm:  # the allocation's other nodes wait to take a lost one's place
+                hosts, spare = cluster_env.split_allocation(detected, args.nodes)
+                self._allocation_spares[name] = spare
+                nodes = None  # the hosts say it
             if gpus is None and procs is None and detected.gpus_per_node:
                 gpus = (detected.gpus_per_node,)
             if fresh:
                 hint = "" if args.slurm else "; --nodes 1 for this machine only"
+                spare = self._allocation_spares.get(name, ()) if args.slurm else ()
+                if spare:
+                    hint = (
+                        f"; {', '.join(str(h) for h in spare)} of the allocation "
+                        "take a lost node's place (`%dist heal`)"
+                    )
                 print(
                     f"[jupyter_dist] using the {detected.source} cluster: "
                     f"{len(hosts)} nodes ({', '.join(str(h) for h in hosts)}){hint}"
@@ -594,7 +610,7 @@ class DistMagics(Magics):
             else None,
             ray=ray,
             k8s=k8s,
-            nodes=args.nodes,
+            nodes=nodes,
             gpus=gpus,
             procs=procs,
             backend=args.backend,

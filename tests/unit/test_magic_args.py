@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import pytest
+
+from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.errors import SpecError
 from jupyter_dist.notebook.magics import PARSED_LINES, DistMagics
 
 
@@ -22,3 +29,41 @@ def test_the_kept_lines_are_bounded() -> None:
     for n in range(PARSED_LINES + 5):
         assert magics._cell_args(f"--procs {n}").procs == str(n)
     assert len(magics._parsed_lines) == PARSED_LINES
+
+
+class _Manager:
+    def __init__(self) -> None:
+        self.sessions: dict[str, object] = {}
+        self.heals: list[tuple[str, tuple[object, ...], object, bool]] = []
+
+    async def heal(
+        self, name: str, spares: tuple[object, ...] = (), auto: object = None, now: bool = True
+    ) -> str:
+        self.heals.append((name, spares, auto, now))
+        return ""
+
+
+class _Plane:
+    def __init__(self) -> None:
+        self.manager = _Manager()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run(coro)
+
+
+def test_slurm_nodes_the_session_does_not_use_wait_as_its_spares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n1,n2,n3,n4")
+    plane = _Plane()
+    magics = DistMagics(None, plane)  # type: ignore[arg-type]
+    args = magics._cell_args("--slurm --nodes 2 --procs 1")
+    request = magics._shape(args, "train")
+    assert request.hosts == (HostSpec("n1"), HostSpec("n2")) and request.nodes is None
+    magics._fault_policy("train", args)
+    magics._fault_policy("train", args)  # said once
+    assert plane.manager.heals == [("train", (HostSpec("n3"), HostSpec("n4")), None, False)]
+    # every node of the allocation: no spares; more than it has: named
+    assert magics._shape(magics._cell_args("--slurm --procs 1"), "all").hosts[3] == HostSpec("n4")
+    with pytest.raises(SpecError, match=r"--nodes 5: the Slurm allocation has 4 node\(s\)"):
+        magics._shape(magics._cell_args("--slurm --nodes 5 --procs 1"), "big")
