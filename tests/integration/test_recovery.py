@@ -188,7 +188,7 @@ def test_an_interrupt_being_handled_keeps_the_session_beside_two_busy_processes(
 ) -> None:
     """A cell whose ``except KeyboardInterrupt:`` cleans up for 6 s ends with the cleanup
     done and every variable kept, however much longer than the ack bound it takes; and a
-    training loop stopped ten times keeps its ranks all ten times."""
+    training loop stopped from another thread keeps its ranks each time."""
     monkeypatch.setenv(INTERRUPT_ACK_VAR, "2")
     for name in started_session(shell, "stop", "--procs 2"):
         loop = (
@@ -210,7 +210,7 @@ def test_an_interrupt_being_handled_keeps_the_session_beside_two_busy_processes(
         assert rank_pids(name) == pids
         check = run(f"%%distributed --session {name}\nprint(cleaned, kept)")
         assert "[ranks 0-1] True yes" in check.stdout, check.stdout
-        for attempt in range(10):
+        for attempt in range(3):  # ten times in ten: the minGPT notebook's (test_stop_hang)
             timer = interrupt_later(shell, name, 1.0)
             stopped = run(
                 f"%%distributed --session {name}\n"
