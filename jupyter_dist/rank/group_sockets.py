@@ -48,25 +48,28 @@ def _sockets() -> dict[int, str]:
     return found
 
 
-def _is_pair(fd: int, store_port: int | None) -> bool:
-    """Whether ``fd`` is a connected TCP socket that is not the store's."""
+def _ends(fd: int) -> tuple[int, int | None] | None:
+    """``(local port, peer port)`` of TCP socket ``fd`` (peer None: a listener), or None
+    for anything else."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError:
-        return False
+        return None
     try:
         if sock.type != socket.SOCK_STREAM or sock.family not in (
             socket.AF_INET,
             socket.AF_INET6,
         ):
-            return False
-        peer = sock.getpeername()
-        here = sock.getsockname()
-    except OSError:  # not connected: a listener
-        return False
+            return None
+        here = sock.getsockname()[1]
+        try:
+            return here, sock.getpeername()[1]
+        except OSError:  # not connected: a listener
+            return here, None
+    except OSError:
+        return None
     finally:
-        sock.detach()  # the descriptor stays open: it is the group's
-    return store_port not in (peer[1], here[1])
+        sock.detach()  # the descriptor stays open
 
 
 @contextlib.contextmanager
@@ -74,12 +77,24 @@ def recording(store_port: int | None) -> Iterator[None]:
     """Note the group connections made inside the block (the default group's, replacing
     those of the group before)."""
     before = _sockets()
+    # connections accepted meanwhile by listeners that were there before (the kernel's
+    # own ports: a client connecting as the group is made) are not the group's
+    listening = {ends[0] for fd in before if (ends := _ends(fd)) and ends[1] is None}
     try:
         yield
     finally:
         after = _sockets()
         made = [(fd, link) for fd, link in after.items() if before.get(fd) != link]
-        _held[:] = [(fd, link) for fd, link in made if _is_pair(fd, store_port)]
+        held = []
+        for fd, link in made:
+            ends = _ends(fd)
+            if ends is None or ends[1] is None:  # not TCP, or a listener
+                continue
+            here, peer = ends
+            if store_port in (here, peer) or here in listening or peer in listening:
+                continue
+            held.append((fd, link))
+        _held[:] = held
 
 
 def held() -> int:

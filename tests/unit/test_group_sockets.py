@@ -1,7 +1,8 @@
 """A rank notes the connections its process group opens and shuts only those to free a
 collective: not a listener (gloo aborts the process when its listener fails), not the
-store's connection, not a socket opened before or after, and not a number that a closed
-connection left to another file."""
+store's connection, not a client that the kernel's own ports accepted meanwhile, not a
+socket opened before or after, and not a number that a closed connection left to another
+file."""
 
 from __future__ import annotations
 
@@ -37,16 +38,17 @@ def test_only_the_groups_own_connections_are_noted_and_shut(listener: socket.soc
     store = socket.create_server(("127.0.0.1", 0))
     store_port = store.getsockname()[1]
     with group_sockets.recording(store_port):
-        pair, pair_peer = connect(listener)  # the group's connection, both of its ends
         gloo_listener = socket.create_server(("127.0.0.1", 0))  # the group's listener
+        pair, pair_peer = connect(gloo_listener)  # the group's connection, both its ends
         to_store = socket.create_connection(("127.0.0.1", store_port))  # the store's
         store_side, _ = store.accept()
+        client, accepted = connect(listener)  # a client of the kernel's own port meanwhile
     after, after_peer = connect(listener)  # opened by user code later
     try:
         assert group_sockets.held() == 2
         assert group_sockets.free() == 2
         assert is_shut(pair_peer) and is_shut(pair)
-        for untouched in (before_peer, after_peer):  # still open: nothing to read yet
+        for untouched in (before_peer, after_peer, client):  # open: nothing to read yet
             untouched.settimeout(0.2)
             with pytest.raises(TimeoutError):
                 untouched.recv(1)
@@ -58,7 +60,7 @@ def test_only_the_groups_own_connections_are_noted_and_shut(listener: socket.soc
     finally:
         for s in (before, before_peer, pair, pair_peer, gloo_listener, to_store, store_side):
             s.close()
-        for s in (after, after_peer, store):
+        for s in (after, after_peer, store, client, accepted):
             s.close()
 
 
