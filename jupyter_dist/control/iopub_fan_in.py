@@ -145,7 +145,12 @@ class IopubFanIn:
             return []
         if batch:
             self.batches += 1
-            self.batched += len(messages)
+            self.batched += sum(  # a folded entry carries several ranks' replies
+                len(m["content"].get("replies", ()))
+                if m["msg_type"] == FOLDED_REPLIES_MSG_TYPE
+                else 1
+                for m in messages
+            )
         return messages
 
     def _route_pending(self) -> bool:

@@ -42,8 +42,9 @@ def spare_config(cluster: Any, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def healing(run: Run, cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    # a node silent for 6 s is lost (20 s by default): the same path, sooner
-    monkeypatch.setenv(NODE_DEADLINE_VAR, "6")
+    # a node silent for 10 s is lost (20 s by default): the same path, sooner; a healthy
+    # node of a loaded machine may miss 6 s of heartbeats
+    monkeypatch.setenv(NODE_DEADLINE_VAR, "10")
     yield "healing"
     set_link(cluster, 1, "up")
     run("%dist shutdown --session healing")

@@ -93,9 +93,9 @@ def shut_down(run: Run) -> Iterator[list[str]]:
 def test_a_link_lost_without_a_reset_fails_the_cell_naming_the_node_and_its_ranks_go(
     run: Run, cluster: Any, shut_down: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a node silent for 6 s is lost (20 s by default), and its agent stops its ranks once
-    # the notebook side was silent for 12 s: the same path as the defaults, sooner
-    monkeypatch.setenv(NODE_DEADLINE_VAR, "6")
+    # a node silent for 10 s is lost (20 s by default), and its agent stops its ranks once
+    # the notebook side was silent for 20 s: the same path as the defaults, sooner
+    monkeypatch.setenv(NODE_DEADLINE_VAR, "10")
     shut_down.append("cut")
     out = run(f"%%distributed --session cut {flags(cluster)} --procs 1\nimport os, time")
     assert out.ok, out.stdout + out.stderr
