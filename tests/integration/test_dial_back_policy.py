@@ -24,11 +24,8 @@ pytestmark = pytest.mark.slow
 NODE = [sys.executable, "-m", "jupyter_dist.node.dial_back"]
 
 
-@contextlib.asynccontextmanager
-async def dialled() -> AsyncIterator[tuple[DialBackListener, asyncssh.SSHClientConnection]]:
-    """A listener on the loopback interface and the connection its one node made."""
-    listener = DialBackListener(1, "127.0.0.1", connect_timeout=60)
-    await listener.start()
+def dial(listener: DialBackListener) -> subprocess.Popen[str]:
+    """A node process dialling ``listener`` as node 0, with its credentials on stdin."""
     node = subprocess.Popen(
         [*NODE, listener.address, "--credentials", "-", "--retry", "2"],
         stdin=subprocess.PIPE,
@@ -36,10 +33,19 @@ async def dialled() -> AsyncIterator[tuple[DialBackListener, asyncssh.SSHClientC
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    assert node.stdin is not None
+    node.stdin.write(listener.credentials(0))
+    node.stdin.close()
+    return node
+
+
+@contextlib.asynccontextmanager
+async def dialled() -> AsyncIterator[tuple[DialBackListener, asyncssh.SSHClientConnection]]:
+    """A listener on the loopback interface and the connection its one node made."""
+    listener = DialBackListener(1, "127.0.0.1", connect_timeout=60)
+    await listener.start()
+    node = dial(listener)
     try:
-        assert node.stdin is not None
-        node.stdin.write(listener.credentials(0))
-        node.stdin.close()
         conn = await listener.connection(0)
         try:
             yield listener, conn
@@ -129,17 +135,8 @@ async def test_renewed_credentials_let_in_the_new_node_alone() -> None:
         while not listener.refused:
             assert loop.time() < deadline, "the old node's second dial was not refused"
             await asyncio.sleep(0.05)
-        new = subprocess.Popen(
-            [*NODE, listener.address, "--credentials", "-", "--retry", "2"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        new = dial(listener)
         try:
-            assert new.stdin is not None
-            new.stdin.write(listener.credentials(0))
-            new.stdin.close()
             taken = await listener.connection(0)
             key = taken.get_server_host_key()
             assert key is not None and old_key is not None
