@@ -4,7 +4,8 @@ Used wherever widgets cannot render (terminal IPython, nbconvert, nbclient) and 
 widget view's node and all-ranks views. Every line carries its rank: lines that every
 still-running rank printed identically are shown once as ``[ranks 0-3] line``; a line waits
 at most `HOLD_S` for its twins. A rank that raised or died shows its traceback (on stderr,
-after what it printed), identical tracebacks of several ranks once with their rank list;
+after what it printed), identical tracebacks of several ranks once with their rank list (a
+traceback waits at most `FAILURE_HOLD_S` for its twins while other ranks still run);
 the error the cell raises then only names it (`failure_text`).
 
 Each rank's output in a cell is passed on up to a limit (`output_limit`,
@@ -45,6 +46,10 @@ from jupyter_dist.settings import OUTPUT_LIMIT_VAR
 from jupyter_dist.text import ranks_label
 
 HOLD_S = 0.5
+#: a traceback waits this long for its twins while other ranks still run: on a loaded
+#: machine the same error reaches the ranks seconds apart, and the wind-down's notice has
+#: already said which rank failed and why (the others are interrupted 3 s after it)
+FAILURE_HOLD_S = 5.0
 #: cells at least this long always end with a summary line of per-rank times
 SUMMARY_AFTER_S = 1.0
 STREAMS = ("stdout", "stderr")
@@ -129,7 +134,7 @@ class TextRenderer:
         self.write_logs = write_logs
         self.taken: dict[int, int] = {}  # characters of each rank's output passed on
         self.dropped: dict[int, int] = {}  # ... and past the limit, left out
-        #: failures of ranks that raised or died, not shown yet (twins wait `HOLD_S`)
+        #: failures of ranks that raised or died, not shown yet (twins wait `FAILURE_HOLD_S`)
         self.failures: list[tuple[float, RankFailure]] = []
 
     # -- events -----------------------------------------------------------------------
@@ -162,7 +167,7 @@ class TextRenderer:
                     event.rank, "", 0, state, elapsed=event.elapsed
                 )
         elif isinstance(event, Notice) and event.line and self.status is not None:
-            self.flush(final=True)
+            self.flush(final=True, hold_failures=True)
             self.status.set(event.line, event.text)
         elif isinstance(event, Notice):
             if not event.text:
@@ -172,7 +177,7 @@ class TextRenderer:
                 if gist == self._last_transient:
                     return
                 self._last_transient = gist
-            self.flush(final=True)
+            self.flush(final=True, hold_failures=True)
             self.files["stdout"].write(f"[jupyter_dist] {event.text}\n")
         elif isinstance(event, CellFinished):
             self.finish()
@@ -276,10 +281,15 @@ class TextRenderer:
                     (time.monotonic(), rest)
                 )
 
-    def flush(self, final: bool = False) -> None:
+    def flush(self, final: bool = False, hold_failures: bool = False) -> None:
+        """Write what is due; `final`: every pending line, and the tracebacks unless
+        `hold_failures` (a notice goes after the lines printed before it, but a traceback
+        still waits for its twins: the wind-down's notice comes as the first rank fails)."""
         now = time.monotonic()
         failures_due = bool(self.failures) and (
-            final or not self.running or now - self.failures[0][0] >= HOLD_S
+            (final and not hold_failures)
+            or not self.running
+            or now - self.failures[0][0] >= FAILURE_HOLD_S
         )
         for name in STREAMS:
             # a rank's traceback comes after everything it printed

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from jupyter_dist.common.events import CellFinished, CellResult, RankFinished, RichOut, StreamOut
+from jupyter_dist.common.events import (
+    CellFinished,
+    CellResult,
+    Notice,
+    RankFinished,
+    RichOut,
+    StreamOut,
+)
 from jupyter_dist.display import render_text
 from jupyter_dist.display.render_text import TextRenderer
 
@@ -177,13 +184,34 @@ def test_a_failed_ranks_traceback_follows_its_output_once_with_its_ranks() -> No
     )  # the interrupted rank's KeyboardInterrupt is the cell error's to say
 
 
+def test_a_twin_traceback_arriving_late_while_a_rank_runs_is_still_folded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a loaded machine the same error reaches the ranks seconds apart: the first
+    traceback waits for its twin while that rank still runs, past the lines' hold."""
+    from jupyter_dist.errors import RankFailure
+
+    monkeypatch.setattr(render_text, "HOLD_S", 0.0)
+    r, _out, err, _ = make([0, 1])
+    tb = ("----> 1 raise ValueError('x')\n", "ValueError: x")
+    r.handle(RankFinished(1, "error", 0.1, RankFailure(1, "h", 1, "error", "ValueError", "x", tb)))
+    r.handle(Notice("rank 1 failed; rank 0 still running", transient=True, line="wind-down"))
+    r.tick()
+    assert err.getvalue() == ""  # rank 0 still runs: its twin may come
+    r.handle(RankFinished(0, "error", 2.1, RankFailure(0, "h", 0, "error", "ValueError", "x", tb)))
+    r.tick()
+    assert err.getvalue() == (
+        "[ranks 0-1] ----> 1 raise ValueError('x')\n[ranks 0-1] \n[ranks 0-1] ValueError: x\n"
+    )
+
+
 def test_a_failed_rank_does_not_wait_for_the_others_to_show_its_traceback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from jupyter_dist.errors import RankFailure
 
     r, _out, err, _ = make([0, 1])
-    monkeypatch.setattr(render_text, "HOLD_S", 0.0)
+    monkeypatch.setattr(render_text, "FAILURE_HOLD_S", 0.0)
     died = RankFailure(1, "h", 1, "died", "RankDied", "killed by signal SIGKILL (9)")
     r.handle(RankFinished(1, "died", 0.1, died))
     r.tick()
