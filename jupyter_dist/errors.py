@@ -277,7 +277,7 @@ class RanksFailed(DistError):
         if len({how for how, _ in places}) == 1 and not self._mixed():
             places = {("", where): ranks for (_how, where), ranks in places.items()}
         return [
-            f"{ranks_label(ranks)}{f' ({how})' if how else ''}: {where or 'unknown'}"
+            f"{ranks_label(ranks)}{f' ({how})' if how else ''}: {where or NO_PLACE}"
             for (how, where), ranks in places.items()
         ]
 
@@ -287,6 +287,11 @@ class RanksFailed(DistError):
 
     def __str__(self) -> str:
         return f"{self._summary()}\n{self.note}" if self.note else self._summary()
+
+
+#: a stopped rank whose traceback names no frame (the interrupt found it between two
+#: statements of the kernel's own, or it sent no traceback)
+NO_PLACE = "not in the cell's code (its traceback names no line)"
 
 
 def _where_shown(groups: Sequence[FailureGroup]) -> str:

@@ -137,10 +137,12 @@ _ACK_HANDLER_FILE = os.path.join("rank", "interrupt_ack.py")
 def place_of_traceback(traceback: Sequence[str]) -> str:
     """Where a traceback IPython formatted (a rank's ``error`` reply) ended, in the words of
     `place_of`: ``at cell line 1: time.sleep(30)`` or ``in barrier
-    (distributed_c10d.py:5356), cell line 2``; "" when it names no frame."""
+    (distributed_c10d.py:5356), cell line 2``; where no frame is the cell's, the innermost
+    (``in do_execute (ipkernel.py:12), outside the cell's code``); "" when it names none."""
     cell_line: int | None = None
     code = ""
     inner: Frame | None = None
+    outside: Frame | None = None  # the innermost frame when none is in the cell
     for entry in traceback:
         lines = strip_ansi(entry).splitlines()
         if not lines:
@@ -151,10 +153,15 @@ def place_of_traceback(traceback: Sequence[str]) -> str:
             cell_line, inner = int(cell["line"]), None
             arrow = next((m for m in map(_TB_ARROW.match, lines[1:]) if m), None)
             code = arrow["code"].strip() if arrow else ""
-        elif frame and cell_line is not None and not frame["file"].endswith(_ACK_HANDLER_FILE):
-            inner = Frame(frame["file"], int(frame["line"]), frame["func"])
+        elif frame and not frame["file"].endswith(_ACK_HANDLER_FILE):
+            here = Frame(frame["file"], int(frame["line"]), frame["func"])
+            if cell_line is None:
+                outside = here
+            else:
+                inner = here
     if cell_line is None:
-        return ""
+        # the interrupt came before the cell's code began or after it ended
+        return f"in {outside.short()}, outside the cell's code" if outside else ""
     if inner is None:
         return f"at cell line {cell_line}" + (f": {code}" if code else "")
     return f"in {inner.short()}, cell line {cell_line}"

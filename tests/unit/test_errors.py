@@ -108,6 +108,15 @@ def test_where_a_traceback_ended_reads_like_a_stack_dump() -> None:
     assert place_of_traceback(KEYBOARD_TB) == "in barrier (distributed_c10d.py:5356), cell line 2"
     assert place_of_traceback(SLEEP_TB) == "at cell line 1: time.sleep(30)"
     assert place_of_traceback(("no frames here",)) == ""
+    # an interrupt that came before the cell's code began: the innermost frame, said so
+    kernel_only = (
+        "\x1b[36mFile \x1b[39m\x1b[32m/site/ipykernel/ipkernel.py:455\x1b[39m, in "
+        "\x1b[36mIPythonKernel.do_execute\x1b[39m\x1b[34m(self)\x1b[39m\n",
+        "KeyboardInterrupt",
+    )
+    assert place_of_traceback(kernel_only) == (
+        "in IPythonKernel.do_execute (ipkernel.py:455), outside the cell's code"
+    )
     # an interrupt is raised from the rank's SIGINT handler: its frame is not where it was
     handler = (
         "\x1b[36mFile \x1b[39m\x1b[32m/site/jupyter_dist/rank/interrupt_ack.py:48\x1b[39m, in "
@@ -193,3 +202,12 @@ def test_a_traceback_shown_above_is_named_not_printed_again() -> None:
     # a rank whose traceback was not shown (its end never reached the notebook) still is
     partly = RanksFailed("s", 4, [fail(0, evalue="a"), fail(1, evalue="b")]).shown_above([0])
     assert strip_ansi("\n".join(partly._render_traceback_())).count("tb line") == 1
+
+
+def test_a_stopped_rank_whose_traceback_names_no_line_says_so_not_unknown() -> None:
+    err = CellInterrupted(
+        "s", 2, [stopped(0, "interrupted", SLEEP_TB), stopped(1, "interrupted", ())]
+    )
+    text = strip_ansi("\n".join(err._render_traceback_()))
+    assert "  rank 1: not in the cell's code (its traceback names no line)" in text
+    assert "unknown" not in text
