@@ -66,3 +66,6 @@ INTERRUPT_ACK_MSG_TYPE = "jupyter_dist_interrupt_ack"
 REBUILD_MARK = "jupyter_dist-rebuild: "
 #: how an entry of that list ends when the rank rebuilt it in place on the new group
 REBUILT = ", rebuilt)"
+#: the ``ename`` of a rank console's input refused unrun (a collective typed there): the
+#: console's to show, not an error of the rank's
+REFUSED_IN_CONSOLE_ENAME = "CollectiveInConsole"

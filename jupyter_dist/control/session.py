@@ -39,7 +39,12 @@ from jupyter_dist.common.payloads import (
 from jupyter_dist.common.ports import PORTS_VAR, PortRange, parse_port_range
 from jupyter_dist.common.proc_titles import NODE_RANK_VAR
 from jupyter_dist.common.spec import SessionSpec
-from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, GROUP_KEY, REBUILD_MARK
+from jupyter_dist.common.wire_names import (
+    EXECUTE_REPLY_MSG_TYPE,
+    GROUP_KEY,
+    REBUILD_MARK,
+    REFUSED_IN_CONSOLE_ENAME,
+)
 from jupyter_dist.control.agent_client import AgentClient, AgentInfo
 from jupyter_dist.control.launchers import Launcher, Placement, launcher_for, placement_for
 from jupyter_dist.control.rank_env import omp_threads, places, rank_env
@@ -313,7 +318,11 @@ class Session(RankGroup):
         if cell != rec.last_cell:
             changed = bool(rec.last_error)
             rec.last_cell, rec.last_error = cell, ""
-        if kind == "error" or (kind == EXECUTE_REPLY_MSG_TYPE and content.get("status") == "error"):
+        failed = kind == "error" or (
+            kind == EXECUTE_REPLY_MSG_TYPE and content.get("status") == "error"
+        )
+        # a console's input refused unrun is the console's to show: the rank is healthy
+        if failed and content.get("ename") != REFUSED_IN_CONSOLE_ENAME:
             ename, evalue = content.get("ename", "Error"), content.get("evalue", "")
             rec.last_error = (f"{ename}: {evalue}" if evalue else str(ename))[:300]
             changed = True

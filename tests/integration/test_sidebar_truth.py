@@ -4,7 +4,7 @@ its diagnostics, rank state after a restart, a rank left busy, the form's valida
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -40,6 +40,16 @@ def run_on_rank(server: Server, session: str, rank: int, code: str, wait: bool =
         return client.execute_interactive(code, timeout=60, output_hook=lambda _msg: None)
     finally:
         client.stop_channels()
+
+
+def until(check: Callable[[], bool], within: float) -> bool:
+    """Poll ``check`` until it holds, for at most ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def read_log(server: Server, session: str, rank: int, kind: str) -> dict[str, Any]:
@@ -176,3 +186,27 @@ def test_the_new_session_form_is_checked_without_starting_anything(server: Serve
     status, listed = server.call("GET", f"{API}/sessions")
     assert status == 200 and "formed" not in [s["name"] for s in listed]
     assert not server.descendants()
+
+
+def test_a_collective_refused_in_a_console_leaves_the_rank_healthy(server: Server) -> None:
+    """The refusal is the console's to show: the sidebar does not paint the rank red,
+    while a console input that really failed does."""
+    assert server.call("POST", f"{API}/sessions", {"name": "refusal", "procs": 2})[0] == 201
+
+    def rank_1() -> dict[str, Any]:
+        return dict(server.call("GET", f"{API}/sessions/refusal")[1]["ranks"][1])
+
+    try:
+        run_on_rank(server, "refusal", 1, "raise ValueError('bad')")
+        assert until(lambda: rank_1()["last_error"] == "ValueError: bad", 30), rank_1()
+        reply = run_on_rank(
+            server, "refusal", 1, "import torch.distributed as dist\ndist.barrier()"
+        )
+        assert reply["content"]["ename"] == "CollectiveInConsole", reply["content"]
+        # the refusal's first message cleared the last error; once its last is in, the
+        # rank is idle: what it shows then is all the refusal did
+        assert until(lambda: rank_1()["last_error"] != "ValueError: bad", 30), rank_1()
+        assert until(lambda: rank_1()["state"] == "idle", 30), rank_1()
+        assert rank_1()["last_error"] == "", rank_1()
+    finally:
+        assert server.call("DELETE", f"{API}/sessions/refusal")[0] == 204

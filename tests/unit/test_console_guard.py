@@ -46,3 +46,10 @@ def test_the_refusal_names_the_call_the_rank_and_the_way_out() -> None:
     assert "rank 1 alone" in why and "the other 3 ranks are not" in why
     assert "%%distributed" in why and ALLOW in why
     assert refusal(f"{ALLOW}\ndist.barrier()", "1", "4") is None
+
+
+def test_the_refusals_name_is_the_one_the_control_plane_knows() -> None:
+    from jupyter_dist.common.wire_names import REFUSED_IN_CONSOLE_ENAME
+    from jupyter_dist.rank.console_guard import CollectiveInConsole
+
+    assert CollectiveInConsole.__name__ == REFUSED_IN_CONSOLE_ENAME
