@@ -243,7 +243,8 @@ class SessionStatus(TypedDict):
     ranks: list[RankStatus]
     started_at: float  # epoch s it became ready (0 before)
     straggler_s: float  # seconds a rank may run on beside finished ones before it is named
-    notebook: str  # the notebook it is named after, its path now ("" if named by hand)
+    notebook: str  # the notebook that started it, its path now ("" if none did)
+    notebook_id: str  # that notebook's file id, which renames keep ("" if not known)
     notebooks: list[NotebookJSON]  # the notebook kernels attached to it
     running: TurnStatus | None  # the request its ranks run now, and its sender
     queue: list[TurnStatus]  # the requests waiting for its ranks, in order
@@ -352,10 +353,12 @@ class SessionRequest(TypedDict, total=False):
 
 
 class NotebookSession(TypedDict):
-    """``GET /notebook``: the session named after the asking notebook."""
+    """``GET /notebook``: the asking notebook, and its session."""
 
     path: str  # the notebook's path now (renames followed)
-    session: str | None  # the name of its session, if one runs
+    file_id: str  # its file's id, which renames keep ("" where the server has none)
+    session: str | None  # the session it last used, else one it started, if one runs
+    name: str  # the name its new session gets ("" when its kernel did not say its path)
     lost: str  # what became of its last session, when none runs ("" if nothing is known)
 
 

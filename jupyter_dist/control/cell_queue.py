@@ -39,10 +39,18 @@ MAX_ERROR_CHARS = 300
 
 @dataclass(frozen=True)
 class Sender:
-    """Who asked: the notebook (its path, as the server knows it) and its kernel."""
+    """Who asked: the notebook (its path, as the server knows it) and its kernel. A server
+    that knows which file the notebook is also says its ``file_id`` (renames keep it; a
+    new file that gets an old name has another): it is never read from a request."""
 
     path: str = ""
     kernel_id: str = ""
+    file_id: str = ""
+
+    @property
+    def notebook(self) -> str:
+        """What tells this notebook from others: its file's id, else its path."""
+        return self.file_id or self.path
 
     @property
     def label(self) -> str:

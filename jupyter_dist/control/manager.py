@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from jupyter_dist.common.gpus import discover_gpus
 from jupyter_dist.common.hosts import HostSpec
+from jupyter_dist.common.notebook_names import numbered
 from jupyter_dist.common.payloads import ManagerEvent, SessionStatus
 from jupyter_dist.common.ports import PORTS_VAR
 from jupyter_dist.common.spec import (
@@ -73,7 +74,11 @@ class SessionManager:
     any number of sessions, and on one node as many ranks in all as one session may
     have there)."""
 
+    #: the name of the session a notebook's cells start when they name none
     default_name = DEFAULT_SESSION
+    #: the session a notebook used before this process started ("": none; a server's
+    #: notebook kernel hears it from the server, `ServerSessions.last_used`)
+    last_used = ""
 
     def __init__(
         self,
@@ -95,7 +100,7 @@ class SessionManager:
         self._listeners: list[Callable[[ManagerEvent], None]] = []
         #: kernel id -> how many event streams that notebook kernel holds open
         self.clients: Counter[str] = Counter()
-        #: notebooks renamed, and what became of the sessions named after them
+        #: per notebook: the session it last used, what became of its sessions
         self.paths = NotebookPaths()
 
     # -- change events, for UIs ------------------------------------------------------
@@ -149,8 +154,19 @@ class SessionManager:
 
         return report
 
-    async def find(self, name: str) -> Session:
+    async def find(self, name: str, use: bool = False) -> Session:
+        """Session ``name`` (``use``: a notebook uses it from now on; in-process sessions
+        have one notebook, so nothing more is done)."""
         return self.get(name)
+
+    def is_running(self, name: str) -> bool:
+        return self._running(name) is not None
+
+    def belongs_to(self, name: str) -> str:
+        """The notebook that started session ``name`` when it is another than the one
+        asking: "" here, where every session is this process's (a server's notebook kernel
+        asks the server, `ServerSessions.belongs_to`)."""
+        return ""
 
     async def list_status(self) -> list[SessionStatus]:
         return self.status()
@@ -167,14 +183,15 @@ class SessionManager:
         progress: Progress = lambda _: None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-        notebook: str = "",
+        notebook: Sender | None = None,
     ) -> tuple[Session, bool]:
         """The session ``name``, started with ``request`` if it does not exist; its ranks
         run in ``cwd`` (default: this process's folder) with ``env`` on top of their node's
         environment. The session's knobs (OMP_NUM_THREADS, GLOO_SOCKET_IFNAME, ...) are
-        read from ``env``, then from this process's environment. ``notebook``: the path of
-        the notebook the session is named after, if it is (its next kernels find it by
-        that path, whatever the notebook is renamed to).
+        read from ``env``, then from this process's environment. ``notebook``: the
+        notebook that asks (under a server), whose session it is if it starts now: the
+        sidebar and the notebooks that join it say so, and the notebook's next kernels
+        find it by the notebook's file, whatever it is renamed to.
 
         Returns the session and whether it was started now.
         """
@@ -212,8 +229,9 @@ class SessionManager:
                     rank_vars=rank_vars,
                 )
                 session.on_change = self._session_changed
-                session.notebook = self.paths.current(notebook)
-                self.paths.lost.pop(session.notebook, None)  # its successor: nothing to say
+                if notebook is not None:
+                    session.notebook, session.notebook_id = notebook.path, notebook.file_id
+                    self.paths.lost.pop(notebook.notebook, None)  # its successor: said
                 progress(f"starting session {name!r}: {spec.describe()}")
                 await session.start(progress)
                 self.sessions[name] = session
@@ -275,7 +293,8 @@ class SessionManager:
             if session.notebook:
                 when = time.strftime("%H:%M:%S")
                 self.paths.note_lost(
-                    session.notebook, f"{why or f'session {name!r} was shut down'} (at {when})"
+                    session.notebook_id or session.notebook,
+                    f"{why or f'session {name!r} was shut down'} (at {when})",
                 )
             self._publish({"type": "removed", "name": name})
 
@@ -288,8 +307,12 @@ class SessionManager:
 
     # -- who uses the sessions (notebook kernels attached under a server) --------------
     def attach(self, name: str, sender: Sender) -> None:
-        """``sender``'s notebook uses session ``name`` (it asked for its connection)."""
+        """``sender``'s notebook uses session ``name`` (a turn on its ranks, or
+        ``%dist attach``): it is listed as using it, and it is the session the notebook
+        last used."""
         session = self.get(name)
+        if sender.kernel_id:
+            self.paths.note_used(sender.notebook, name)
         if sender.kernel_id and sender.kernel_id not in session.notebooks:
             session.notebooks[sender.kernel_id] = {**sender.to_json(), "since": time.time()}
             self._session_changed(session)
@@ -351,11 +374,12 @@ class SessionManager:
             if quiet:
                 self._session_changed(session)
 
-    # -- notebooks renamed ----------------------------------------------------------------
+    # -- notebooks renamed, and the notebook a kernel runs -----------------------------
     def notebook_renamed(self, old: str, new: str) -> None:
         """Notebook (or folder) ``old`` is ``new`` now: every session, notebook listed as
         attached and queued request that names it names the new path, at once (a cell
-        running meanwhile goes on: a session keeps its name)."""
+        running meanwhile goes on: a session keeps its name). A file that gets the old
+        name later is another notebook (`notebook_session`)."""
         self.paths.rename(old, new)
         old, new = old.strip("/"), new.strip("/")
         for session in self.sessions.values():
@@ -370,21 +394,50 @@ class SessionManager:
             for turn in [session.turns.running, *session.turns.waiting]:
                 now = None if turn is None else moved(turn.sender.path, old, new)
                 if turn is not None and now is not None:
-                    turn.sender, changed = Sender(now, turn.sender.kernel_id), True
+                    turn.sender, changed = dataclasses.replace(turn.sender, path=now), True
             if changed:
                 self._session_changed(session)
 
-    def notebook_session(self, path: str) -> tuple[Session | None, str]:
-        """The session named after notebook ``path`` (its path now), and, if there is none,
-        what became of the last one ("" if nothing is known)."""
-        path = self.paths.current(path)
-        if not path:
+    def _belongs(self, session: Session, notebook: Sender) -> bool:
+        """Whether ``notebook`` started ``session`` (the same file; by path where either
+        has no file id)."""
+        if session.notebook_id and notebook.file_id:
+            return session.notebook_id == notebook.file_id
+        return bool(session.notebook) and session.notebook == notebook.path
+
+    def _running(self, name: str) -> Session | None:
+        session = self.sessions.get(name)
+        return session if session is not None and session.state != SessionState.STOPPED else None
+
+    def notebook_session(self, notebook: Sender) -> tuple[Session | None, str]:
+        """The session ``notebook`` last used, else one it started, if one runs; else what
+        became of the last one it started ("" if nothing is known)."""
+        if not notebook.notebook:
             return None, ""
+        used = self._running(self.paths.last_used.get(notebook.notebook, ""))
+        if used is not None:
+            return used, ""
         for name in self.names():
             session = self.sessions[name]
-            if session.notebook == path and session.state != SessionState.STOPPED:
+            if session.state != SessionState.STOPPED and self._belongs(session, notebook):
                 return session, ""
-        return None, self.paths.lost.get(path, "")
+        return None, self.paths.lost.get(notebook.notebook, "")
+
+    def name_for(self, notebook: Sender, name: str) -> str:
+        """``name`` (the one made from the notebook's path), or, when a session of another
+        notebook holds it (a renamed notebook keeps its session's name, and a new file may
+        get its old name), the first of ``name-2``, ``name-3``, ... that none holds."""
+        number = 1
+        candidate = name
+        while number <= len(self.sessions) + len(self.starting) + 1:
+            held = self._running(candidate)
+            if (held is None and candidate not in self.starting) or (
+                held is not None and self._belongs(held, notebook)
+            ):
+                return candidate
+            number += 1
+            candidate = numbered(name, number)
+        return candidate
 
     def tell(self, name: str, action: str, by: Sender, text: str) -> None:
         """Tell every notebook attached to session ``name`` (and the sidebar)."""

@@ -1,24 +1,20 @@
-"""Which path a notebook has now, and what became of the sessions named after notebooks.
+"""What a server remembers of each notebook: the session it last used, and what became of
+the sessions it started that are gone.
 
-A session started under its notebook's default name remembers that notebook
-(`Session.notebook`). When the notebook (or a folder above it) is renamed, the server
-tells `NotebookPaths.rename`: the sessions, the notebooks listed as attached and the
-queued requests then name the new path, and a kernel that still names the old one (it was
-started before the rename) is understood (`current`). A kernel started after the rename
-finds its session by the notebook's new path, not by the name it was started under.
-
-A session named after a notebook that is shut down leaves a line here (`lost`), so that
-the notebook's next kernel can say what became of it instead of silently starting anew.
+A notebook is known by its file's id where the server has one (`Sender.notebook`:
+jupyter_server_fileid's ids survive renames, and a new file that gets an old name gets a
+new id), else by its path; keys that are paths follow renames of the notebook or of a
+folder above it (`rename`). The notebook's next kernel asks for both (`GET /notebook`):
+it goes on with the session the notebook last used, or says what became of the one before
+instead of silently starting anew.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-#: renames remembered (the oldest are forgotten first)
-MAX_RENAMES = 256
-#: notebooks whose session was shut down, remembered until one starts a new one
-MAX_LOST = 256
+#: notebooks remembered (the oldest are forgotten first)
+MAX_NOTEBOOKS = 256
 
 
 def moved(path: str, old: str, new: str) -> str | None:
@@ -32,53 +28,44 @@ def moved(path: str, old: str, new: str) -> str | None:
     return None
 
 
+def _remember(memory: OrderedDict[str, str], key: str, value: str) -> None:
+    memory[key] = value
+    memory.move_to_end(key)
+    while len(memory) > MAX_NOTEBOOKS:
+        memory.popitem(last=False)
+
+
 class NotebookPaths:
-    """The renames a server saw, and the sessions of notebooks that were shut down."""
+    """Per notebook (its file id, else its path): the session it last used, and what
+    became of its sessions that are gone."""
 
     def __init__(self) -> None:
-        #: a path a kernel may still name -> the notebook's path now
-        self.renamed: OrderedDict[str, str] = OrderedDict()
-        #: a notebook's path -> what became of the session named after it
+        #: notebook -> the name of the session it last ran a cell on (or attached to)
+        self.last_used: OrderedDict[str, str] = OrderedDict()
+        #: notebook -> what became of the last session it started, once gone
         self.lost: OrderedDict[str, str] = OrderedDict()
 
     def rename(self, old: str, new: str) -> None:
-        """``old`` (a notebook or a folder) is ``new`` from now on."""
+        """``old`` (a notebook or a folder) is ``new`` from now on: what is remembered
+        under a path in it moves along (ids need not)."""
         old, new = old.strip("/"), new.strip("/")
         if not old or old == new:
             return
-        for before, after in list(self.renamed.items()):
-            now = moved(after, old, new)
-            if now is not None:
-                self.renamed[before] = now
-        for before in [b for b, a in self.renamed.items() if a == b]:
-            del self.renamed[before]  # renamed back
-        self.renamed[old] = new
-        self.renamed.move_to_end(old)
-        while len(self.renamed) > MAX_RENAMES:
-            self.renamed.popitem(last=False)
-        for path in list(self.lost):
-            now = moved(path, old, new)
-            if now is not None:
-                self.lost[now] = self.lost.pop(path)
+        for memory in (self.last_used, self.lost):
+            for key in list(memory):
+                now = moved(key, old, new)
+                if now is not None:
+                    memory[now] = memory.pop(key)
 
-    def current(self, path: str) -> str:
-        """The path the notebook a kernel calls ``path`` has now."""
-        if not path:
-            return path
-        for old in reversed(self.renamed):
-            now = moved(path, old, self.renamed[old])
-            if now is not None:
-                return now
-        return path
+    def note_used(self, notebook: str, name: str) -> None:
+        """``notebook`` ran a cell on (or attached to) session ``name``."""
+        if notebook:
+            _remember(self.last_used, notebook, name)
 
-    def note_lost(self, path: str, text: str) -> None:
-        """The session named after notebook ``path`` is gone: ``text`` says how."""
-        if not path:
-            return
-        self.lost[path] = text
-        self.lost.move_to_end(path)
-        while len(self.lost) > MAX_LOST:
-            self.lost.popitem(last=False)
+    def note_lost(self, notebook: str, text: str) -> None:
+        """A session ``notebook`` started is gone: ``text`` says how."""
+        if notebook:
+            _remember(self.lost, notebook, text)
 
 
-__all__ = ["MAX_LOST", "MAX_RENAMES", "NotebookPaths", "moved"]
+__all__ = ["MAX_NOTEBOOKS", "NotebookPaths", "moved"]

@@ -125,8 +125,10 @@ class Session(RankGroup):
         #: hosts that may take a lost node's place (``%dist heal --spares``), unused ones
         self.spares: tuple[HostSpec, ...] = ()
         self._healing = asyncio.Lock()
-        #: the notebook it is named after, its path now ("" for a name given by hand)
+        #: the notebook that started it (under a server), its path now ("" if none did)
         self.notebook = ""
+        #: that notebook's file id, which its renames keep ("" if the server has none)
+        self.notebook_id = ""
 
     # -- start-up ---------------------------------------------------------------------
     async def start(self, progress: Progress = lambda _: None) -> None:
@@ -929,6 +931,7 @@ class Session(RankGroup):
             "started_at": self.started_at,
             "straggler_s": self.straggler_s,
             "notebook": self.notebook,
+            "notebook_id": self.notebook_id,
             "notebooks": sorted(self.notebooks.values(), key=lambda n: n["since"]),
             **self.turns.status(),
             "cluster": self.placement.hold() if self.placement is not None else None,

@@ -96,6 +96,15 @@ def _display(data: dict[str, Any], metadata: dict[str, Any]) -> None:
     publish_display_data(data=data, metadata=metadata)
 
 
+def whose_words(name: str, owner: str) -> str:
+    """What a notebook is told when it joins session ``name``, which notebook ``owner``
+    started."""
+    return (
+        f"session {name!r} belongs to {owner}, which started it: this notebook's cells run "
+        "on its ranks, beside that notebook's variables"
+    )
+
+
 def _renderer(ranks: list[int], summary: bool = False) -> TextRenderer:
     """The text view; in a notebook kernel, what a cell waits for is one line that
     updates (a terminal has no such line: there it is printed when it changes)."""
@@ -185,7 +194,14 @@ class DistMagics(Magics):
     def __init__(self, shell: Any, plane: SessionOwner | None = None) -> None:
         super().__init__(shell)
         self._control = plane
-        self._default_session: str | None = None  # set by %dist attach
+        #: the session this notebook last used: its last cell's (``--session NAME`` or
+        #: none) or ``%dist attach``'s; None: none yet in this kernel (the sessions' owner
+        #: may know the one the notebook used before, `SessionRegistry.last_used`)
+        self._current: str | None = None
+        #: the session the last cell that named none was said to run on
+        self._announced = ""
+        #: the sessions this kernel was told belong to another notebook
+        self._told_whose: set[str] = set()
         self._cells = 0
         self._parsed_lines: dict[str, argparse.Namespace] = {}  # `_cell_args`
         #: (session, --heal, --spares) told to the sessions' owner already
@@ -214,11 +230,52 @@ class DistMagics(Magics):
         return self._control
 
     def _name(self, given: str | None) -> str:
-        """The session a command means: ``--session``, else the one attached to, else the
-        default (``default``; under a server, named after the notebook)."""
-        return check_session_name(
-            given or self._default_session or self.control.manager.default_name
-        )
+        """The session a command means: ``--session``, else the one this notebook last
+        used while it runs (whatever started it), else this notebook's own (``default``;
+        under a server, named after the notebook)."""
+        if given:
+            return check_session_name(given)
+        last = self._last_used()
+        if last and self.control.manager.is_running(last):
+            return last
+        return check_session_name(self.control.manager.default_name)
+
+    def _last_used(self) -> str:
+        return self.control.manager.last_used if self._current is None else self._current
+
+    def _said_before(self, given: str | None, name: str) -> list[str]:
+        """What a cell that names no session says before it runs on ``name``: that the
+        session this notebook used last is gone."""
+        last = self._last_used()
+        if given or not last or last == name:
+            return []
+        return [f"session {last!r}, which this notebook last used, is no longer running"]
+
+    def _said_after(self, given: str | None, name: str, started: bool) -> list[str]:
+        """What a cell says once it has its session: whose it is, if another notebook
+        started it (said once a session), and which it is, for a cell that named none
+        (said when it is another than the last such cell ran on)."""
+        manager = self.control.manager
+        said = []
+        owner = manager.belongs_to(name)
+        if owner and name not in self._told_whose:
+            self._told_whose.add(name)
+            said.append(whose_words(name, owner))
+        # the first cell after a kernel restart goes on with the session the notebook last
+        # used: its attach line says so already
+        resumed = self._current is None and name == manager.last_used
+        if not (given or started or resumed) and name not in (
+            self._announced,
+            manager.default_name,
+        ):
+            said.append(
+                f"running on session {name!r}, the one this notebook last used "
+                "(`--session NAME` for another)"
+            )
+        if not given:
+            self._announced = name
+        self._current = name
+        return said
 
     # -- helpers ------------------------------------------------------------------------
     def _call(self, make: Callable[[queue.SimpleQueue[CellEvent]], Any]) -> Any:
@@ -497,8 +554,11 @@ class DistMagics(Magics):
         payload = pickling.dump(self._user_values(parse_names(args.push))) if args.push else None
 
         manager = self.control.manager
+        before = self._said_before(args.session, name)
 
         async def start(sink: queue.SimpleQueue[CellEvent]) -> RankGroup:
+            for text in before:
+                sink.put(Notice(text))
             session, started = await manager.get_or_start(
                 name, request, lambda text: sink.put(Notice(text))
             )
@@ -506,12 +566,16 @@ class DistMagics(Magics):
                 sink.put(Notice(f"session {name!r} ready: {session.spec.describe()}"))
                 if isinstance(self.control, planes.ServerOwner):
                     sink.put(Notice(SIDEBAR_POINTER))
+            for text in self._said_after(args.session, name, started):
+                sink.put(Notice(text))
             return session
 
         running = manager.sessions.get(name)
         if running is not None and running.state == SessionState.READY and not running.stale:
             check_same_shape(running.spec, request)  # the common case: no loop round trip
             session = running
+            for text in [*before, *self._said_after(args.session, name, False)]:
+                print(f"[jupyter_dist] {text}")
         else:
             session = self._call(start)
         self._fault_policy(name, args)
@@ -733,10 +797,13 @@ class DistMagics(Magics):
         manager = self.control.manager
         if args.all:
             self.control.run(manager.shutdown_all())
+            self._current = ""
             print("[jupyter_dist] every session shut down")
             return
         name = self._name(args.session)
         self.control.run(manager.shutdown(name))
+        if name == self._last_used():
+            self._current = ""  # the next cell goes to this notebook's own session
         print(f"[jupyter_dist] session {name!r} shut down")
 
     def _dist_restart(self, args: Any) -> None:
@@ -764,13 +831,18 @@ class DistMagics(Magics):
                 "`%dist status` lists them"
             )
         name = check_session_name(args.names[0])
-        session = self._session(name)
-        self._default_session = name
+        manager = self.control.manager
+        session = self.control.run(manager.find(name, use=True))
+        self._current = self._announced = name
         print(
             f"[jupyter_dist] attached to session {name!r} ({session.spec.describe()}, "
-            f"{session.state.value}) in {self.control.manager.where}; %%distributed cells "
+            f"{session.state.value}) in {manager.where}; %%distributed cells "
             "without --session run there"
         )
+        owner = manager.belongs_to(name)
+        if owner:
+            self._told_whose.add(name)
+            print(f"[jupyter_dist] {whose_words(name, owner)}")
 
     def _dist_interrupt(self, args: Any) -> None:
         """Whoever sent the running cell: under a server, every notebook attached to the

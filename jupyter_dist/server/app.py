@@ -32,6 +32,7 @@ from jupyter_dist.control.session import SessionTimeouts
 from jupyter_dist.errors import SpecError
 from jupyter_dist.server.cluster_sweep import sweep_clusters
 from jupyter_dist.server.log_files import LOG_HANDLERS
+from jupyter_dist.server.notebook_files import NotebookFiles
 from jupyter_dist.server.notebook_kernels import prune
 from jupyter_dist.server.process_records import (
     REAP_GRACE_S,
@@ -168,6 +169,8 @@ class DistServerApp(ExtensionApp):
             ),
         )
         self.settings["jupyter_dist_manager"] = self.manager
+        # which notebook file a kernel runs (its path now, its id): `server.notebook_files`
+        self.settings["jupyter_dist_files"] = NotebookFiles()
         runtime_dir = Path(getattr(self.serverapp, "runtime_dir", None) or jupyter_runtime_dir())
         self.records = SessionRecorder(runtime_dir, self.log)
         # before any session of ours exists: what dead servers left; a record under our own
@@ -209,7 +212,9 @@ class DistServerApp(ExtensionApp):
             self.log.exception("jupyter_dist: cannot forget the notebook kernels that went away")
 
     async def _contents_event(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
-        """A file was renamed: the sessions, notebooks and requests that name it follow."""
+        """A file was renamed: the sessions, notebooks and requests that name it follow
+        (which notebook a kernel runs is the File ID service's to say: a rename keeps the
+        file's id)."""
         if data.get("action") != "rename":
             return
         old, new = str(data.get("source_path") or ""), str(data.get("path") or "")

@@ -54,6 +54,7 @@ from jupyter_dist.errors import (
     SpecError,
     UnknownSession,
 )
+from jupyter_dist.server.notebook_files import NotebookFiles
 from jupyter_dist.server.notebook_kernels import check_sender, prune
 
 AUTH_RESOURCE = "jupyter_dist"
@@ -384,7 +385,7 @@ class DistHandler(APIHandler):
         self.log.warning("wrote error: %r", message)
         self.finish(json.dumps({"message": message, "reason": error.reason}))
 
-    def sender(self) -> Sender:
+    async def sender(self) -> Sender:
         """Who sends this request: the ``path`` and ``kernel_id`` query arguments a
         notebook kernel adds (the sidebar says ``path=JupyterLab``); a kernel id must be
         one of this server's notebook kernels (`server.notebook_kernels`)."""
@@ -395,14 +396,15 @@ class DistHandler(APIHandler):
             },
             "query",
         )
-        return self.checked(sender, "query: ")
+        return await self.checked(sender, "query: ")
 
-    def checked(self, sender: Sender, where: str) -> Sender:
+    async def checked(self, sender: Sender, where: str) -> Sender:
         """``sender``, when the kernel it names is one of this server's, with the path its
-        notebook has now (a kernel started before a rename still names the old one)."""
+        notebook has now and its file id (`server.notebook_files`): a kernel started
+        before a rename still names the old path, which a new file may have since."""
         sender = check_sender(self.kernel_manager, sender, where)
-        current = self.manager.paths.current(sender.path)
-        return sender if current == sender.path else Sender(current, sender.kernel_id)
+        files: NotebookFiles = self.settings["jupyter_dist_files"]
+        return await files.resolve(sender, self.settings)
 
     async def prune(self) -> None:
         """Forget the notebook kernels that are no longer this server's."""
@@ -486,8 +488,11 @@ class SessionsHandler(DistHandler):
             return
         req = shape_from_json(self.json_body())
         await check_files(req)
+        sender = await self.sender()
+        # the notebook that asks is the session's, if it starts now
+        notebook = sender if sender.kernel_id else Sender(req.notebook) if req.notebook else None
         session, started = await self.manager.get_or_start(
-            req.name, req.shape, cwd=req.cwd, env=req.env, notebook=req.notebook
+            req.name, req.shape, cwd=req.cwd, env=req.env, notebook=notebook
         )
         self.reply(session.status(), 201 if started else 200)
 
@@ -505,7 +510,7 @@ class SessionHandler(DistHandler):
     @authorized
     @maps_errors
     async def delete(self, name: str) -> None:
-        why = self.manager.tell_action(name, "shutdown", self.sender())
+        why = self.manager.tell_action(name, "shutdown", await self.sender())
         await self.manager.shutdown(name, why)
         self.set_status(204)
         self.finish()
@@ -515,15 +520,21 @@ class ConnectionHandler(DistHandler):
     """``/sessions/NAME/connection``: the key and sockets of the rank kernels.
 
     Whoever holds these can run code on every rank, so the handler asks for the
-    ``execute`` permission, not just ``read``.
+    ``execute`` permission, not just ``read``. With ``?use=true`` (``%dist attach``) the
+    asking notebook is listed as using the session; otherwise only its turns list it (a
+    notebook that only interrupted or looked at the stacks does not use it).
     """
 
     @web.authenticated
     @authorized("execute")  # type: ignore[untyped-decorator]
     @maps_errors
     async def get(self, name: str) -> None:
+        use = self.get_query_argument("use", "false")
+        if use not in ("true", "false"):
+            raise SpecError(f"use: {use[:40]!r} is not 'true' or 'false'")
         info = self.manager.get(name).connection_info()
-        self.manager.attach(name, self.sender())
+        if use == "true":
+            self.manager.attach(name, await self.sender())
         self.reply(info)
 
 
@@ -566,7 +577,7 @@ class SessionActionHandler(DistHandler):
     @maps_errors
     async def post(self, name: str, action: str) -> None:
         session = self.manager.get(name)
-        self.manager.tell_action(name, action, self.sender())
+        self.manager.tell_action(name, action, await self.sender())
         if action == "interrupt":
             await session.interrupt()
             self.set_status(204)
@@ -659,7 +670,7 @@ class EventsHandler(DistHandler):
         is open it is alive; when the last one closes, its requests are withdrawn. Naming
         a kernel keeps its turns alive: it needs the permission turns need (``execute``),
         and a kernel of this server."""
-        sender = self.sender()
+        sender = await self.sender()
         may_execute = await self.may_execute()
         if sender.kernel_id and not may_execute:
             raise web.HTTPError(

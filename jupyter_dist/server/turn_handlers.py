@@ -85,7 +85,7 @@ class TurnsHandler(DistHandler):
                 raise SpecError(f"ranks: {str(ranks)[:80]!r} is not a list of rank numbers")
             if ranks:
                 ranks = parse_ranks(",".join(map(str, ranks)), session.spec.world_size)
-            sender = self.checked(Sender.from_json(body.get("sender")), "sender.")
+            sender = await self.checked(Sender.from_json(body.get("sender")), "sender.")
             if sender.kernel_id:
                 self.manager.attach(name, sender)
             turn = session.turns.enqueue(

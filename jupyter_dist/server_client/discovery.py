@@ -8,8 +8,6 @@ keeps sessions in the kernel even under a server.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -18,16 +16,14 @@ from pathlib import Path
 
 from jupyter_core.paths import jupyter_runtime_dir
 
+from jupyter_dist.common.notebook_names import relative_path, session_name_for
 from jupyter_dist.common.private_files import read_private_file
 from jupyter_dist.settings import SERVER_CHOICE_VAR
 
 #: the environment variable that turns server ownership off ("none")
 CHOICE_VAR = SERVER_CHOICE_VAR
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 #: a server's ``jpserver-PID.json`` is a few hundred bytes
 MAX_SERVER_FILE_BYTES = 1 << 20
-#: hex digits of the notebook path's hash at the end of its default session name
-NAME_HASH_DIGITS = 6
 
 
 @dataclass(frozen=True)
@@ -75,34 +71,15 @@ def find_server(env: Mapping[str, str], runtime_dir: str | None = None) -> Serve
 def notebook_session_name(env: Mapping[str, str], root_dir: str = "") -> str | None:
     """A default session name for the notebook this kernel runs, from the path the server
     gave it (``JPY_SESSION_NAME``, relative to the server's ``root_dir`` when it is an
-    absolute path): ``runs/train.ipynb`` -> ``runs-train-`` and six hex digits of a hash of
-    the whole path, so that ``a/runs/train.ipynb`` and ``b/runs/train.ipynb`` get sessions
-    of their own. The same notebook gets the same name after a kernel restart, so it finds
-    its session again."""
-    path = env.get("JPY_SESSION_NAME", "").strip()
-    if not path:
-        return None
-    notebook = Path(path)
-    if notebook.is_absolute() and root_dir:
-        with contextlib.suppress(ValueError):
-            notebook = notebook.relative_to(Path(root_dir).expanduser())
-    parts = notebook.with_suffix("").parts[-2:]
-    readable = _UNSAFE.sub("-", "-".join(p for p in parts if p not in ("/", ""))).strip("-._")
-    digest = hashlib.sha256(notebook.as_posix().encode(errors="surrogateescape")).hexdigest()
-    tag = digest[:NAME_HASH_DIGITS]
-    # check_session_name: at most 64 characters, the first a letter or digit
-    readable = readable[: 64 - NAME_HASH_DIGITS - 1].rstrip("-._")
-    return f"{readable}-{tag}" if readable else tag
+    absolute path): `common.notebook_names.session_name_for`. The server may give the
+    notebook another (``GET /notebook``), when another notebook's session holds this one."""
+    return session_name_for(env.get("JPY_SESSION_NAME", ""), root_dir)
 
 
 def notebook_path(env: Mapping[str, str], root_dir: str = "") -> str:
     """The notebook this kernel runs, as the server's users see it (relative to its
     ``root_dir``); "" when the server did not say."""
-    path = env.get("JPY_SESSION_NAME", "").strip()
-    if path and root_dir and Path(path).is_absolute():
-        with contextlib.suppress(ValueError):
-            return Path(path).relative_to(Path(root_dir).expanduser()).as_posix()
-    return path
+    return relative_path(env.get("JPY_SESSION_NAME", ""), root_dir)
 
 
 def kernel_id(pid: int) -> str:

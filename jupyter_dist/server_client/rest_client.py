@@ -136,8 +136,9 @@ class ServerClient:
         return status, response.code == 201
 
     async def notebook(self) -> NotebookSession:
-        """The session named after this client's notebook (``sender.path``), found by the
-        path the notebook has now; what became of it when none runs."""
+        """This client's notebook as the server knows it (its path now, its file id), the
+        session it goes on with and the name a new one gets; what became of the last one
+        when none runs."""
         found: NotebookSession = await self.call("GET", "notebook")
         return found
 
@@ -145,8 +146,13 @@ class ServerClient:
         found: SessionStatus = await self.call("GET", f"sessions/{quote(name)}")
         return found
 
-    async def connection(self, name: str) -> SessionConnection:
-        found: SessionConnection = await self.call("GET", f"sessions/{quote(name)}/connection")
+    async def connection(self, name: str, use: bool = False) -> SessionConnection:
+        """The rank kernels' key and sockets; ``use``: list this notebook as using the
+        session (``%dist attach``; its cells' turns list it anyway)."""
+        query = "?use=true" if use else ""
+        found: SessionConnection = await self.call(
+            "GET", f"sessions/{quote(name)}/connection{query}"
+        )
         return found
 
     async def stacks(self, name: str, ranks: list[int] | None) -> dict[int, str]:

@@ -73,10 +73,17 @@ class ServerSessions:
         self.client = client
         self.where = f"the Jupyter server at {client.server.url}"
         root = client.server.root_dir
+        #: the name of this notebook's own session (the server may give another: `probe`)
         self.default_name = notebook_session_name(env, root) or DEFAULT_SESSION
         if not client.sender.kernel_id:
             client.sender = Sender(notebook_path(env, root), kernel_id(os.getpid()))
         self.sender = client.sender
+        #: this notebook as the server knows it: its path now and its file's id (`probe`)
+        self.notebook = Sender(self.sender.path, self.sender.kernel_id)
+        #: the session this notebook last used when the kernel started, if it runs
+        self.last_used = ""
+        #: the sessions the server runs, as last heard (its list, then its events)
+        self._running: set[str] = set()
         #: what became of the session this notebook used before, said by its first cell
         self.lost_before = ""
         #: the sessions this kernel has attached to (the first time, it says what it found)
@@ -108,12 +115,15 @@ class ServerSessions:
         """One server-sent event; ``kind``, the SSE event name, says which `data` is."""
         if kind == "snapshot":
             self._subscribed.set()
-            for status in cast(Snapshot, data).get("sessions", []):
+            statuses = cast(Snapshot, data).get("sessions", [])
+            self._running = {str(status.get("name", "")) for status in statuses}
+            for status in statuses:
                 self._apply(status)
         elif kind == "session":
             self._apply(cast(SessionChanged, data)["session"])
         elif kind == "removed":
             name = cast(SessionRemoved, data)["name"]
+            self._running.discard(name)
             session = self.sessions.pop(name, None)
             if session is not None:
                 session.server_lost(f"session {name!r} was shut down on the server")
@@ -141,6 +151,7 @@ class ServerSessions:
         session.told(text, str(notice.get("action", "")))
 
     def _apply(self, status: SessionStatus) -> None:
+        self._running.add(str(status.get("name", "")))
         session = self.sessions.get(status.get("name", ""))
         if session is not None:
             session.apply_status(status)
@@ -154,11 +165,12 @@ class ServerSessions:
 
     # -- the notebook's own session --------------------------------------------------------
     async def probe(self) -> None:
-        """Whether the server serves jupyter_dist (raises if not); then, once, the session
-        named after this notebook, found by the notebook's path now: a kernel started after
-        the notebook was renamed finds the session it used under its old name, and learns
-        what became of it if it is gone."""
-        await self.list_status()
+        """Whether the server serves jupyter_dist (raises if not); then, once, this
+        notebook as the server knows it (by its file, not by the path the kernel was
+        started with): the session it last used, found whatever the notebook was renamed
+        to, or what became of it if it is gone; and the name of its own session, which is
+        not another notebook's (a new file may get a renamed notebook's old name)."""
+        self._running = {status["name"] for status in await self.list_status()}
         if not self.sender.path:
             return
         try:
@@ -166,10 +178,35 @@ class ServerSessions:
         except DistError as err:  # the sessions still work, named after the path
             log.warning("jupyter_dist: cannot ask for this notebook's session: %s", err)
             return
+        self.notebook = Sender(
+            str(found.get("path") or self.sender.path),
+            self.sender.kernel_id,
+            str(found.get("file_id") or ""),
+        )
+        if found.get("name"):
+            self.default_name = str(found["name"])
         if found.get("session"):
-            self.default_name = str(found["session"])
+            self.last_used = str(found["session"])
         else:
             self.lost_before = str(found.get("lost") or "")
+
+    def is_running(self, name: str) -> bool:
+        """Whether the server runs session ``name``, as last heard."""
+        return name in self.sessions or name in self._running
+
+    def belongs_to(self, name: str) -> str:
+        """The notebook that started session ``name`` when it is another than this one
+        (its path now); "" when it is this one's, or no notebook's, or not attached."""
+        session = self.sessions.get(name)
+        if session is None:
+            return ""
+        owner = str(session.status_data.get("notebook") or "")
+        owner_id = str(session.status_data.get("notebook_id") or "")
+        if not owner:
+            return ""
+        if owner_id and self.notebook.file_id:
+            return "" if owner_id == self.notebook.file_id else owner
+        return "" if owner == self.notebook.path else owner
 
     def _said_on_attach(self, name: str, started: bool, progress: Progress) -> None:
         """The first time this kernel uses session ``name``: say that its ranks kept their
@@ -212,10 +249,12 @@ class ServerSessions:
                 return  # the connection's refusal says what is wrong
             await asyncio.sleep(RESTART_POLL_S)
 
-    async def _attach(self, name: str, progress: Progress = lambda _: None) -> AttachedSession:
+    async def _attach(
+        self, name: str, progress: Progress = lambda _: None, use: bool = False
+    ) -> AttachedSession:
         await self._ensure_events()
         await self._wait_restart(name, progress)
-        connection = await self.client.connection(name)
+        connection = await self.client.connection(name, use)
         status = await self.client.status(name)
         old = self.sessions.pop(name, None)
         if old is not None:
@@ -234,7 +273,11 @@ class ServerSessions:
         self.sessions[name] = session
         return session
 
-    async def find(self, name: str) -> AttachedSession:
+    async def find(self, name: str, use: bool = False) -> AttachedSession:
+        """Session ``name``, attached to; ``use``: this notebook uses it from now on
+        (``%dist attach``), which the server lists (its cells' turns list it anyway)."""
+        if use:
+            return await self._attach(name, use=True)
         return self._usable(name) or await self._attach(name)
 
     async def get_or_start(

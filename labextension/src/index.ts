@@ -158,7 +158,10 @@ function actionsFor(
       }
     },
     useInNotebook: async name => {
-      const kernel = tracker?.currentWidget?.sessionContext.session?.kernel;
+      // the notebook asked for, named now: another may be current once the kernel answers
+      const notebook = tracker?.currentWidget;
+      const label = notebook?.title.label ?? 'the notebook';
+      const kernel = notebook?.sessionContext.session?.kernel;
       if (!kernel) {
         Notification.warning('Open a notebook (with a running kernel) to use the session in.');
         return;
@@ -172,11 +175,11 @@ function actionsFor(
       const content: any = reply.content;
       if (content.status === 'ok') {
         Notification.success(
-          `%%distributed cells of ${tracker?.currentWidget?.title.label ?? 'the notebook'} now run in session ${name}`,
+          `%%distributed cells of ${label} now run in session ${name}`,
           { autoClose: 5000 }
         );
       } else {
-        Notification.error(`Attaching failed: ${content.ename}: ${content.evalue}`);
+        Notification.error(`Attaching ${label} to ${name} failed: ${content.ename}: ${content.evalue}`);
       }
     },
     stacks: async name => {

@@ -53,8 +53,10 @@ export interface ISession {
   ranks: IRank[];
   started_at?: number;
   straggler_s?: number;
-  /** the notebook it is named after, its path now (renames followed; '' if named by hand) */
+  /** the notebook that started it, its path now (renames followed; '' if none did) */
   notebook?: string;
+  /** that notebook's file id, which renames keep ('' if the server has none) */
+  notebook_id?: string;
   notebooks?: { path: string; kernel_id: string; since: number }[];
   running?: ITurn | null;
   queue?: ITurn[];

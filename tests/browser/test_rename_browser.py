@@ -1,6 +1,8 @@
 """A notebook made from the Launcher, renamed with File > Rename, then Kernel > Restart: its
 first ``%%distributed`` cell runs in the same session, on the same ranks with their
-variables, and the page says so while the cell runs."""
+variables, and the page says so while the cell runs. A new notebook made meanwhile gets
+the renamed one's old name (``Untitled.ipynb``) and a session of its own, and the sidebar
+names each notebook as it is."""
 
 from __future__ import annotations
 
@@ -73,6 +75,23 @@ def sessions(lab: Lab) -> list[dict[str, object]]:
     return list(found)
 
 
+def session_named(lab: Lab, name: str) -> dict[str, object]:
+    (found,) = [s for s in sessions(lab) if s["name"] == name]
+    return found
+
+
+def new_notebook_from_launcher(page: Page) -> dict[str, str]:
+    """File > New Launcher, then the card of this test's kernel, as a person makes a
+    notebook; the new notebook's path and panel once its kernel is idle."""
+    menu_item(page, "File", "New Launcher").click()
+    card = page.locator('.jp-LauncherCard[data-category="Notebook"]').filter(
+        has_text="jupyter_dist tests"
+    )
+    card.last.click(timeout=LOAD_TIMEOUT_S * 1000)
+    handle = page.wait_for_function(_ACTIVE_NOTEBOOK_JS, timeout=LOAD_TIMEOUT_S * 1000, polling=250)
+    return dict(handle.json_value())
+
+
 def test_a_renamed_notebook_keeps_its_session_through_kernel_restart(
     page: Page, lab: Lab, kernel_name: str
 ) -> None:
@@ -139,7 +158,51 @@ def test_a_renamed_notebook_keeps_its_session_through_kernel_restart(
     )
     nb.screenshot("rename-sidebar")
 
-    # Kernel > Restart Kernel…, then the confirmation
+    # a new notebook gets the old name: another notebook, with a session of its own
+    second = new_notebook_from_launcher(page)
+    assert second["path"] == first["path"], (second, first)
+    other = NotebookPage(page, lab, second["path"], second["id"])
+    page.evaluate(
+        _SET_CELLS_JS,
+        [
+            other.path,
+            [
+                "%load_ext jupyter_dist",
+                "%%distributed --procs 1\nprint('sees the first notebook x:', 'x' in dir())",
+            ],
+        ],
+    )
+    assert other.run_all(), "the new notebook's cell failed"
+    expect(other.output(1)).to_contain_text(
+        "sees the first notebook x: False", timeout=RENDER_TIMEOUT_MS
+    )
+    fresh = f"{name}-2"  # its own name: the one made from its path is the renamed one's
+    expect(other.output(1)).to_contain_text(f"session '{fresh}' ready")
+    assert sorted(str(s["name"]) for s in sessions(lab)) == [name, fresh]
+    mine = session_named(lab, fresh)
+    assert mine["notebook"] == other.path, mine
+    assert [n["path"] for n in mine["notebooks"]] == [other.path]  # type: ignore[attr-defined]
+    renamed = session_named(lab, name)
+    assert renamed["notebook"] == RENAMED, renamed
+    assert [n["path"] for n in renamed["notebooks"]] == [RENAMED]  # type: ignore[attr-defined]
+    # the sidebar: each card names its own notebook, used by it alone
+    new_card = page.locator(f'#jupyter-dist-sidebar [data-session="{fresh}"]')
+    expect(new_card.locator(".jp-DistSession-facts")).to_contain_text(
+        other.path, timeout=RENDER_TIMEOUT_MS
+    )
+    expect(new_card.locator(".jp-DistSession-activity")).to_have_text(f"used by {other.path}")
+    expect(card.locator(".jp-DistSession-facts")).to_contain_text(RENAMED)
+    expect(card.locator(".jp-DistSession-facts")).not_to_contain_text(other.path)
+    expect(card.locator(".jp-DistSession-activity")).to_have_text(f"used by {RENAMED}")
+    other.screenshot("rename-new-notebook-sidebar")
+
+    # back to the renamed notebook's tab; Kernel > Restart Kernel…, then the confirmation
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=RENAMED).click()
+    page.wait_for_function(
+        f"() => window.jupyterapp.shell.currentWidget.context.path === {json.dumps(RENAMED)}",
+        timeout=RENDER_TIMEOUT_MS,
+        polling=250,
+    )
     menu_item(page, "Kernel", "Restart Kernel…").click()
     page.locator(".jp-Dialog .jp-mod-accept").click()
     expect(page.locator(".jp-Dialog")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
@@ -167,7 +230,7 @@ def test_a_renamed_notebook_keeps_its_session_through_kernel_restart(
         # seen while the cell runs: its prompt says so, and its turn on the ranks comes
         expect(nb.cell(1).locator(".jp-InputPrompt")).to_contain_text("*")
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while sessions(lab)[0]["running"] is None:
+        while session_named(lab, name)["running"] is None:
             assert time.monotonic() < deadline, "the cell never took its turn on the ranks"
             time.sleep(0.1)
         expect(line).to_be_visible()
@@ -179,8 +242,9 @@ def test_a_renamed_notebook_keeps_its_session_through_kernel_restart(
     expect(nb.output(1).get_by_text("its ranks kept their variables")).to_be_visible()
     nb.screenshot("rename-restart-done")
 
-    (after,) = sessions(lab)  # the same session, no new one beside it
-    assert after["name"] == name and after["notebook"] == RENAMED, after
+    after = session_named(lab, name)  # the same session, no new one beside it
+    assert sorted(str(s["name"]) for s in sessions(lab)) == [name, fresh]
+    assert after["notebook"] == RENAMED, after
     assert [r["pid"] for r in after["ranks"]] == pids  # type: ignore[attr-defined]
     assert errors == []
     with contextlib.suppress(FileNotFoundError):

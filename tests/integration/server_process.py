@@ -81,9 +81,13 @@ def start_server(
     namespace the tests reach), ``base_env`` the environment ``extra_env`` goes on top of
     (this process's by default)."""
     config_dir.mkdir(parents=True, exist_ok=True)
-    (config_dir / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_dist": extension}}})
-    )
+    config = {
+        "ServerApp": {"jpserver_extensions": {"jupyter_dist": extension}},
+        # the File ID service's ids (renames keep them) in this server's memory, not in a
+        # database file the user's other servers and the other tests' share
+        "BaseFileIdManager": {"db_path": ":memory:"},
+    }
+    (config_dir / "jupyter_server_config.json").write_text(json.dumps(config))
     token, port = secrets.token_hex(16), free_port()
     runtime_dir = root / "runtime"
     env = {

@@ -234,9 +234,18 @@ def test_second_session_side_by_side(run: Run) -> None:
     )
     assert out.ok, out.stdout
     assert "[rank 0] False" in out.stdout
-    assert run("%dist shutdown --session other").ok
+    # a cell that names no session runs on the one the notebook last used, saying so
+    out = run("%%distributed\nprint(dist.is_initialized())")
+    assert out.ok and "[rank 0] False" in out.stdout, out.stdout
+    assert "running on session 'other', the one this notebook last used" in out.stdout
+    assert "this notebook's session: 'other'" in run("%dist status").stdout
+    assert run("%dist shutdown").ok  # the notebook's session: 'other'
     with pytest.raises(SessionError):
         session_status("other")
+    # then the notebook's own session again, which kept running all along
+    out = run("%%distributed\nprint(dist.get_world_size())")
+    assert out.ok and "[ranks 0-1] 2" in out.stdout, out.stdout
+    assert "no longer running" not in out.stdout and "ready" not in out.stdout, out.stdout
 
 
 @pytest.mark.skipif(discover_gpus() != [], reason="machine has GPUs")

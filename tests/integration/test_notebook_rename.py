@@ -7,6 +7,7 @@ one that lost a rank gets it replaced, the others keeping their variables."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,6 +173,121 @@ def test_a_session_a_renamed_notebook_used_that_lost_a_rank_is_found_and_healed(
         status = session(server, name)
         assert (status["state"], status["generation"]) == ("ready", 1)
         assert status["ranks"][0]["pid"] == pids[0] and status["ranks"][1]["pid"] != pids[1]
+        notebook.ok("%dist shutdown")
+    finally:
+        notebook.close()
+
+
+def finish(kernel: ServerKernel, msg_id: str) -> tuple[str, dict[str, Any]]:
+    """What cell ``msg_id`` (sent with ``kernel.kc.execute``) printed or raised, once it is
+    done, and its reply."""
+    text: list[str] = []
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=CELL_TIMEOUT)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            text.append(content["text"])
+        elif kind == "error":
+            text.append("\n".join(content["traceback"]))
+        elif kind in ("execute_result", "display_data", "update_display_data"):
+            text.append(content["data"].get("text/plain", "") + "\n")
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    while True:
+        reply = kernel.kc.get_shell_msg(timeout=CELL_TIMEOUT)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return re.sub(r"\x1b\[[0-9;]*m", "", "".join(text)), reply["content"]
+
+
+def test_a_new_notebook_given_a_renamed_notebooks_old_name_gets_a_session_of_its_own(
+    server: Server, kernel_name: str
+) -> None:
+    """JupyterLab names the next new notebook ``Untitled.ipynb`` again once the first was
+    renamed: the new file is another notebook, with a session of its own, and each is
+    named for what it is; one that only interrupts a session does not use it, and one
+    that joins it is told whose it is."""
+    first = new_notebook(server, "draft.ipynb", kernel_name)
+    second: ServerKernel | None = None
+    name = notebook_session_name({"JPY_SESSION_NAME": "draft.ipynb"}) or ""
+    try:
+        first.ok("%%distributed --procs 1\nsecret = 'belongs to the first notebook'")
+        rename(server, first, "draft.ipynb", "model.ipynb")
+        second = new_notebook(server, "draft.ipynb", kernel_name)  # the old name, a new file
+        out = second.ok("%%distributed --procs 1\nprint('sees the secret:', 'secret' in dir())")
+        assert "[rank 0] sees the secret: False" in out, out
+        assert f"session '{name}-2' ready" in out, out
+        assert names(server) == [name, f"{name}-2"]
+        mine, theirs = session(server, f"{name}-2"), session(server, name)
+        assert (mine["notebook"], theirs["notebook"]) == ("draft.ipynb", "model.ipynb")
+        assert mine["notebook_id"] and mine["notebook_id"] != theirs["notebook_id"]
+        assert [n["path"] for n in mine["notebooks"]] == ["draft.ipynb"]
+        assert [n["path"] for n in theirs["notebooks"]] == ["model.ipynb"]
+        assert f"this notebook's session: '{name}-2'" in second.ok("%dist status")
+
+        # the renamed notebook's cell is stopped from the new one: each is named as it is
+        msg_id = first.kc.execute("%%distributed\nimport time\nwhile True:\n    time.sleep(0.05)")
+        deadline = time.monotonic() + CELL_TIMEOUT
+        while session(server, name)["running"] is None:
+            assert time.monotonic() < deadline, "the cell never took its turn"
+            time.sleep(0.1)
+        assert session(server, name)["running"]["path"] == "model.ipynb"
+        second.ok(f"%dist interrupt --session {name}")
+        out, reply = finish(first, msg_id)
+        assert reply["status"] == "error", out
+        flat = " ".join(out.split())
+        assert f"session '{name}' was interrupted from draft.ipynb" in flat, out
+        assert "the cell from model.ipynb was interrupted" in flat, out
+        # interrupting is not using it
+        assert [n["path"] for n in session(server, name)["notebooks"]] == ["model.ipynb"]
+
+        out = second.ok(f"%dist attach {name}")
+        flat = " ".join(out.split())
+        assert f"session '{name}' belongs to model.ipynb, which started it" in flat, out
+        listed = [n["path"] for n in session(server, name)["notebooks"]]
+        assert listed == ["model.ipynb", "draft.ipynb"]
+        out = second.ok("%%distributed\nprint(secret)")
+        assert "[rank 0] belongs to the first notebook" in out, out
+        assert "belongs to model.ipynb" not in out, out  # said once
+        second.ok(f"%dist shutdown --session {name}-2")
+        second.ok(f"%dist shutdown --session {name}")
+        assert names(server) == []
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+
+def test_a_cell_that_names_no_session_runs_on_the_one_the_notebook_last_used(
+    server: Server, kernel_name: str
+) -> None:
+    """After ``--session big`` a bare cell runs on ``big`` (no second session beside it),
+    and says so; so does the notebook's first cell after a kernel restart. Once that
+    session is shut down, the next cell starts the notebook's own, saying which."""
+    notebook = new_notebook(server, "sized.ipynb", kernel_name)
+    own = notebook_session_name({"JPY_SESSION_NAME": "sized.ipynb"})
+    try:
+        notebook.ok("%%distributed --session big --procs 1\nw = 'on big'")
+        out = notebook.ok("%%distributed\nprint(w)")
+        assert "[rank 0] on big" in out, out
+        assert "running on session 'big', the one this notebook last used" in out, out
+        assert names(server) == ["big"]
+        out = notebook.ok("%%distributed\nprint(w)")
+        assert "running on session" not in out, out  # said once
+
+        notebook.restart()
+        notebook.ok("%load_ext jupyter_dist")
+        out = notebook.ok("%%distributed\nprint(w)")
+        assert "[rank 0] on big" in out, out
+        assert "attached to session 'big', which was already running" in out, out
+        assert "this notebook's session: 'big'" in notebook.ok("%dist status")
+
+        assert "session 'big' shut down" in notebook.ok("%dist shutdown")
+        out = notebook.ok("%%distributed --procs 1\nprint('w' in dir())")
+        assert f"session '{own}' ready" in out and "[rank 0] False" in out, out
+        assert "no longer running" not in out, out  # this notebook shut it down itself
+        assert names(server) == [own]
         notebook.ok("%dist shutdown")
     finally:
         notebook.close()
