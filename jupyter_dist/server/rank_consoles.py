@@ -144,6 +144,16 @@ def reap_dead_folders(runtime_dir: Path, logger: logging.Logger) -> list[Path]:
     return removed
 
 
+def _written(path: Path) -> dict[str, Any] | None:
+    """The connection a rank console's file holds, None when there is none (or unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 class RankConsoles:
     """Connection files of this server's rank kernels in its external-kernels folder."""
 
@@ -211,6 +221,13 @@ class RankConsoles:
             "signature_scheme": info["signature_scheme"],
             "kernel_name": KERNEL_NAME,
         }
+        if _written(path) not in (None, connection):
+            # the rank was replaced alone (a heal): its old kernel leaves the server first,
+            # which would otherwise keep it under the same file, and the new one comes in
+            # under a new id that a console moves to
+            path.unlink(missing_ok=True)
+            self._drop_stale()
+            self.kernel_manager.list_kernel_ids()
         fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:  # the session's key: owner-only, written whole
             json.dump(connection, f)

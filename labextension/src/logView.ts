@@ -1,7 +1,9 @@
 /**
  * A rank's log in a main-area tab, following it as it grows: it asks the server for the
  * piece after the last one (``/sessions/NAME/ranks/R/log?kind=K&offset=N``) every second
- * while the tab is open, and keeps at most `MAX_CHARS` on screen.
+ * while the tab is open, and keeps at most `MAX_CHARS` on screen. A server that fails is
+ * asked less and less often (`delayAfterError`); once the session is gone the tab keeps
+ * what it showed, says so, and asks no more.
  *
  * Two logs, one at a time: "Output", what the rank's cells showed (printed output,
  * tracebacks, rich output as text), and "Diagnostics", the rank process's own log
@@ -10,7 +12,8 @@
 import { MainAreaWidget } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { requestAPI } from './request';
+import { delayAfterError } from './pollDelay';
+import { ApiError, requestAPI } from './request';
 
 export const MAX_CHARS = 1_000_000;
 
@@ -66,7 +69,11 @@ export class RankLog extends Widget {
     this.pre = document.createElement('pre');
     this.pre.setAttribute('aria-live', 'polite');
     this.pre.setAttribute('role', 'tabpanel');
-    this.node.append(bar, this.pre);
+    this.endNote = document.createElement('div');
+    this.endNote.className = 'jp-DistLog-ended';
+    this.endNote.setAttribute('role', 'status');
+    this.endNote.hidden = true;
+    this.node.append(bar, this.endNote, this.pre);
     this.title.label = `${session} rank ${rank} log`;
     this._kind = kind;
     this.markTabs();
@@ -86,6 +93,9 @@ export class RankLog extends Widget {
     this._kind = kind;
     this.offset = 0;
     this.pre.textContent = '';
+    this.delay = this.interval;
+    this.ended = '';
+    this.endNote.hidden = true;
     this.markTabs();
     if (this.timer !== null) {
       clearTimeout(this.timer);
@@ -145,23 +155,44 @@ export class RankLog extends Widget {
       more = piece.end > piece.offset && piece.text.length > 0;
       this.offset = piece.end;
       this.removeClass('jp-mod-error');
+      this.delay = this.interval;
     } catch (error) {
       if (generation !== this.generation) {
         return;
       }
       this.addClass('jp-mod-error');
       this.title.caption = `${error}`;
+      const status = error instanceof ApiError ? error.status : 0;
+      const next = delayAfterError(status, this.delay, this.interval);
+      if (next === null) {
+        // the session is gone: what was shown stays, and nobody asks again
+        this.ended = `${error instanceof ApiError ? error.message : error}`;
+        this.endNote.textContent =
+          `No longer followed: session ${this.session} is gone (shut down, or started ` +
+          'again elsewhere); what it showed stays here';
+        this.endNote.hidden = false;
+        return;
+      }
+      this.delay = next;
     }
     if (!this.isDisposed) {
-      this.timer = setTimeout(() => void this.poll(), more ? 50 : this.interval);
+      this.timer = setTimeout(() => void this.poll(), more ? 50 : this.delay);
     }
   }
 
+  /** Why the log is no longer followed ("" while it is). */
+  get endedBecause(): string {
+    return this.ended;
+  }
+
   private pre: HTMLPreElement;
+  private endNote: HTMLDivElement;
   private tabs = new Map<LogKind, HTMLButtonElement>();
   private _kind: LogKind;
   private offset = 0;
   private generation = 0;
+  private delay = 1000;
+  private ended = '';
   private timer: ReturnType<typeof setTimeout> | null = null;
 }
 

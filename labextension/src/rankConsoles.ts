@@ -8,16 +8,17 @@
  * why. The server's event stream tells when, while any rank console is open.
  *
  * Kernel > Interrupt interrupts that rank alone (the server's ``rank_kernel_actions``).
- * A rank cannot restart alone (its process group is the session's), so the console's
- * Restart asks whether to restart the whole session, and does that instead.
+ * Kernel > Restart restarts that rank alone, after JupyterLab's own question: a fresh rank
+ * kernel takes its place, the other ranks keep their variables, and all join a new process
+ * group.
  */
-import { Dialog, ISessionContext, Notification, showDialog } from '@jupyterlab/apputils';
+import { ISessionContext, Notification } from '@jupyterlab/apputils';
 import { ServiceManager } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import { EventStream } from './events';
 import { ApiError, requestAPI } from './request';
-import { restartQuestion } from './restartQuestion';
+import { restartedWords } from './restartedWords';
 
 /** What this module needs of a console panel. */
 export interface IConsoleLike extends Widget {
@@ -43,6 +44,8 @@ interface IEntry {
   kernelId: string;
   pid: number | null;
   moving: boolean;
+  /** this console's own Restart is under way: its notice says what the move did */
+  restarting: boolean;
 }
 
 function sessionPath(name: string, action = ''): string {
@@ -70,7 +73,8 @@ export class RankConsoles {
       rank,
       kernelId: kernel.id,
       pid: status.ranks.find(r => r.rank === rank)?.pid ?? null,
-      moving: false
+      moving: false,
+      restarting: false
     };
     this.entries.add(entry);
     panel.node.dataset.distSession = session;
@@ -78,7 +82,7 @@ export class RankConsoles {
     const context = panel.sessionContext as ISessionContext & {
       restartKernel: () => Promise<void>;
     };
-    context.restartKernel = () => this.restartSession(entry);
+    context.restartKernel = () => this.restartRank(entry);
     panel.disposed.connect(() => {
       this.entries.delete(entry);
       if (!this.entries.size) {
@@ -95,44 +99,37 @@ export class RankConsoles {
     });
   }
 
-  /** The console's Restart: ask, then restart the session; its consoles follow. */
-  private async restartSession(entry: IEntry): Promise<void> {
-    let worldSize = 0;
+  /**
+   * The console's Restart, once JupyterLab asked "Restart Kernel?": this rank alone is
+   * replaced by a fresh rank kernel (the server's heal, ``ranks: [rank]``); the other ranks
+   * keep their variables, and every rank joins a new process group. The console moves onto
+   * the new rank; one notice says all of it.
+   */
+  private async restartRank(entry: IEntry): Promise<void> {
+    const which = `rank ${entry.rank} of ${entry.session}`;
+    const id = Notification.emit(`Restarting ${which}…`, 'in-progress', { autoClose: false });
+    entry.restarting = true;
     try {
-      worldSize = (await requestAPI<ISessionStatus>(sessionPath(entry.session))).world_size;
-    } catch (error) {
-      this.close(entry, `session ${entry.session} is gone (${messageOf(error)})`);
-      return;
-    }
-    const result = await showDialog({
-      title: `Restart session ${entry.session}?`,
-      body: restartQuestion(entry.session, entry.rank, worldSize),
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Restart session' })]
-    });
-    if (!result.button.accept) {
-      return;
-    }
-    const id = Notification.emit(`Restarting session ${entry.session}…`, 'in-progress', {
-      autoClose: false
-    });
-    try {
-      const status = await requestAPI<ISessionStatus>(sessionPath(entry.session, 'restart'), {
-        method: 'POST'
-      });
+      const reply = await requestAPI<{ status: ISessionStatus }>(
+        sessionPath(entry.session, 'heal'),
+        { method: 'POST', body: JSON.stringify({ ranks: [entry.rank] }) }
+      );
+      await this.follow(reply.status);
       Notification.update({
         id,
-        message: `Session ${entry.session} restarted: its ${status.world_size} ranks start afresh`,
+        message: restartedWords(entry.session, entry.rank, reply.status.world_size),
         type: 'success',
-        autoClose: 5000
+        autoClose: 8000
       });
-      await this.follow(status);
     } catch (error) {
       Notification.update({
         id,
-        message: `Restarting session ${entry.session} failed: ${messageOf(error)}`,
+        message: `Restarting ${which} failed: ${messageOf(error)}`,
         type: 'error',
         autoClose: 10000
       });
+    } finally {
+      entry.restarting = false;
     }
   }
 
@@ -185,11 +182,13 @@ export class RankConsoles {
         await this.services.sessions.refreshRunning();
         await entry.panel.sessionContext.changeKernel({ id: kernel.id, name: kernel.name });
         entry.kernelId = kernel.id;
-        Notification.info(
+        if (!entry.restarting) {
+          Notification.info(
           `The console on rank ${entry.rank} of ${entry.session} now runs on the restarted ` +
             'rank: its variables are gone',
-          { autoClose: 8000 }
-        );
+            { autoClose: 8000 }
+          );
+        }
       }
       entry.pid = pid;
     } catch (error) {

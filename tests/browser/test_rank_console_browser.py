@@ -1,6 +1,6 @@
 """A console on a rank, opened from the sidebar in a real JupyterLab: Kernel > Interrupt
-stops the rank's running code, the console's Restart asks about the whole session and
-restarts it, the console then runs on the new rank (after a restart from anywhere), a
+stops the rank's running code, the console's Restart restarts that rank alone (asked once,
+by JupyterLab), the console then runs on the new rank (after a restart from anywhere), a
 collective typed there is refused unrun, and when the session is shut down the console
 closes saying why."""
 
@@ -33,9 +33,14 @@ def test_a_rank_console_interrupts_restarts_and_follows_its_session(
 
     nb = open_lab_notebook(
         "rank_console",
-        ["%load_ext jupyter_dist", f"%%distributed --procs 2 --session {SESSION}\nx = 1"],
+        [
+            "%load_ext jupyter_dist",
+            f"%%distributed --procs 2 --session {SESSION}\nx = 1",
+            f"%%distributed --session {SESSION}\nimport os, torch, torch.distributed as dist\nt = torch.ones(1); dist.all_reduce(t)\n"
+            "print('x', globals().get('x'), 'sum', t.item(), 'pid', os.getpid())",
+        ],
     )
-    assert nb.run_all()
+    assert nb.run_all(), [nb.output(i).inner_text() for i in (1, 2)]
     show_sidebar(nb)
     card = session_card(nb, SESSION)
     expect(card.locator(".jp-DistBadge").first).to_have_text("ready", timeout=RENDER_TIMEOUT_MS)
@@ -63,32 +68,42 @@ def test_a_rank_console_interrupts_restarts_and_follows_its_session(
     expect(content).to_contain_text("this console runs on rank 1 alone")
     nb.screenshot("rank-console-collective")
 
-    # the console's Restart asks about the whole session, then restarts it
-    old_pid = rank_pid(nb, 1)
+    # the console's Restart, once JupyterLab asked: this rank alone restarts, the other
+    # keeps its variables, one notice says so, and no second question comes
+    old_pid, other_pid = rank_pid(nb, 1), rank_pid(nb, 0)
+    nb.run_in_console(console, "y = 'only on rank 1'")
     kernel_menu(nb, "Restart Kernel")
     dialog = nb.page.locator(".jp-Dialog")
     expect(dialog).to_contain_text("Restart Kernel?", timeout=RENDER_TIMEOUT_MS)
-    dialog.locator("button.jp-mod-accept").click()
-    expect(dialog).to_contain_text(f"Restart session {SESSION}?", timeout=RENDER_TIMEOUT_MS)
-    expect(dialog).to_contain_text("A rank cannot restart alone")
-    expect(dialog).to_contain_text("restarts all 2 ranks")
     nb.screenshot("rank-console-restart-question", dialog.locator(".jp-Dialog-content"))
     dialog.locator("button.jp-mod-accept").click()
     toasts = nb.page.locator(".Toastify")
-    expect(toasts).to_contain_text(f"Session {SESSION} restarted", timeout=RENDER_TIMEOUT_MS)
-    expect(toasts).to_contain_text("now runs on the restarted rank", timeout=RENDER_TIMEOUT_MS)
+    expect(toasts).to_contain_text(
+        f"Rank 1 of {SESSION} restarted alone", timeout=RENDER_TIMEOUT_MS
+    )
+    expect(toasts).to_contain_text("the other rank kept its own")
+    expect(nb.page.locator(".jp-Dialog")).to_have_count(0)  # asked once
+    expect(toasts).not_to_contain_text("now runs on the restarted rank")  # said once
+    nb.screenshot("rank-console-restarted-alone")
     new_pid = rank_pid(nb, 1)
-    assert new_pid != old_pid
-    nb.run_in_console(console, "import os; print('pid', os.getpid(), 'rank', os.environ['RANK'])")
-    expect(content).to_contain_text(f"pid {new_pid} rank 1", timeout=RENDER_TIMEOUT_MS)
+    assert new_pid != old_pid and rank_pid(nb, 0) == other_pid
+    nb.run_in_console(console, "import os; print('pid', os.getpid(), 'y' in dir())")
+    expect(content).to_contain_text(f"pid {new_pid} False", timeout=RENDER_TIMEOUT_MS)
     expect(console.locator(".jp-CodeConsole-promptCell")).to_be_visible()
+    # rank 0 kept the notebook's variable, and both ranks are in one new group
+    assert nb.run_cell(2)
+    expect(nb.output(2)).to_contain_text(
+        f"[rank 0] x 1 sum 2.0 pid {other_pid}", timeout=RENDER_TIMEOUT_MS
+    )
+    expect(nb.output(2)).to_contain_text(f"[rank 1] x None sum 2.0 pid {new_pid}")
     nb.screenshot("rank-console-after-restart")
+    nb.page.locator(".lm-TabBar-tab", has_text=f"{SESSION} rank 1").click()  # back to it
 
     # a restart from elsewhere: the console follows too
     assert nb.lab.call("POST", f"{DIST_API}/sessions/{SESSION}/restart", {})[0] == 200
     third_pid = rank_pid(nb, 1)
     expect(toasts.get_by_text("now runs on the restarted rank")).to_have_count(
-        2, timeout=RENDER_TIMEOUT_MS
+        1, timeout=RENDER_TIMEOUT_MS
     )
     nb.run_in_console(console, "print('pid', os.getpid() if 'os' in dir() else 'fresh')")
     expect(content).to_contain_text("pid fresh", timeout=RENDER_TIMEOUT_MS)
@@ -103,4 +118,7 @@ def test_a_rank_console_interrupts_restarts_and_follows_its_session(
     )
     expect(nb.page.locator(".jp-CodeConsole")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
     nb.screenshot("rank-console-closed")
-    assert nb.console_errors == [], nb.console_errors
+    # JupyterLab's debugger asks a console's kernel for its state when the console gets it;
+    # a kernel swapped away before answering cancels that ask, which the debugger logs
+    ours = [e for e in nb.console_errors if "Could not restore the debugger state" not in e]
+    assert ours == [], nb.console_errors

@@ -103,7 +103,25 @@ def test_tab_palette_menu_pointer_and_a_ranks_log(open_lab_notebook: OpenNoteboo
     nb.screenshot("sidebar-truth-diagnostics")
     log.get_by_role("tab", name="Output").click()
     expect(text).to_contain_text("hello from rank 1", timeout=RENDER_TIMEOUT_MS)
-    ours = [e for e in nb.console_errors if "jupyter-dist" in e or "Dist" in e]
+
+    # the session shut down: the tab keeps what it showed, says so, and asks no more
+    asked: list[str] = []
+    nb.page.on("request", lambda r: asked.append(r.url) if "/ranks/1/log" in r.url else None)
+    status, _ = nb.lab.call("DELETE", f"/jupyter-dist/api/v1/sessions/{SESSION}")
+    assert status == 204
+    ended = log.locator(".jp-DistLog-ended")
+    expect(ended).to_contain_text("No longer followed", timeout=RENDER_TIMEOUT_MS)
+    expect(ended).to_contain_text(SESSION)
+    expect(text).to_contain_text("hello from rank 1")
+    nb.screenshot("sidebar-truth-log-ended")
+    before = len(asked)
+    nb.page.wait_for_timeout(3000)  # three polls' time: none goes out
+    assert len(asked) == before, asked[before:]
+    ours = [
+        e
+        for e in nb.console_errors
+        if ("jupyter-dist" in e or "Dist" in e) and "404" not in e  # the one that ended it
+    ]
     assert not ours, ours
 
 
