@@ -12,7 +12,7 @@ import os
 import queue
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -185,6 +185,29 @@ def _check_syntax(shell: Any, cell: str) -> None:
             + (f"\n    {line}" if line else "")
             + "\nNothing was sent to the ranks."
         ) from None
+
+
+def interrupt_words(name: str, status: SessionStatus | None, ranks: Sequence[int] | None) -> str:
+    """What ``%dist interrupt`` did, by the session's status just before it: the ranks
+    that were running code, and whose request they ran, or that none was."""
+    chosen = None if ranks is None else set(ranks)
+    busy = [
+        r["rank"]
+        for r in (status["ranks"] if status is not None else [])
+        if r["state"] == "busy" and (chosen is None or r["rank"] in chosen)
+    ]
+    running = status["running"] if status is not None else None
+    if not busy and running is not None:  # granted its turn, not sent to the ranks yet
+        busy = running["ranks"] or [r["rank"] for r in status["ranks"]] if status else []
+    if not busy:
+        return f"session {name!r}: no rank was running code; nothing to interrupt"
+    whose = ""
+    if running is not None:
+        whose = f", running a {running['kind']} from {running['path'] or 'another client'}"
+    return (
+        f"interrupted {ranks_label(busy)} of session {name!r}{whose}; what was running "
+        "there says how it stopped"
+    )
 
 
 @magics_class
@@ -846,10 +869,16 @@ class DistMagics(Magics):
 
     def _dist_interrupt(self, args: Any) -> None:
         """Whoever sent the running cell: under a server, every notebook attached to the
-        session is told who interrupted it."""
+        session is told who interrupted it; this cell says what was interrupted."""
         session = self._session(args.session)
         ranks = self._ranks_arg(args, session)
-        self.control.run(self.control.manager.interrupt(session.name, ranks))
+        manager = self.control.manager
+        before = next(
+            (s for s in self.control.run(manager.list_status()) if s["name"] == session.name),
+            None,
+        )
+        self.control.run(manager.interrupt(session.name, ranks))
+        print(f"[jupyter_dist] {interrupt_words(session.name, before, ranks)}")
 
     def _dist_push(self, args: Any) -> None:
         if not args.names:

@@ -216,11 +216,16 @@ def test_an_interrupt_from_one_notebook_tells_the_other_who(
     a, b = pair
     long = later(a, f"%%distributed --session {SESSION}\ntime.sleep(60)")
     wait_for(lambda: running_sender(server) == "train.ipynb")
-    b.ok("%dist interrupt")
+    said = b.ok("%dist interrupt")  # the interrupting cell says what it stopped
+    assert "interrupted ranks 0-1 of session 'shared', running a cell from train.ipynb" in said, (
+        said
+    )
     out, reply, took = long.result()
     assert reply["status"] == "error", out
     assert "session 'shared' was interrupted from eval.ipynb" in out, out
     assert took < 50
+    said = b.ok("%dist interrupt")  # nothing runs now: said so
+    assert "session 'shared': no rank was running code; nothing to interrupt" in said, said
 
 
 def test_a_restart_from_one_notebook_is_news_in_the_other(
