@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,8 @@ class CellTracker:
         }
         self.sink = sink
         self.done = asyncio.Event()
+        #: when code another client ran on a rank last ended (`RankClient.others_code_ended`)
+        self.others_ended: Callable[[int], float] | None = None
         self.timed_out = False
         self.timeout_s: float | None = None  # the --timeout it ran past
         self.interrupted = False
@@ -201,7 +203,7 @@ class CellTracker:
                 continue
             prog.finished = True
             self._unfinished -= 1
-            prog.elapsed = now - prog.started
+            prog.elapsed = self._ran_for(prog, now)
             self._emit(RankFinished(rank, "ok", prog.elapsed))
         if self._unfinished == 0:
             self.done.set()
@@ -258,11 +260,20 @@ class CellTracker:
             place=place,
         )
 
+    def _ran_for(self, prog: RankProgress, now: float) -> float:
+        """Seconds the cell ran on ``prog``'s rank by ``now``: from when it was sent, or
+        from when code another client ran there (a console's) ended, if that was later:
+        the rank runs one request at a time, so the cell waited in its queue until then."""
+        began = prog.started
+        if self.others_ended is not None:
+            began = max(began, self.others_ended(prog.rank))
+        return now - began
+
     def _finish(self, prog: RankProgress, status: RankOutcome, failure: RankFailure | None) -> None:
         prog.finished = True
         self._unfinished -= 1
         prog.failure = failure
-        prog.elapsed = time.monotonic() - prog.started
+        prog.elapsed = self._ran_for(prog, time.monotonic())
         if failure is not None and failure.kind in WIND_DOWN_KINDS:
             self.first_failure_at = self.first_failure_at or time.monotonic()
         self._emit(RankFinished(prog.rank, status, prog.elapsed, failure))

@@ -143,6 +143,8 @@ class RankClient:
         #: since when (`time.monotonic`) the kernel runs code another client sent (a
         #: console on the rank), as its IOPub echo and status say; None while it does not
         self.others_code_since: float | None = None
+        #: when that code last ended (0.0: none ran since this client was made)
+        self.others_code_ended = 0.0
         self._others_cell: str | None = None
         self._comm_id: str | None = None
         self._comm_waiters: dict[str, asyncio.Future[tuple[dict[str, Any], list[Frame]]]] = {}
@@ -357,6 +359,7 @@ class RankClient:
                 and msg["content"].get("execution_state") == "idle"
             ):
                 self._others_cell, self.others_code_since = None, None
+                self.others_code_ended = time.monotonic()
         if channel == "iopub" and parent in self._taken:
             self._took(parent)
         if handler is not None:

@@ -545,6 +545,7 @@ class RankGroup:
         run = CellTracker(
             {r: (self.ranks[r].host, self.ranks[r].place.local_rank) for r in ranks}, sink
         )
+        run.others_ended = self._others_code_ended
         self._current = run
         sent: dict[int, str] = {}
         signer: RankClient | None = None
@@ -832,6 +833,11 @@ class RankGroup:
         if text != shown[0]:
             shown[0] = text
             sink.put(Notice(text, transient=True, line=CONSOLE_LINE))
+
+    def _others_code_ended(self, rank: int) -> float:
+        """When code another client ran on ``rank`` (a console's) last ended."""
+        client = self.ranks[rank].client
+        return client.others_code_ended if client is not None else 0.0
 
     @staticmethod
     def _cause(run: CellTracker) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from jupyter_client.asynchronous import AsyncKernelClient
 
-from jupyter_dist.common.events import Notice, StreamOut
+from jupyter_dist.common.events import Notice, RankFinished, StreamOut
 from jupyter_dist.common.spec import ShapeRequest, resolve_shape
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_group import CONSOLE_LINE
@@ -84,6 +84,7 @@ def test_a_cell_queued_behind_a_consoles_code_says_why(session: Session, tmp_pat
                     break
             sink = NoticeSink()
             release = asyncio.ensure_future(release_after_updates(sink, go))
+            sent = time.monotonic()
             try:
                 result = await session.execute(
                     "import os; print('cell on', os.environ['RANK'])", sink=sink
@@ -91,14 +92,19 @@ def test_a_cell_queued_behind_a_consoles_code_says_why(session: Session, tmp_pat
             finally:
                 release.cancel()
                 go.touch()
+            took = time.monotonic() - sent
             assert not result.failures, result
-            notices, printed = [], ""
+            notices, printed, ran = [], "", {}
             while not sink.empty():
                 event = sink.get()
                 if isinstance(event, Notice) and event.line == CONSOLE_LINE:
                     notices.append(event.text)
                 elif isinstance(event, StreamOut) and event.rank == 1:
                     printed += event.text
+                elif isinstance(event, RankFinished):
+                    ran[event.rank] = event.elapsed
+            # the time rank 1 waited behind the console's code is not its run time
+            assert ran[1] < took / 2, (ran, took)
             return notices, printed
         finally:
             console.stop_channels()
