@@ -33,6 +33,7 @@ from jupyter_dist.common.hosts import (
     read_hostfile,
 )
 from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
+from jupyter_dist.common.launcher_options import check_launcher_options, given_options
 from jupyter_dist.common.payloads import SessionStatus
 from jupyter_dist.common.ray_options import RaySpec, check_strategy
 from jupyter_dist.common.spec import (
@@ -135,6 +136,7 @@ def _ray_spec(args: Any) -> RaySpec | None:
         args.ray_runtime_env,
         args.ray_cpus,
         args.ray_gpus,
+        args.ray_timeout,
     )
     if not args.ray and all(v is None for v in flags):
         return None
@@ -171,6 +173,21 @@ def _k8s_spec(args: Any) -> K8sSpec | None:
     if spec.pod_template is not None:
         read_pod_template(spec.pod_template)  # its errors now, before anything starts
     return spec
+
+
+def _launchers_chosen(args: Any) -> list[tuple[str, str]]:
+    """The launchers the line chooses, each once: (kind, the flag that chose it)."""
+    chosen: dict[str, str] = {}
+    for kind, flag, given in (
+        ("ssh", "--hosts", args.hosts),
+        ("ssh", "--hostfile", args.hostfile),
+        ("slurm", "--slurm", args.slurm),
+        ("ray", "--ray", args.ray),
+        ("k8s", "--k8s", args.k8s),
+    ):
+        if given:
+            chosen.setdefault(kind, flag)
+    return list(chosen.items())
 
 
 def _check_syntax(shell: Any, cell: str) -> None:
@@ -353,7 +370,7 @@ class DistMagics(Magics):
         "--ray",
         action="store_true",
         help="place the nodes on a Ray cluster: one placement-group bundle and one actor per "
-        "node, which starts its agent (RAY_ADDRESS, else --ray-address, else auto)",
+        "node, which starts its agent (--ray-address, else RAY_ADDRESS, else auto)",
     )
     @argument(
         "--ray-address",
@@ -635,6 +652,7 @@ class DistMagics(Magics):
             check_python(args.python)
         if args.ssh_config is not None:
             check_ssh_config(args.ssh_config)
+        check_launcher_options(_launchers_chosen(args), given_options(vars(args)))
         ray = _ray_spec(args)
         k8s = _k8s_spec(args)
         given = [f for f, v in (("--hosts", args.hosts), ("--hostfile", args.hostfile),

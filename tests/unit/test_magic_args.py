@@ -67,3 +67,56 @@ def test_slurm_nodes_the_session_does_not_use_wait_as_its_spares(
     assert magics._shape(magics._cell_args("--slurm --procs 1"), "all").hosts[3] == HostSpec("n4")
     with pytest.raises(SpecError, match=r"--nodes 5: the Slurm allocation has 4 node\(s\)"):
         magics._shape(magics._cell_args("--slurm --nodes 5 --procs 1"), "big")
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        # a Ray user's first guess: Kubernetes' --cpus, named as such, and Ray's own option
+        (
+            "--ray --cpus 4",
+            "--cpus 4: --cpus is a Kubernetes option (--k8s: CPUs of each pod), and this "
+            "session runs on Ray; with --ray use --ray-cpus 4 (the CPUs each node's Ray "
+            "bundle holds)",
+        ),
+        (
+            "--k8s --ray-cpus 2",
+            "--ray-cpus 2: --ray-cpus is a Ray option (--ray: CPUs each node's Ray bundle "
+            "holds), and this session runs on Kubernetes; with --k8s use --cpus 2",
+        ),
+        ("--ray --k8s-timeout 30", "with --ray use --ray-timeout 30"),
+        ("--ray --memory 8Gi", "with --ray leave it out: a Ray bundle holds CPUs and GPUs"),
+        ("--ray --namespace ml", "--namespace is a Kubernetes option (--k8s: the namespace"),
+        ("--hosts a,b --ray-gpus 2", "and this session runs on SSH; with --hosts leave it out"),
+        ("--slurm --cpus 3", "with --slurm use --procs P"),
+        (
+            "--ray --k8s",
+            "--ray and --k8s: these choose 2 launchers, Ray and Kubernetes; a session runs on "
+            "one: give one of them",
+        ),
+        ("--ray --hosts a,b", "--hosts and --ray: these choose 2 launchers, SSH and Ray"),
+        (
+            "--cpus 4 --ray-address h:1",
+            "--cpus 4 and --ray-address h:1: --cpus is a Kubernetes option (--k8s), "
+            "--ray-address a Ray one (--ray)",
+        ),
+    ],
+)
+def test_an_option_of_another_launcher_is_named_with_its_launcher_and_what_to_use(
+    line: str, said: str
+) -> None:
+    magics = DistMagics(None, _Plane())  # type: ignore[arg-type]
+    with pytest.raises(SpecError) as refused:
+        magics._shape(magics._cell_args(f"{line} --procs 1"), "s")
+    assert said in str(refused.value)
+
+
+def test_each_launcher_takes_its_own_options() -> None:
+    magics = DistMagics(None, _Plane())  # type: ignore[arg-type]
+    ray = magics._shape(magics._cell_args("--ray --ray-cpus 4 --ray-timeout 30 --procs 1"), "s")
+    assert ray.launcher == "ray" and ray.ray is not None and ray.ray.cpus == 4
+    # --ray-timeout alone is Ray's, as every --ray-* option is
+    alone = magics._shape(magics._cell_args("--ray-timeout 30 --procs 1"), "s")
+    assert alone.launcher == "ray" and alone.ray is not None and alone.ray.timeout == 30
+    k8s = magics._shape(magics._cell_args("--k8s --cpus 4 --memory 8Gi --procs 1"), "s")
+    assert k8s.launcher == "k8s" and k8s.k8s is not None and k8s.k8s.cpus == "4"
