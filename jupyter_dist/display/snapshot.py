@@ -28,7 +28,8 @@ WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 SNAPSHOT_POINTS = 500
 WIDTH, HEIGHT = 440, 230
 LEFT, RIGHT, TOP, BOTTOM = 50, 15, 24, 34
-_PRE = "margin:0;white-space:pre-wrap;word-break:break-all"
+#: long lines wrap between words, and within one only where a word is wider than the view
+_PRE = "margin:0;white-space:pre-wrap;overflow-wrap:anywhere"
 _CHARTS = "display:flex;flex-wrap:wrap;gap:8px"
 _STDERR = f"{_PRE};background:var(--jp-rendermime-error-background,#fdd)"
 Series = Mapping[int, tuple[Sequence[float], Sequence[float]]]

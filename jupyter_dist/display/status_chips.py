@@ -49,6 +49,8 @@ STYLE = (
 .jd-cell-view .jd-chip[data-state=error] .jd-bar{background:var(--jp-error-color1,#d9534f)}
 .jd-cell-view .jd-proc{font-size:10px;opacity:.75}
 .jd-cell-view .jd-footer{font-size:11px;color:var(--jp-ui-font-color2,#666)}
+.jp-OutputArea:has(.jd-cell-view) .jp-OutputArea-output pre{word-break:normal;
+ overflow-wrap:anywhere}
 </style>""".replace("RUNNING", _TINT.format("var(--jp-brand-color1,#5b9bd5)"))
     .replace("DONE", _TINT.format("var(--jp-success-color1,#5cb85c)"))
     .replace("ERROR", _TINT.format("var(--jp-error-color1,#d9534f)"))

@@ -194,6 +194,13 @@ def test_a_cell_after_a_restart_shows_its_traceback_once_and_links_its_logs(
     culprit = out.locator('details.jd-snap-rank[data-rank="0"]')
     expect(culprit).to_have_attribute("open", "")
     expect(culprit).to_contain_text("NameError: name 'kept' is not defined")
+    # the cell's error, a line longer than the notebook is wide, wraps between words (as
+    # JupyterLab's outputs do not), as the rank's output does
+    error = out.locator(".jp-OutputArea-output pre", has_text="RanksFailed")
+    expect(error).to_contain_text("root cause on rank")
+    assert error.evaluate("(pre) => pre.getClientRects()[0].height") > 30  # it wraps
+    broken = [cut for pre in out.locator("pre").all() for cut in pre.evaluate(_MID_WORD_BREAKS_JS)]
+    assert broken == [], broken
     link = out.locator("a.jd-logs")
     expect(link).to_be_visible()
     nb.screenshot("cell-view-after-restart", nb.cell(3))
@@ -207,6 +214,32 @@ def test_a_cell_after_a_restart_shows_its_traceback_once_and_links_its_logs(
     finally:
         logs.close()
     assert nb.console_errors == [], nb.console_errors
+
+
+# the places where the text of ``pre`` goes on to a new line after a letter and before
+# another (a word cut in two), each with the text around it
+_MID_WORD_BREAKS_JS = """(pre) => {
+    const cuts = [];
+    let lastTop = null, prev = '';
+    const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+        const node = walker.currentNode;
+        for (let i = 0; i < node.length; i++) {
+            const range = document.createRange();
+            range.setStart(node, i);
+            range.setEnd(node, i + 1);
+            const rect = range.getBoundingClientRect();
+            const ch = node.data[i];
+            if (rect.height === 0 || ch === '\\n') { prev = ch; continue; }
+            if (lastTop !== null && rect.top > lastTop + 2 && /\\w/.test(prev) && /\\w/.test(ch)) {
+                cuts.push(node.data.slice(Math.max(0, i - 12), i + 12));
+            }
+            lastTop = rect.top;
+            prev = ch;
+        }
+    }
+    return cuts;
+}"""
 
 
 def nbconvert_html(path: Path) -> str:
