@@ -4,6 +4,12 @@ kr8s finds the credentials as kubectl does: ``KUBECONFIG`` (or ``~/.kube/config`
 plugins included) and its context, else the pod's service account in-cluster. Every
 failure becomes an `AgentError` that says what was asked and why it failed; a refusal
 (HTTP 403) names the verb and resource the account lacks and where the README's Role is.
+
+`KubeClient.connect` reads the credentials first, then asks the API server its version
+with kr8s's own request timeout set to `CONNECT_TIMEOUT_S`: a server that refuses the
+connection or does not answer fails the start within seconds, naming its address and
+where that came from (the kubeconfig and its context, ``--context``, or the pod's
+in-cluster variables).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +25,8 @@ from jupyter_dist.errors import AgentError
 
 #: seconds one API call may take
 CALL_TIMEOUT_S = 30.0
+#: seconds the API server gets to answer the first request (its version)
+CONNECT_TIMEOUT_S = 5.0
 #: the most items one list returns (a label selector keeps them few)
 LIST_LIMIT = 500
 #: kind -> (API version, plural resource name)
@@ -28,6 +37,8 @@ KINDS = {
     "Job": ("batch/v1", "jobs"),
 }
 _VERBS = {"GET": "get", "POST": "create", "DELETE": "delete", "PATCH": "patch"}
+#: the variable naming the API server's host in every pod
+IN_CLUSTER_HOST_VAR = "KUBERNETES_SERVICE_HOST"
 
 
 class KubeClient:
@@ -36,6 +47,8 @@ class KubeClient:
     def __init__(self, api: Any, namespace: str) -> None:
         self.api = api
         self.namespace = namespace
+        #: where the API server's address came from, in words (`server_origin`)
+        self.origin = "kubeconfig"
 
     @classmethod
     async def connect(
@@ -47,10 +60,11 @@ class KubeClient:
             raise AgentError(
                 "--k8s needs the Kubernetes client: pip install 'jupyter_dist[k8s]'"
             ) from None
+        # kr8s's factory (kr8s.asyncio.api) also asks the server, with no timeout of its
+        # own: the credentials are read first here, then the server asked, bounded
+        api = kr8s.asyncio.Api(bypass_factory=True, kubeconfig=kubeconfig or None, context=context)
         try:
-            api = await asyncio.wait_for(
-                kr8s.asyncio.api(kubeconfig=kubeconfig or None, context=context), CALL_TIMEOUT_S
-            )
+            await asyncio.wait_for(api.auth.reauthenticate(), CALL_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise AgentError(
                 f"Kubernetes: no credentials within {CALL_TIMEOUT_S:.0f} s (an exec plugin "
@@ -63,7 +77,39 @@ class KubeClient:
                 "kubeconfig (KUBECONFIG or ~/.kube/config) or to run in a pod with a "
                 "service account"
             ) from None
-        return cls(api, namespace or getattr(api, "namespace", None) or "default")
+        client = cls(api, namespace or getattr(api, "namespace", None) or "default")
+        client.origin = server_origin(api.auth, kubeconfig, context)
+        await client.reach()
+        return client
+
+    async def reach(self) -> None:
+        """Ask the API server its version, within `CONNECT_TIMEOUT_S`; an `AgentError`
+        naming the server and where its address came from when it cannot be reached."""
+        import httpx
+        import kr8s
+
+        self.api.timeout = CONNECT_TIMEOUT_S  # kr8s's own: each connect, read and write
+        try:
+            await asyncio.wait_for(self.api.version(), CONNECT_TIMEOUT_S * 2)
+        except kr8s.ServerError:
+            pass  # it answered: what it refuses, the calls that need it say
+        except (asyncio.TimeoutError, kr8s.APITimeoutError, httpx.TimeoutException):
+            raise AgentError(
+                self._unreachable(f"no answer within {CONNECT_TIMEOUT_S:.0f} s")
+            ) from None
+        except (httpx.HTTPError, OSError) as err:
+            raise AgentError(
+                self._unreachable(f"cannot connect ({type(err).__name__}: {err})")
+            ) from None
+        finally:
+            self.api.timeout = CALL_TIMEOUT_S
+
+    def _unreachable(self, why: str) -> str:
+        return (
+            f"Kubernetes API server {self.url} ({self.origin}): {why}. Expected the "
+            "cluster's API server, reachable from this machine (is the cluster up, and the "
+            "kubeconfig's context the one meant? --context picks another)"
+        )
 
     @property
     def url(self) -> str:
@@ -173,4 +219,18 @@ class KubeClient:
                 await session.aclose()
 
 
-__all__ = ["KINDS", "KubeClient"]
+def server_origin(auth: Any, kubeconfig: str | None, context: str | None) -> str:
+    """Where kr8s took the API server's address from: a kubeconfig's context (named by
+    ``--context``, or its current one) or, in a pod, Kubernetes' own variables."""
+    active = str(getattr(auth, "active_context", "") or "")
+    if active and getattr(auth, "_cluster", None):
+        path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        chosen = "given by --context" if context else "its current context"
+        return f"context {active!r} of the kubeconfig {path}, {chosen}"
+    return (
+        f"in-cluster: {IN_CLUSTER_HOST_VAR} and {IN_CLUSTER_HOST_VAR[:-4]}PORT of this pod, "
+        "with its service account"
+    )
+
+
+__all__ = ["CONNECT_TIMEOUT_S", "KINDS", "KubeClient", "server_origin"]
