@@ -15,7 +15,8 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { rankLogTab } from './logView';
 import { IConsoleLike, RankConsoles } from './rankConsoles';
 import { SessionsModel } from './model';
-import { NewSessionForm, checkForm, fieldOfMessage, requestOf } from './newSessionForm';
+import { NewSessionDialog } from './newSessionDialog';
+import { NewSessionForm } from './newSessionForm';
 import { DistPanel, IActions } from './panel';
 import { ApiError, requestAPI } from './request';
 import { IStackGroup, stacksBody } from './stacksView';
@@ -41,71 +42,6 @@ function report(error: unknown, what: string): void {
 
 function sessionPath(name: string, action = ''): string {
   return `sessions/${encodeURIComponent(name)}${action ? '/' + action : ''}`;
-}
-
-/**
- * The new-session dialog: "Start" closes it only once the form passes its own check and
- * the server's (``POST /sessions?validate=true``); until then each bad value is marked
- * at its field and everything typed stays.
- */
-class NewSessionDialog extends Dialog<ReturnType<NewSessionForm['getValue']>> {
-  constructor(private form: NewSessionForm) {
-    super({
-      title: 'New distributed session',
-      body: form,
-      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Start' })],
-      defaultButton: 1,
-      focusNodeSelector: 'input'
-    });
-  }
-
-  resolve(index?: number): void {
-    if ((index ?? 1) !== 1) {
-      super.resolve(index);
-      return;
-    }
-    if (this.checking) {
-      return;
-    }
-    this.checking = true;
-    void this.check()
-      .then(ok => {
-        if (ok) {
-          super.resolve(1);
-        }
-      })
-      .finally(() => {
-        this.checking = false;
-      });
-  }
-
-  private async check(): Promise<boolean> {
-    const value = this.form.getValue();
-    this.form.clear();
-    const wrong = checkForm(value);
-    if (Object.keys(wrong).length) {
-      this.form.showErrors(wrong);
-      return false;
-    }
-    try {
-      const reply = await requestAPI<{ valid: boolean; message?: string }>(
-        'sessions',
-        { method: 'POST', body: JSON.stringify(requestOf(value)) },
-        { validate: 'true' }
-      );
-      if (reply.valid) {
-        return true;
-      }
-      const message = reply.message ?? 'the server refused these values';
-      this.form.showErrors({ [fieldOfMessage(message) ?? 'form']: message });
-    } catch (error) {
-      const message = error instanceof ApiError ? error.message : `${error}`;
-      this.form.showErrors({ form: `The server could not check the form: ${message}` });
-    }
-    return false;
-  }
-
-  private checking = false;
 }
 
 async function confirm(title: string, body: string, label: string): Promise<boolean> {
@@ -140,22 +76,8 @@ function actionsFor(
   };
   return {
     newSession: async () => {
-      const form = new NewSessionForm(settings.defaultLauncher);
-      const result = await new NewSessionDialog(form).launch();
-      if (!result.button.accept || !result.value) {
-        return;
-      }
-      const body = requestOf(result.value);
-      const id = Notification.emit(`Starting session ${body.name}…`, 'in-progress', {
-        autoClose: false
-      });
-      try {
-        await requestAPI('sessions', { method: 'POST', body: JSON.stringify(body) });
-        Notification.update({ id, message: `Session ${body.name} is ready`, type: 'success', autoClose: 4000 });
-      } catch (error) {
-        const message = error instanceof ApiError ? error.message : `${error}`;
-        Notification.update({ id, message: `Starting session ${body.name} failed: ${message}`, type: 'error', autoClose: 10000 });
-      }
+      // it starts the session itself, saying how the start goes (`NewSessionDialog`)
+      await new NewSessionDialog(new NewSessionForm(settings.defaultLauncher), model).launch();
     },
     useInNotebook: async name => {
       // the notebook asked for, named now: another may be current once the kernel answers

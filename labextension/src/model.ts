@@ -251,14 +251,37 @@ export class SessionsModel {
     return this._sessions.get(name);
   }
 
-  /** Apply one server-sent event. */
+  /** What a session's start last said it does ("Ray cluster head:6379: connecting"), while
+   * it starts; '' when it is not starting. */
+  progressOf(name: string): string {
+    return this._progress.get(name) ?? '';
+  }
+
+  /** Apply one server-sent event. A session that stopped is gone: its name is free, its
+   * buttons would find nothing (a start that failed stops it without a ``removed``). */
   apply(kind: string, data: any): void {
     if (kind === 'snapshot' && Array.isArray(data?.sessions)) {
       this._sessions = new Map(data.sessions.map((s: ISession) => [s.name, s]));
+      this._progress.clear();
     } else if (kind === 'session' && data?.session?.name) {
-      this._sessions.set(data.session.name, data.session);
+      const session: ISession = data.session;
+      if (session.state === 'stopped') {
+        this._sessions.delete(session.name);
+      } else {
+        this._sessions.set(session.name, session);
+      }
+      if (session.state !== 'starting') {
+        this._progress.delete(session.name);
+      }
+    } else if (kind === 'progress' && typeof data?.name === 'string' && typeof data?.text === 'string') {
+      const state = this._sessions.get(data.name)?.state;
+      if (state !== undefined && state !== 'starting') {
+        return; // a restart's or a heal's: the card says those its own way
+      }
+      this._progress.set(data.name, data.text);
     } else if (kind === 'removed' && typeof data?.name === 'string') {
       this._sessions.delete(data.name);
+      this._progress.delete(data.name);
     } else if (kind === 'notice' && typeof data?.text === 'string') {
       this._noticed.emit(data.text);
       return;
@@ -269,6 +292,7 @@ export class SessionsModel {
   }
 
   private _sessions = new Map<string, ISession>();
+  private _progress = new Map<string, string>();
   private _changed = new Signal<this, void>(this);
   private _noticed = new Signal<this, string>(this);
 }

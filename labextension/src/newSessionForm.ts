@@ -6,10 +6,13 @@
  * selectors and tolerations (one a line), pod template, callback address and timeout.
  * It is checked in place before it closes (`checkForm`, then the server's own check,
  * ``POST /sessions?validate=true``): a bad value is marked at its field with what is
- * expected, and nothing typed is lost.
+ * expected, in the form's words (`inFormWords`), and nothing typed is lost. Count starts
+ * with the launcher's default (`COUNT_DEFAULTS`), and follows the launcher until it is
+ * typed in. While the session starts, the form says what the start does (`showProgress`).
  */
 import { Widget } from '@lumino/widgets';
 
+import { countDefault, inFormWords } from './formWords';
 import { K8sField } from './k8sRequest';
 import { FormField, INewSession, RAY_STRATEGIES } from './sessionRequest';
 
@@ -108,7 +111,7 @@ export class NewSessionForm extends Widget {
         ],
         'procs'
       ),
-      count: input('count', '2'),
+      count: input('count', 'per node: 4, or 4,2', countDefault(defaultLauncher)),
       backend: select(
         'backend',
         [
@@ -144,6 +147,10 @@ export class NewSessionForm extends Widget {
       return line;
     };
     this.general = errorLine('form');
+    this.progress = document.createElement('p');
+    this.progress.className = 'jp-DistForm-progress';
+    this.progress.setAttribute('role', 'status');
+    this.progress.hidden = true;
     this.hostsRow = field('Hosts', i.hosts, e('hosts'), 'for SSH: comma-separated hosts, or leave empty');
     this.rayRows = [
       field(
@@ -175,6 +182,7 @@ export class NewSessionForm extends Widget {
       row.classList.add('jp-DistForm-k8s');
     }
     this.node.append(
+      this.progress, // at the top: the form scrolls, and this is what to look at meanwhile
       field('Name', i.name, e('name'), 'letters, digits, ".", "_" and "-"'),
       field('Launcher', i.launcher, e('launcher')),
       this.hostsRow,
@@ -189,13 +197,20 @@ export class NewSessionForm extends Widget {
     for (const element of Object.values(i)) {
       element.addEventListener('input', () => this.clear(element.name));
     }
+    i.count.addEventListener('input', () => {
+      this.countTyped = true;
+    });
     i.launcher.addEventListener('change', () => this.showLauncher());
     this.showLauncher();
   }
 
-  /** Ray's fields for the Ray launcher, Kubernetes' for Kubernetes, the hosts for the others. */
+  /** Ray's fields for the Ray launcher, Kubernetes' for Kubernetes, the hosts for the
+   * others; Count the launcher's default until it is typed in. */
   private showLauncher(): void {
     const launcher = this.inputs.launcher.value;
+    if (!this.countTyped) {
+      this.inputs.count.value = countDefault(launcher);
+    }
     for (const row of this.rayRows) {
       row.hidden = launcher !== 'ray';
     }
@@ -205,7 +220,8 @@ export class NewSessionForm extends Widget {
     this.hostsRow.hidden = launcher === 'ray' || launcher === 'k8s';
   }
 
-  /** Mark each bad field with what is wrong and what is expected; ``form``: the rest. */
+  /** Mark each bad field with what is wrong and what is expected, in the form's words;
+   * ``form``: the rest. */
   showErrors(errors: Partial<Record<FormField | 'form', string>>): void {
     let first: HTMLElement | null = null;
     for (const [name, message] of Object.entries(errors)) {
@@ -213,7 +229,7 @@ export class NewSessionForm extends Widget {
       if (!line || !message) {
         continue;
       }
-      line.textContent = message;
+      line.textContent = inFormWords(message, name as FormField | 'form');
       line.hidden = false;
       const input = this.inputs[name];
       if (input) {
@@ -223,6 +239,9 @@ export class NewSessionForm extends Widget {
       }
     }
     first?.focus();
+    if (!first && !this.general.hidden) {
+      this.general.scrollIntoView({ block: 'nearest' }); // below the fields, out of sight
+    }
   }
 
   /** Forget the marks (of one field, or all). */
@@ -235,6 +254,15 @@ export class NewSessionForm extends Widget {
       line.hidden = true;
       this.inputs[key]?.classList.remove('jp-mod-invalid');
       this.inputs[key]?.removeAttribute('aria-invalid');
+    }
+  }
+
+  /** What the start does now ("Ray cluster head:6379: connecting"); '' when it is done. */
+  showProgress(text: string): void {
+    this.progress.textContent = text;
+    this.progress.hidden = !text;
+    if (text) {
+      this.progress.scrollIntoView({ block: 'nearest' });
     }
   }
 
@@ -264,4 +292,6 @@ export class NewSessionForm extends Widget {
   private k8sRows: HTMLElement[];
   private errors: Record<string, HTMLElement> = {};
   private general: HTMLElement;
+  private progress: HTMLElement;
+  private countTyped = false;
 }

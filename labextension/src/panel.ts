@@ -305,7 +305,11 @@ export class DistPanel extends Widget {
     const running = session.running;
     const activity = document.createElement('div');
     activity.className = 'jp-DistSession-activity';
-    if (running) {
+    // a session that starts is not the server's yet: no button would find it
+    const starting = session.state === 'starting';
+    if (starting) {
+      activity.textContent = this.model.progressOf(session.name) || 'starting';
+    } else if (running) {
       const since = running.started ? ` (${formatDuration(now - running.started)})` : '';
       activity.textContent = `running a ${running.kind} from ${running.path || 'a notebook'}${since}`;
       const waiting = session.queue?.length ?? 0;
@@ -353,7 +357,9 @@ export class DistPanel extends Widget {
     } else if (badge.state === 'stuck') {
       card.append(span(badge.title, 'jp-DistSession-error jp-mod-stuck'));
     }
-    card.append(actions);
+    if (!starting) {
+      card.append(actions);
+    }
     if (open) {
       card.append(this.nodesNode(session, now, new Set(badge.stuck)));
     }

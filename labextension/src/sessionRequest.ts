@@ -104,9 +104,12 @@ export function checkForm(form: INewSession): Partial<Record<FormField, string>>
     wrong.nodes = `'${nodes}': expected a whole number of nodes, 1 or more`;
   }
   const count = form.count.trim();
+  const what = form.kind === 'gpus' ? 'GPUs' : 'processes';
   if (count && !/^\d{1,6}(\s*,\s*\d{1,6})*$/.test(count)) {
-    const what = form.kind === 'gpus' ? 'GPUs' : 'processes';
     wrong.count = `'${count}': expected a number of ${what} per node (4), or one per node (4,2)`;
+  } else if (!count && CLUSTER_LAUNCHERS.includes(form.launcher)) {
+    const cluster = form.launcher === 'ray' ? 'Ray' : 'Kubernetes';
+    wrong.count = `expected the number of ${what} each node runs (1, or one per node: 4,2): ${cluster} has no default`;
   }
   if (form.launcher === 'ssh' && !form.hosts.trim()) {
     wrong.hosts = 'expected the hosts to start the nodes on, for SSH: node1,alice@node2:2222';

@@ -63,6 +63,25 @@ describe('sessions', () => {
     expect(notices).toEqual(["session 'a' was restarted from x.ipynb"]);
   });
 
+  it('say what a start does, and a start that failed leaves no session behind', () => {
+    const model = new SessionsModel();
+    model.apply('snapshot', { sessions: [] });
+    // the start's progress comes before the server lists the session
+    model.apply('progress', { name: 'on-ray', text: 'Ray cluster 127.0.0.1:9 (given by --ray-address): connecting' });
+    expect(model.progressOf('on-ray')).toBe('Ray cluster 127.0.0.1:9 (given by --ray-address): connecting');
+    model.apply('session', { session: session([rank(0, 'starting')], { name: 'on-ray', state: 'starting' }) });
+    expect(model.progressOf('on-ray')).toBe('Ray cluster 127.0.0.1:9 (given by --ray-address): connecting');
+    // it failed: the session stops, and stopped is gone (no card, no buttons that find nothing)
+    model.apply('session', { session: session([], { name: 'on-ray', state: 'stopped' }) });
+    expect(model.get('on-ray')).toBeUndefined();
+    expect(model.progressOf('on-ray')).toBe('');
+    // a ready session's restart says its progress its own way
+    model.apply('session', { session: session([rank(0)], { name: 'r' }) });
+    model.apply('progress', { name: 'r', text: 'restarting' });
+    expect(model.progressOf('r')).toBe('');
+    expect(model.sessions.map(s => s.name)).toEqual(['r']);
+  });
+
   it('name their launcher and durations', () => {
     expect(launcherOf(session([]))).toBe('local');
     expect(launcherOf(session([], { spec: { hosts: ['a'] } }))).toBe('SSH');
