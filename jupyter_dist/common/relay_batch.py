@@ -28,7 +28,10 @@ batch signs the entry as it signs any other. Any other message ends the run, so 
 rank's messages keep their order; a reply with output, an error, user expressions,
 buffers or metadata travels whole. An entry of this kind is an ordinary entry to a reader
 that does not know it (a message no client of it waits for), and a sender that does not
-ask never gets one.
+ask never gets one. Told how many of the node's ranks a cell went to
+(`BatchWriter.fold_replies_to`), the writer says whether a batch that holds nothing but
+such a run still awaits some of them (`BatchWriter.awaits_replies`: the relay may hold it
+back a moment for the rest).
 
 The notebook side then pays one receive, one HMAC and one JSON parse a batch instead of
 each of them for every message of every rank.
@@ -172,7 +175,8 @@ class BatchWriter:
         self._buffers: list[Any] = []
         self._bytes = 0
         #: the cells whose plain replies may be folded (`fold_replies_to`), newest last
-        self.folding: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: with how many of its ranks' replies are still to come (0: not told)
+        self.folding: collections.OrderedDict[str, int] = collections.OrderedDict()
         #: the run of plain replies being folded: their cell, its header as it came, and
         #: ``[session, count, group]`` of each
         self._fold_cell: str | None = None
@@ -185,27 +189,47 @@ class BatchWriter:
     def full(self) -> bool:
         return len(self._entries) + len(self._folded) >= MAX_MESSAGES or self._bytes >= MAX_BYTES
 
-    def fold_replies_to(self, cell: str) -> None:
-        """The sender of request ``cell`` reads folded replies: fold its plain ones."""
+    def fold_replies_to(self, cell: str, expected: int = 0) -> None:
+        """The sender of request ``cell`` reads folded replies: fold its plain ones.
+        ``expected``: how many ranks here it went to (`awaits_replies`)."""
         folding = self.folding
-        folding[cell] = None
+        folding[cell] = expected
         if len(folding) > FOLDING:
             folding.popitem(last=False)
+
+    def awaits_replies(self) -> bool:
+        """Whether the batch holds nothing but a run of folded replies to a cell that
+        some of its ranks here have not answered yet: the rest may come to go with them."""
+        if self._entries or not self._folded:
+            return False
+        return self.folding.get(self._fold_cell or "", 0) > 0
 
     def add_iopub(self, parts: Sequence[bytes], buffers: Sequence[Any]) -> None:
         """`add` an IOPub message, folding a plain reply to a cell whose sender asked
         for it into the run of replies before it (`plain_reply`)."""
-        if self.folding and not buffers:
-            reply = plain_reply(parts)
+        if self.folding and _REPLY_TYPE in parts[0]:
+            reply = None if buffers else plain_reply(parts)
             if reply is not None and reply[0] in self.folding:
                 cell, session, count, group = reply
+                self.folding[cell] -= 1
                 if cell != self._fold_cell:
                     self._end_fold()
                     self._fold_cell, self._fold_parent = cell, parts[1]
                 self._folded.append([session, count, group])
                 self._bytes += len(session) + 32
                 return
+            self._reply_passed(parts)
         self.add(parts, buffers)
+
+    def _reply_passed(self, parts: Sequence[bytes]) -> None:
+        """A reply to a folding cell that travels whole (an error, more than ok) is one
+        of the cell's replies all the same: the others need not wait for it."""
+        try:
+            cell = _decode_json(parts[1].decode()).get("msg_id")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(cell, str) and cell in self.folding:
+            self.folding[cell] -= 1
 
     def _end_fold(self) -> None:
         """The run of folded replies, as one entry in its place."""

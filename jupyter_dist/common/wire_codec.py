@@ -50,8 +50,12 @@ def _loads(part: Frame) -> Any:
     return {} if raw == b"{}" else _decode_json(raw.decode())
 
 
+#: one encoder for every message (`json.dumps` makes one a call when given options)
+_encode_json = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    return _encode_json(obj).encode()
 
 
 def message(

@@ -47,7 +47,7 @@ COMM_TYPES = ("comm_open", "comm_msg", "comm_close")
 MAX_SHOWN_ERRORS = 16
 
 
-@dataclass
+@dataclass(slots=True)
 class RankProgress:
     rank: int
     host: str

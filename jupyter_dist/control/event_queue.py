@@ -159,15 +159,14 @@ class EventQueue(queue.SimpleQueue[CellEvent]):
     def take_all(self) -> list[CellEvent]:
         """Every event there now, the held ones last, in the order they were put (none
         if none: it never waits)."""
-        with self._lock:
-            if self._held:
-                self._release()
         get = super().get
-        taken = [get(False) for _ in range(super().qsize())]  # only this thread takes
-        size = sum(map(event_size, taken))
-        if size:
-            with self._lock:
-                self.waiting -= size
+        with self._lock:  # nothing put meanwhile can pass the held events
+            taken = [get(False) for _ in range(super().qsize())]  # only this thread takes
+            size = sum(map(event_size, taken))  # the held ones hold no output
+            self.waiting -= size
+            held = self._held
+            while held:
+                taken.append(held.popleft())
         return taken
 
     def qsize(self) -> int:

@@ -200,13 +200,19 @@ class IopubFanIn:
         parent = msg["parent_header"]
         sinks: dict[int, tuple[ReplySink, list[tuple[int, dict[str, Any]]]]] = {}
         last: Any = None
+        by_session = self._by_session
+        # the replies of one cell mostly say the same (count and group): one content for
+        # all of those (nobody changes it)
+        contents: dict[tuple[int, str | None], dict[str, Any]] = {}
         for session, count, group in folded_replies(msg):
-            client = self._by_session.get(session)
+            client = by_session.get(session)
             if client is None:  # a kernel no client here knows (a message of it would be)
                 self.unknown += 1
                 self.last_unknown.append((EXECUTE_REPLY_MSG_TYPE, str(parent.get("msg_type"))))
                 continue
-            content = plain_reply_content(count, group)
+            content = contents.get((count, group))
+            if content is None:
+                content = contents[(count, group)] = plain_reply_content(count, group)
             try:
                 handler = client.take_reply(parent, content)
                 if handler is None:

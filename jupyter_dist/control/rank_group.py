@@ -542,29 +542,28 @@ class RankGroup:
         silent: bool = False,
         execution_count: int | None = None,
     ) -> CellResult:
-        run = CellTracker(
-            {r: (self.ranks[r].host, self.ranks[r].place.local_rank) for r in ranks}, sink
-        )
+        records = [(r, self.ranks[r]) for r in ranks]
+        run = CellTracker({r: (rec.host, rec.place.local_rank) for r, rec in records}, sink)
         run.others_ended = self._others_code_ended
         self._current = run
         sent: dict[int, str] = {}
         signer: RankClient | None = None
         prepared: Encoded | None = None
         fan_out = FanOut()
+        running, dead = RankState.BUSY, RankState.DEAD
         try:
-            for r in ranks:
-                rec = self.ranks[r]
-                if rec.state == RankState.DEAD or rec.client is None:
+            began = time.time()
+            for r, rec in records:
+                client = rec.client
+                if rec.state == dead or client is None:
                     run.rank_died(r, rec.exit_code, rec.pid, "", rec.lost or None)
                     continue
-                rec.state = RankState.BUSY
-                rec.busy_since = time.time()
-                if signer is None or not rec.client.shares_key(signer):
-                    signer = rec.client
+                rec.state = running
+                rec.busy_since = began
+                if signer is None or not client.shares_key(signer):
+                    signer = client
                     prepared = signer.prepare_execute(code, silent, execution_count, len(ranks))
-                sent[r] = rec.client.execute(
-                    code, run.handler(r), prepared=prepared, fan_out=fan_out
-                )
+                sent[r] = client.execute(code, run.handler(r), prepared=prepared, fan_out=fan_out)
             fan_out.send()
             self._changed()
             try:
@@ -594,7 +593,7 @@ class RankGroup:
                 rec = self.ranks[r]
                 if rec.client:
                     rec.client.forget(msg_id)
-                if rec.state == RankState.BUSY:
+                if rec.state == running:
                     rec.state = RankState.IDLE
                 rec.busy_since = None
             self._changed()
@@ -633,40 +632,46 @@ class RankGroup:
         wound_down = False
         handling_line = [""]
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                await asyncio.wait_for(asyncio.shield(run.done.wait()), WATCH_TICK_S)
-                return
-            except asyncio.TimeoutError:
-                pass
-            self._say_queued_behind_consoles(run, sink, console_line)
-            await self._look_at_silent(run, sink, handling_line)
-            busy = run.busy_ranks
-            if not busy or run.stop_asked_at is not None:
-                continue  # every rank was interrupted already: no wind-down of its own
-            failed_at = run.first_failure_at
-            if failed_at and not announced:
-                announced = True
-                self._announce_wind_down(run, busy, sink)
-            if failed_at and not wound_down and time.monotonic() - failed_at >= self.abort_after_s:
-                wound_down = True
-                await self._wind_down(run, busy, sink)
-                continue
-            if failed_at or len(busy) == len(run.progress) or said or sink is None:
-                continue
-            first_done = first_done or loop.time()
-            if loop.time() - first_done >= self.straggler_s:
-                said = True
-                where = await self._stacks_text(busy, frames=False)
-                sink.put(
-                    Notice(
-                        f"{ranks_label(busy)} still running {self.straggler_s:.0f} s after "
-                        f"the other ranks finished" + (f": {where}" if where else "")
-                        + "; the stop button interrupts them (a rank blocked in C code, "
-                        "where the interrupt cannot reach it, is replaced; the others keep "
-                        "their variables)"
-                    )
-                )  # fmt: skip
+        ended = loop.create_task(run.done.wait())  # one wait a cell, not one a tick
+        try:
+            while True:
+                await asyncio.wait((ended,), timeout=WATCH_TICK_S)
+                if ended.done():
+                    return
+                self._say_queued_behind_consoles(run, sink, console_line)
+                await self._look_at_silent(run, sink, handling_line)
+                busy = run.busy_ranks
+                if not busy or run.stop_asked_at is not None:
+                    continue  # every rank was interrupted already: no wind-down of its own
+                failed_at = run.first_failure_at
+                if failed_at and not announced:
+                    announced = True
+                    self._announce_wind_down(run, busy, sink)
+                if (
+                    failed_at
+                    and not wound_down
+                    and time.monotonic() - failed_at >= self.abort_after_s
+                ):
+                    wound_down = True
+                    await self._wind_down(run, busy, sink)
+                    continue
+                if failed_at or len(busy) == len(run.progress) or said or sink is None:
+                    continue
+                first_done = first_done or loop.time()
+                if loop.time() - first_done >= self.straggler_s:
+                    said = True
+                    where = await self._stacks_text(busy, frames=False)
+                    sink.put(
+                        Notice(
+                            f"{ranks_label(busy)} still running {self.straggler_s:.0f} s after "
+                            f"the other ranks finished" + (f": {where}" if where else "")
+                            + "; the stop button interrupts them (a rank blocked in C code, "
+                            "where the interrupt cannot reach it, is replaced; the others keep "
+                            "their variables)"
+                        )
+                    )  # fmt: skip
+        finally:
+            ended.cancel()
 
     async def _settle(
         self,

@@ -21,11 +21,18 @@ The notebook side then pays one send a node for a cell, and one receive, one HMA
 JSON parse a batch of answers; it talks to two sockets a node, not three a rank (over
 SSH: two forwarded sockets a node). Control (interrupts, output credit) stays direct.
 
-It adds no wait: a batch is whatever the relay finds queued when it wakes (up to
+A batch is whatever the relay finds queued when it wakes (up to
 `relay_batch.MAX_MESSAGES` or `MAX_BYTES`), so a lone message goes on at once and a burst
-from many ranks goes on together. Each rank's messages stay in order (zmq queues each
-peer's apart); buffers (objects pushed and pulled, widget data) are passed on without a
-copy.
+from many ranks goes on together. One wait only: a batch of nothing but folded plain
+replies to a cell, some of whose ranks here have not replied yet, waits for their replies,
+for the next message of any kind, or `HOLD_S`, whichever comes first. The ranks of a cell
+end at different moments (on a busy machine, a quick cell's over tens of milliseconds),
+and without the wait each moment was a batch of its own: one more wake-up, receive,
+signature check and parse on the notebook side (at 32 ranks about five a cell instead of
+one or two). The cell ends no later (its last reply goes at once); the notebook only
+learns of its faster ranks' ends up to `HOLD_S` later. Each rank's messages stay in order
+(zmq queues each peer's apart); buffers (objects pushed and pulled, widget data) are
+passed on without a copy.
 
 The agent tells it which ranks to serve on a pipe, one line each: ``+RANK IOPUB_URL
 SHELL_URL`` to serve a rank, ``-RANK`` to stop; the pipe's end tells it to exit. Its two
@@ -40,6 +47,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -56,6 +64,9 @@ SHELL_SOCKET = "relay-shell"
 #: of `CREDIT_WINDOW` messages a rank (`rank.iopub_credit`), 4 times over, for 64 ranks
 PUB_QUEUE = 4 * CREDIT_WINDOW * 64
 _FOLD_KEY = FOLD_REPLIES_KEY.encode()
+#: seconds a run of folded replies may wait for the rest of its cell's ranks here (their
+#: replies then reach the notebook in one batch, not one a wake-up)
+HOLD_S = 0.1
 
 
 def relay_url(path: str) -> str:
@@ -65,7 +76,8 @@ def relay_url(path: str) -> str:
 class NodeRelay:
     """The relay's sockets and loop (`run_relay` runs it in the forked process)."""
 
-    def __init__(self, key: bytes, folder: str, commands: int) -> None:
+    def __init__(self, key: bytes, folder: str, commands: int, hold_s: float = HOLD_S) -> None:
+        self.hold_s = hold_s
         self.context = zmq.Context()
         self.sub: zmq.Socket[bytes] = self._socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -94,6 +106,8 @@ class NodeRelay:
         self.requests = 0
         self.dropped = 0
         self._inbuf = b""
+        #: since when the IOPub batch waits for more replies of its cell (`_send_iopub`)
+        self._held_since: float | None = None
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         socket: zmq.Socket[bytes] = self.context.socket(kind)
@@ -109,11 +123,13 @@ class NodeRelay:
     # -- the loop -------------------------------------------------------------------
     def run(self) -> None:
         while True:
-            ready = dict(self.poller.poll())
+            ready = dict(self.poller.poll(self._hold_left_ms()))
             if self.commands in ready and not self._read_commands():
                 return
             if self.sub in ready:
                 self._drain_iopub()
+            else:
+                self._send_iopub()
             if self.router in ready:
                 self._fan_out()
             for socket in ready:
@@ -189,9 +205,33 @@ class NodeRelay:
                 continue
             writer.add_iopub(checked[1], checked[2])
             if writer.full():
+                self._held_since = None
                 self.pub.send_multipart(writer.take())
-        if len(writer):
-            self.pub.send_multipart(writer.take())
+        self._send_iopub()
+
+    def _send_iopub(self) -> None:
+        """Publish what waits, unless it is a run of folded replies whose cell has ranks
+        here yet to reply (`BatchWriter.awaits_replies`): that waits for them, for any
+        other message, or for `hold_s`, whichever comes first."""
+        writer = self.iopub
+        if not len(writer):
+            self._held_since = None
+            return
+        if writer.awaits_replies():
+            now = time.monotonic()
+            if self._held_since is None:
+                self._held_since = now
+            if now - self._held_since < self.hold_s:
+                return
+        self._held_since = None
+        self.pub.send_multipart(writer.take())
+
+    def _hold_left_ms(self) -> int | None:
+        """How long the poll may wait: while a batch is held, until it is to go."""
+        if self._held_since is None:
+            return None
+        left = self._held_since + self.hold_s - time.monotonic()
+        return max(1, int(left * 1000) + 1)
 
     def _fan_out(self) -> None:
         """Pass each queued request on to every rank it names. The request is passed on
@@ -212,7 +252,7 @@ class NodeRelay:
                 continue
             self.requests += 1
             if len(frames) >= 8 and _FOLD_KEY in frames[6].bytes:
-                self._fold_replies_to(frames[4].bytes)
+                self._fold_replies_to(frames[4].bytes, sum(r in self.shells for r in ranks))
             message = [frames[0], *frames[2:]]  # the notebook's identity, then the request
             for rank in ranks:
                 shell = self.shells.get(rank)
@@ -224,7 +264,7 @@ class NodeRelay:
                 except zmq.Again:
                     self._say(f"dropped a request for rank {rank}: its queue is full")
 
-    def _fold_replies_to(self, header: bytes) -> None:
+    def _fold_replies_to(self, header: bytes, expected: int) -> None:
         """The request with ``header`` asks for its plain replies folded (its sender
         reads them so: `relay_batch`); one whose header is not JSON is passed on as is."""
         try:
@@ -232,7 +272,7 @@ class NodeRelay:
         except (ValueError, AttributeError):
             return
         if isinstance(msg_id, str):
-            self.iopub.fold_replies_to(msg_id)
+            self.iopub.fold_replies_to(msg_id, expected)
 
     def _take_replies(self, shell: zmq.Socket[bytes]) -> None:
         rank = self.rank_of[shell]
@@ -274,9 +314,9 @@ class NodeRelay:
         self.context.term()
 
 
-def run_relay(key: bytes, folder: str, commands: int) -> int:
+def run_relay(key: bytes, folder: str, commands: int, hold_s: float = HOLD_S) -> int:
     """The relay process's body: until the agent closes ``commands``."""
-    relay = NodeRelay(key, folder, commands)
+    relay = NodeRelay(key, folder, commands, hold_s)
     try:
         relay.run()
     finally:

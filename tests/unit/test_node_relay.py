@@ -17,6 +17,7 @@ import pytest
 import zmq
 
 from jupyter_dist.common.wire_codec import DELIMITER, WireCodec
+from jupyter_dist.common.wire_names import EXECUTE_REPLY_MSG_TYPE, FOLD_REPLIES_KEY
 from jupyter_dist.control.iopub_fan_in import IopubFanIn
 from jupyter_dist.control.node_shell import NodeShell
 from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
@@ -36,10 +37,26 @@ class ShellClient(Client):
         self.replies.append(msg)
 
 
+class ReplyClient(ShellClient):
+    """A rank client that takes its kernel's folded plain replies, noting which of the
+    fan-in's batches each came in."""
+
+    def __init__(self, rank: int, fan_in: IopubFanIn) -> None:
+        super().__init__(rank)
+        self.fan_in = fan_in
+        self.taken: list[tuple[str, int]] = []  # (cell, batch)
+
+    def take_reply(self, parent: dict[str, Any], content: dict[str, Any]) -> None:
+        assert content["status"] == "ok"
+        self.taken.append((parent["msg_id"], self.fan_in.batches))
+
+
 @pytest.fixture
-def relay(tmp_path: Path) -> Iterator[Relay]:
+def relay(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Relay]:
+    """A relay process; ``indirect`` parametrizing gives it its `HOLD_S`."""
+    hold = f", {float(request.param)!r}" if hasattr(request, "param") else ""
     code = "import sys; from jupyter_dist.node.relay import run_relay; "
-    code += f"run_relay({KEY!r}.encode(), {str(tmp_path)!r}, sys.stdin.fileno())"
+    code += f"run_relay({KEY!r}.encode(), {str(tmp_path)!r}, sys.stdin.fileno(){hold})"
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -325,3 +342,79 @@ def test_only_a_connection_that_got_through_can_lose_the_relays_answers(tmp_path
 
     shell = asyncio.run(scenario())
     assert lost == [[3]] and shell.disconnects == 1
+
+
+def _publish_reply(kernel: Kernel, cell: str) -> None:
+    """A rank's plain reply to ``cell`` on IOPub, as `rank.iopub_reply` sends it."""
+    content = {"status": "ok", "execution_count": 1, "user_expressions": {}, "payload": []}
+    parent = {"msg_id": cell, "msg_type": "execute_request"}
+    _id, frames = kernel.codec.encode(EXECUTE_REPLY_MSG_TYPE, content, parent=parent)
+    kernel.socket.send_multipart([b"kernel.execute_reply", *frames])
+
+
+async def _quick_cell(
+    proc: subprocess.Popen[str], folder: Path, replying: list[int]
+) -> list[ReplyClient]:
+    """A folding cell sent to ranks 0-2 through the relay; the ranks of ``replying``
+    reply on IOPub one after another; returns once each of them was taken."""
+    context: zmq.Context[Any] = zmq.Context()
+    kernels = [Kernel(context, f"ipc://{folder}/k{r}") for r in range(3)]
+    shells = [ShellKernel(context, f"ipc://{folder}/s{r}", r) for r in range(3)]
+    for r in range(3):
+        _tell(proc, f"+{r} {kernels[r].url} {shells[r].url}")
+    fan_in = IopubFanIn(context, KEY, "hmac-sha256")
+    clients = [ReplyClient(r, fan_in) for r in range(3)]
+    shell = NodeShell(context, KEY, "hmac-sha256", f"ipc://{folder / SHELL_SOCKET}")
+    for client in clients:
+        fan_in.add(client, f"ipc://{folder / IOPUB_SOCKET}")  # type: ignore[arg-type]
+        fan_in.expect(f"info-{client.rank}", client)  # type: ignore[arg-type]
+        shell.add(client)  # type: ignore[arg-type]
+    try:
+        await greet(kernels, clients, tries=500)
+        assert all(c.got for c in clients), "the kernels were not heard through the relay"
+        cell, frames = WireCodec(KEY).encode(
+            "execute_request", {"code": "x = 1"}, metadata={FOLD_REPLIES_KEY: True}
+        )
+        shell.send([0, 1, 2], frames)
+
+        def answered() -> bool:  # the relay passed the request on to every rank
+            for kernel in shells:
+                kernel.answer()
+            return all(c.replies for c in clients)
+
+        await _until(answered, "the request to reach every rank")
+        for r in replying:  # ranks ending apart, as they do on a busy machine
+            _publish_reply(kernels[r], cell)
+            await asyncio.sleep(0.05)
+        await _until(lambda: all(clients[r].taken for r in replying), "the replies")
+        await asyncio.sleep(0.1)  # a chance for a reply to (wrongly) come twice
+        return clients
+    finally:
+        shell.close()
+        fan_in.close()
+        for socket in [*(k.socket for k in kernels), *(k.socket for k in shells)]:
+            socket.close(linger=0)
+        context.term()
+
+
+@pytest.mark.parametrize("relay", [600.0], indirect=True)
+def test_the_plain_replies_of_a_quick_cell_come_in_one_batch(relay: Relay) -> None:
+    """Ranks that end a cell one after another: the relay holds the first replies back
+    for the last (its hold is long here), and the notebook side reads them all in one
+    batch, one folded entry."""
+    proc, folder = relay
+    clients = asyncio.run(_quick_cell(proc, folder, [0, 1, 2]))
+    taken = [c.taken for c in clients]
+    assert all(len(t) == 1 for t in taken), taken
+    assert len({batch for t in taken for _cell, batch in t}) == 1, taken
+    assert "0 dropped" in _stop(proc)
+
+
+@pytest.mark.parametrize("relay", [0.2], indirect=True)
+def test_replies_held_for_a_rank_that_never_replies_go_after_the_hold(
+    relay: Relay,
+) -> None:
+    proc, folder = relay
+    clients = asyncio.run(_quick_cell(proc, folder, [0, 1]))
+    assert [len(c.taken) for c in clients] == [1, 1, 0]
+    assert "0 dropped" in _stop(proc)

@@ -317,3 +317,53 @@ def test_a_folded_entry_is_an_ordinary_entry_to_a_reader_that_does_not_know_it()
     (entry,) = json.loads(writer.take()[2])[1:]
     assert len(entry) == 5 and isinstance(entry[0], dict) and "msg_type" in entry[0]
     assert entry[4] == 0 and "session" not in entry[0]
+
+
+def test_replies_await_their_cells_other_ranks_until_the_last_or_another_message() -> None:
+    """A batch of nothing but folded replies to a cell that some of its ranks (of the
+    node) have not answered may wait for them (the relay holds it a moment); the last
+    reply, or any other message, ends the wait."""
+    kernels = [WireCodec(KEY) for _ in range(3)]
+    writer = BatchWriter(WireCodec(KEY), "relay-1")
+    writer.fold_replies_to("cell-1", expected=3)
+    assert not writer.awaits_replies()  # nothing to hold
+    writer.add_iopub(*_reply(kernels[0], 1))
+    writer.add_iopub(*_reply(kernels[1], 1))
+    assert writer.awaits_replies()
+    writer.add_iopub(*_reply(kernels[2], 1))
+    assert not writer.awaits_replies()  # every rank replied
+    (msg,) = read_batch(WireCodec(KEY), writer.take())
+    assert [s for s, _c, _g in folded_replies(msg)] == [k.session for k in kernels]
+
+    # any other message goes at once, with the replies before it
+    writer.fold_replies_to("cell-2", expected=3)
+    writer.add_iopub(*_reply(kernels[0], 2, parent={**CELL, "msg_id": "cell-2"}))
+    assert writer.awaits_replies()
+    _topic, _signature, parts, buffers = split_message(_message(kernels[1], "printed"))
+    writer.add_iopub(parts, buffers)
+    assert not writer.awaits_replies()
+    assert [m["msg_type"] for m in read_batch(WireCodec(KEY), writer.take())] == [
+        FOLDED_REPLIES_MSG_TYPE,
+        "stream",
+    ]
+
+
+def test_a_reply_that_travels_whole_counts_among_its_cells_replies() -> None:
+    """A rank's error reply goes at once and whole; the other ranks' plain replies then do
+    not wait for it."""
+    kernels = [WireCodec(KEY) for _ in range(2)]
+    writer = BatchWriter(WireCodec(KEY), "relay-1")
+    writer.fold_replies_to("cell-1", expected=2)
+    error = {"status": "error", "ename": "ValueError", "evalue": "x", "traceback": []}
+    writer.add_iopub(*_reply(kernels[0], 1, error))
+    assert not writer.awaits_replies()  # an error is never held
+    (msg,) = read_batch(WireCodec(KEY), writer.take())
+    assert msg["msg_type"] == EXECUTE_REPLY_MSG_TYPE
+    writer.add_iopub(*_reply(kernels[1], 1))
+    assert len(writer) == 1 and not writer.awaits_replies()  # the last of the two
+
+
+def test_a_cell_not_told_its_ranks_never_holds_its_replies() -> None:
+    writer = _folding_writer()
+    writer.add_iopub(*_reply(WireCodec(KEY), 1))
+    assert len(writer) == 1 and not writer.awaits_replies()
