@@ -9,7 +9,12 @@ output does not freeze the browser. A rank that has printed more than the output
 (``JUPYTER_DIST_OUTPUT_LIMIT``) in the cell is flooding: its view is redrawn at most every
 `FLOOD_RENDER_INTERVAL_S`, and the node and all-ranks views show a marker naming its log
 instead of the rest of its output. Switching views happens in the browser (the selector
-is linked to the view stack there), so it works while the cell still runs.
+is linked to the view stack there), so it works while the cell still runs. Rank 0's
+live displays (progress bars, tables updated in place) are live in the all-ranks view,
+where a cell opens, the other ranks' one line there (`display.live_displays`); what a
+rank shows inside one of its ipywidgets Output widgets (rich's live display: Lightning's
+default progress bar) is put in the widget here, as a browser would
+(`display.output_widgets`).
 
 The live widgets are for the running cell, and only for one still running after
 `LIVE_AFTER_S`: a cell that ends sooner (most cells of an interactive session) shows its
@@ -49,12 +54,13 @@ from jupyter_dist.common.events import (
     WidgetComm,
 )
 from jupyter_dist.display.failure_text import failure_log_text
-from jupyter_dist.display.live_displays import WIDGET_MIME, LiveDisplays
+from jupyter_dist.display.live_displays import WIDGET_MIME
 from jupyter_dist.display.metrics_charts import MetricsView
 from jupyter_dist.display.output_store import LineWriter, ViewOutput, output_limit
+from jupyter_dist.display.output_widgets import Captured, OutputWidgets, output_text
 from jupyter_dist.display.rank_logs import RankLogs, rich_log_text
 from jupyter_dist.display.render_text import TextRenderer
-from jupyter_dist.display.snapshot import snapshot_html
+from jupyter_dist.display.snapshot import snapshot_html, widget_text
 from jupyter_dist.display.stacks_panel import StacksPanel
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary, chips_html
 from jupyter_dist.display.widget_relay import WidgetRelay
@@ -187,7 +193,10 @@ class CellView:
                 host = places[members[0]][0]
                 view = self.node_views[node] = View(f"node {node} ({host})", self._log_folder)
                 self._node_text[node] = _text_into(view, members, self.logs, self.limit)
-        self._live_displays = LiveDisplays()
+        #: the ranks' Output widgets, filled here as the browser would (a rank's output
+        #: inside ``with out:``), and those changed since sent
+        self._outputs = OutputWidgets()
+        self._changed: dict[str, Captured] = {}
         self.all_view = View("all ranks", self._log_folder)
         self._all_text = _text_into(self.all_view, self.ranks, self.logs, self.limit)
         self.views = [
@@ -264,7 +273,11 @@ class CellView:
 
     # -- events ---------------------------------------------------------------------------
     def handle(self, event: CellEvent) -> None:
-        if isinstance(event, StreamOut):
+        if self.relay is not None and (model := self._outputs.capture(event)) is not None:
+            if isinstance(event, StreamOut):  # a display's frames are not logged: its last is
+                self.logs.write(event.rank, event.text)
+            self._changed[model.comm_id] = model
+        elif isinstance(event, StreamOut):
             self.logs.write(event.rank, event.text)
             printed = self.printed[event.rank] = self.printed[event.rank] + len(event.text)
             if self.limit and printed > self.limit:
@@ -277,22 +290,7 @@ class CellView:
             writer.write(event.text)
             self._to_text(event)
         elif isinstance(event, RichOut):
-            if event.msg_type != "update_display_data":
-                self.logs.write(event.rank, rich_log_text(event.data))
-            output: dict[str, Any] = {
-                "output_type": "display_data",
-                "data": event.data,
-                "metadata": event.metadata,
-            }
-            if event.msg_type == "execute_result":
-                output = {**output, "output_type": "execute_result", "execution_count": None}
-            display_id = event.transient.get("display_id")
-            shown_as = display_id if isinstance(display_id, str) else None
-            if event.msg_type != "update_display_data":
-                self.rank_views[event.rank].output.add_rich(output, shown_as)
-            elif shown_as is not None:  # a library's progress table, step after step
-                self.rank_views[event.rank].output.update_rich(shown_as, event.data, event.metadata)
-            self._to_text(event)
+            self._rich(event)
         elif isinstance(event, ClearOut):
             self.rank_views[event.rank].output.clear()
         elif isinstance(event, RankStarted):
@@ -308,7 +306,7 @@ class CellView:
             if event.process:
                 self.statuses[event.rank].process = event.process
         elif isinstance(event, WidgetComm):
-            note = self.relay.relay(event) if self.relay else None
+            note = self._relay(event)
             if note:
                 self._notice(note)
         elif isinstance(event, Notice):
@@ -316,15 +314,52 @@ class CellView:
         elif isinstance(event, CellFinished):
             self.finish()
 
+    def _rich(self, event: RichOut) -> None:
+        """Into the rank's view (a display with an id updated in place), and the views
+        gathering ranks."""
+        if event.msg_type != "update_display_data":
+            self.logs.write(event.rank, rich_log_text(event.data))
+        output: dict[str, Any] = {
+            "output_type": "display_data",
+            "data": event.data,
+            "metadata": event.metadata,
+        }
+        if event.msg_type == "execute_result":
+            output = {**output, "output_type": "execute_result", "execution_count": None}
+        display_id = event.transient.get("display_id")
+        shown_as = display_id if isinstance(display_id, str) else None
+        if event.msg_type != "update_display_data":
+            self.rank_views[event.rank].output.add_rich(output, shown_as)
+        elif shown_as is not None:  # a library's progress table, step after step
+            self.rank_views[event.rank].output.update_rich(shown_as, event.data, event.metadata)
+        self._to_text(event)
+
     def _to_text(self, event: CellEvent) -> None:
-        """Into the views that gather ranks (all ranks, nodes); a rank's live display
-        stays in its own view (`display.live_displays`)."""
-        for gathered in self._live_displays.for_gathered(event):
-            self._all_text.handle(gathered)
-            rank = getattr(gathered, "rank", None)
-            for node, renderer in self._node_text.items():
-                if rank is None or self.statuses[rank].node == node:
-                    renderer.handle(gathered)
+        """Into the views that gather ranks (all ranks, nodes), where the first rank's
+        live displays are live and the others' folded (`display.live_displays`)."""
+        self._all_text.handle(event)
+        rank = getattr(event, "rank", None)
+        for node, renderer in self._node_text.items():
+            if rank is None or self.statuses[rank].node == node:
+                renderer.handle(event)
+
+    def _relay(self, event: WidgetComm) -> str | None:
+        """A rank's widget message to the browser (what its Output widgets hold first,
+        before one closes)."""
+        if self.relay is None or self._outputs.watch(event):
+            return None
+        if event.msg_type == "comm_close":
+            self._send_outputs()
+        return self.relay.relay(event)
+
+    def _send_outputs(self) -> None:
+        """The Output widgets that took output since last sent, to the browser."""
+        if self.relay is None or not self._changed:
+            return
+        changed = list(self._changed.values())
+        self._changed.clear()
+        for model in changed:
+            self.relay.update(model.comm_id, {"outputs": list(model.outputs)})
 
     def _notice(self, text: str, transient: bool = False, line: str = "") -> None:
         """Notes about the cell (a straggler, a relay's warning) go in the footer, where
@@ -403,6 +438,7 @@ class CellView:
     def render(self, now: float | None = None, final: bool = True) -> None:
         now = time.monotonic() if now is None else now
         self._last_render = now
+        self._send_outputs()
         live = self.live
         if live is None:
             return
@@ -439,6 +475,10 @@ class CellView:
         self.finished = True
         for writer in self._rank_writers.values():
             writer.flush()
+        for model in self._outputs.models.values():  # what an Output widget showed last
+            last = [output_text(o) for o in model.outputs if o["output_type"] != "stream"]
+            if any(last):
+                self.logs.write(model.rank, "".join(t.rstrip("\n") + "\n" for t in last))
         self._all_text.finish()
         for renderer in self._node_text.values():
             renderer.finish()
@@ -458,7 +498,7 @@ class CellView:
         self.render()
         several = len(self.ranks) > 1
         view = self.all_view if several else self.rank_views[self.ranks[0]]
-        shown = view.output.plain_text()
+        shown = view.output.plain_text(self._widget_text)
         self._text = "\n".join([shown, f"[jupyter_dist] {summary}"])
         self.quiet = quiet
         if self.quiet:
@@ -475,6 +515,13 @@ class CellView:
             self.relay.states if self.relay is not None else {},
         )
         self.retire()
+
+    def _widget_text(self, output: dict[str, Any]) -> str | None:
+        """A widget's last state as text, for the cell's text copy (None: not a widget)."""
+        view = output.get("data", {}).get(WIDGET_MIME)
+        if not isinstance(view, dict) or self.relay is None:
+            return None
+        return widget_text(str(view.get("model_id", "")), self.relay.states)
 
     def _show(self, bundle: dict[str, Any], display_id: bool = False) -> Any:
         """Put ``bundle`` in the cell's output (IPython's display unless one was given)."""
@@ -593,6 +640,13 @@ def _text_into(view: View, ranks: Sequence[int], logs: RankLogs, limit: int) -> 
     def rich(data: dict[str, Any], metadata: dict[str, Any]) -> None:
         view.output.add_rich({"output_type": "display_data", "data": data, "metadata": metadata})
 
+    def live(data: dict[str, Any], metadata: dict[str, Any], shown_as: str, update: bool) -> None:
+        if update:
+            view.output.update_rich(shown_as, data, metadata)
+        else:
+            output = {"output_type": "display_data", "data": data, "metadata": metadata}
+            view.output.add_rich(output, shown_as)
+
     return TextRenderer(
         ranks,
         LineWriter(view.output, "stdout"),
@@ -601,6 +655,8 @@ def _text_into(view: View, ranks: Sequence[int], logs: RankLogs, limit: int) -> 
         limit=limit,
         logs=logs,
         write_logs=False,
+        update_display=live,
+        own_views=True,
     )
 
 

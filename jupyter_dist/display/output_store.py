@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,8 +153,13 @@ class ViewOutput:
             outputs.append(_stream(run_name, run))
         return outputs
 
-    def plain_text(self) -> str:
-        lines = [v if k != "rich" else _rich_text(v) for k, v in self.entries]
+    def plain_text(self, text_of: Callable[[dict[str, Any]], str | None] | None = None) -> str:
+        """The view as text; ``text_of`` may give a rich output's text first (a widget's
+        last state)."""
+        lines = [
+            v if k != "rich" else (text_of(v) if text_of is not None else None) or _rich_text(v)
+            for k, v in self.entries
+        ]
         return "\n".join(strip_ansi(line) for line in lines)
 
 

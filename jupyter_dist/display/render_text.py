@@ -30,15 +30,24 @@ from jupyter_dist.common.events import (
     RankFinished,
     RichOut,
     StreamOut,
+    WidgetComm,
 )
 from jupyter_dist.display.failure_text import (
     failed_of_its_own,
     failure_lines,
     failure_log_text,
 )
+from jupyter_dist.display.live_displays import (
+    WIDGET_MIME,
+    LiveFold,
+    LiveMark,
+    is_live,
+    marked_row,
+)
 from jupyter_dist.display.output_store import format_size, output_limit
+from jupyter_dist.display.output_widgets import Captured, OutputWidgets
 from jupyter_dist.display.rank_logs import RankLogs, rich_log_text
-from jupyter_dist.display.rich_text import is_bare_repr, readable_text
+from jupyter_dist.display.rich_text import is_bare_repr, printed_text, readable_text
 from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary
 from jupyter_dist.display.status_lines import StatusLines
 from jupyter_dist.errors import RankFailure, group_failures
@@ -55,6 +64,10 @@ SUMMARY_AFTER_S = 1.0
 STREAMS = ("stdout", "stderr")
 
 DisplayFn = Callable[[dict[str, Any], dict[str, Any]], None]
+#: shows a display under an id (data, metadata, display id, update: in place of it)
+UpdateFn = Callable[[dict[str, Any], dict[str, Any], str, bool], None]
+#: a queued line: printed text, or where a live display goes (`display.live_displays`)
+Line = str | LiveMark
 #: numbers the log folders of renderers that were given none
 _cells = itertools.count(1)
 _DIGITS = re.compile(r"\d+(\.\d+)?")
@@ -91,7 +104,11 @@ class TextRenderer:
     ``limit``: characters of each rank's output passed on (default `output_limit()`; 0:
     all). ``logs``: where each rank's full output is, written there unless ``write_logs``
     is false (someone else writes it); by default a `RankLogs` made at the first output,
-    whose failure (a full disk) is one notice in the cell's output.
+    whose failure (a full disk) is one notice in the cell's output. Live displays
+    (`display.live_displays`): the first rank's are shown where they came among its
+    lines, through ``update_display`` where the view can update them in place (the cell
+    view's all-ranks and node views), else their first and last states; ``own_views``:
+    each rank has a view of its own, where the others' are.
     """
 
     def __init__(
@@ -106,6 +123,8 @@ class TextRenderer:
         logs: RankLogs | None = None,
         write_logs: bool = True,
         status: StatusLines | None = None,
+        update_display: UpdateFn | None = None,
+        own_views: bool = False,
     ) -> None:
         self.ranks = sorted(ranks)
         #: where a notice with a line name updates its line (None: said once, printed)
@@ -116,13 +135,20 @@ class TextRenderer:
         self.running = set(self.ranks)
         self.partial: dict[tuple[str, int], str] = {}
         #: each rank's whole lines not written yet (a rank's queue is made when it prints)
-        self.pending: dict[str, dict[int, collections.deque[tuple[float, str]]]] = {
+        self.pending: dict[str, dict[int, collections.deque[tuple[float, Line]]]] = {
             name: {} for name in STREAMS
         }
         self.results: list[RichOut] = []
-        #: (rank, display id) -> the latest update of that display, shown when the cell
-        #: ends: a progress table updated a thousand times is one table, not a thousand
-        self.updates: dict[tuple[int, str], RichOut] = {}
+        self.update_display = update_display
+        #: live displays: the first rank's shown, the others' folded; where the view cannot
+        #: update it in place, the first rank's display's last state is shown when the
+        #: cell ends: a progress table updated a thousand times is one table, not a thousand
+        self.live = LiveFold(self.ranks, own_views, in_place=update_display is not None)
+        self._marked = False  # a `LiveMark` was queued in this cell
+        #: the ranks' Output widgets (a text view draws no widgets: their content is
+        #: shown as a display), and those changed since shown
+        self.output_widgets = OutputWidgets()
+        self._captured: dict[str, Captured] = {}
         self.results_shown = 0
         self._last_transient = ""
         self.lines_written = 0
@@ -139,19 +165,16 @@ class TextRenderer:
 
     # -- events -----------------------------------------------------------------------
     def handle(self, event: CellEvent) -> None:
-        if isinstance(event, StreamOut):
+        if isinstance(event, WidgetComm):
+            self.output_widgets.watch(event)
+        elif (model := self.output_widgets.capture(event)) is not None:
+            if isinstance(event, StreamOut) and self.write_logs:
+                self._logs().write(event.rank, event.text)
+            self._captured[model.comm_id] = model
+        elif isinstance(event, StreamOut):
             self._stream(event)
         elif isinstance(event, RichOut):
-            if self.write_logs and event.msg_type != "update_display_data":
-                self._logs().write(event.rank, rich_log_text(event.data))
-            display_id = event.transient.get("display_id")
-            if event.msg_type == "execute_result":
-                self.results.append(event)
-            elif event.msg_type == "update_display_data" and isinstance(display_id, str):
-                self.updates[(event.rank, display_id)] = event
-            else:
-                self.flush(final=True)
-                self._show_rich([event.rank], event)
+            self._rich(event)
         elif isinstance(event, RankFinished):
             self._end_partial(event.rank)
             self.running.discard(event.rank)
@@ -185,6 +208,7 @@ class TextRenderer:
             pass  # clearing the notebook cell would erase every other rank's output
 
     def tick(self) -> None:
+        self._show_captured()
         self.flush(final=False)
 
     def finish(self) -> None:
@@ -193,10 +217,14 @@ class TextRenderer:
         for rank in sorted({rank for _name, rank in self.partial}):  # ranks mid-line
             self._end_partial(rank)
         self.running.clear()
+        self._show_captured()
         self.flush(final=True)
-        updates = list(self.updates.values())
-        self.updates.clear()
-        self._show_grouped(updates)
+        groups, differ, line = self.live.at_end()
+        for ranks, event in groups:
+            self._show_rich(sorted(ranks), event)
+        self._show_grouped(differ)
+        if line:
+            self.files["stdout"].write(line + "\n")
         self._show_results()
         for rank, dropped in sorted(self.dropped.items()):
             self.files["stdout"].write(
@@ -291,21 +319,56 @@ class TextRenderer:
             or not self.running
             or now - self.failures[0][0] >= FAILURE_HOLD_S
         )
-        for name in STREAMS:
+        wrote = ""
+        for name in self._oldest_first():
             # a rank's traceback comes after everything it printed
             chunks = self._drain(self.pending[name], now, final or failures_due)
             if chunks:
-                self.files[name].write("".join(chunks))
-                self.lines_written += len(chunks)
+                if wrote:  # what one stream printed first is shown first
+                    self.files[wrote].flush()
+                self._write(name, chunks)
+                wrote = name
         if failures_due:
             self._show_failures()
+        self._fold_line(now)
         if final:
             for f in self.files.values():
                 f.flush()
 
+    def _oldest_first(self) -> list[str]:
+        """The streams, the one whose first pending line came first before the other (a
+        notice a rank wrote on stderr before the cell's prints stays above them)."""
+
+        def first_at(name: str) -> float:
+            heads = [queue[0][0] for queue in self.pending[name].values() if queue]
+            return min(heads, default=float("inf"))
+
+        return sorted(STREAMS, key=first_at)
+
+    def _write(self, name: str, chunks: list[Line]) -> None:
+        """Pending lines to their stream; a live display where its mark is."""
+        if not self._marked:
+            self.files[name].write("".join(chunks))  # type: ignore[arg-type]  # no marks
+            self.lines_written += len(chunks)
+            return
+        text: list[str] = []
+        for chunk in chunks:
+            if isinstance(chunk, str):
+                text.append(chunk)
+                continue
+            if text:
+                self.files[name].write("".join(text))
+                self.lines_written += len(text)
+                text = []
+            if chunk.event is not None:
+                self._show_lead(chunk.event)
+        if text:
+            self.files[name].write("".join(text))
+            self.lines_written += len(text)
+
     def _drain(
-        self, queues: dict[int, collections.deque[tuple[float, str]]], now: float, final: bool
-    ) -> list[str]:
+        self, queues: dict[int, collections.deque[tuple[float, Line]]], now: float, final: bool
+    ) -> list[Line]:
         """Emit pending lines row by row: one line per rank, identical lines of a row folded.
 
         Ranks usually print the same number of lines, some per-rank ("rank 3 of 8") and
@@ -313,7 +376,7 @@ class TextRenderer:
         shared rows fold even after a per-rank one. A rank that has not printed its line
         of the row yet is waited for at most `HOLD_S`.
         """
-        chunks: list[str] = []
+        chunks: list[Line] = []
         while True:
             ranks = sorted(r for r, q in queues.items() if q)
             if not ranks:
@@ -329,11 +392,16 @@ class TextRenderer:
             columns = [[queues[r].popleft()[1] for _ in range(rows)] for r in ranks]
             if not self.fold:
                 for r, column in zip(ranks, columns, strict=True):
-                    chunks.extend(f"[rank {r}] {line}\n" for line in column)
+                    chunks.extend(
+                        f"[rank {r}] {line}\n" if isinstance(line, str) else line for line in column
+                    )
                 continue
             everyone = f"[{ranks_label(ranks)}] "
             alone = [f"[rank {r}] " for r in ranks]
             for row in zip(*columns, strict=True):
+                if self._marked and not all(isinstance(line, str) for line in row):
+                    chunks.extend(marked_row(ranks, row))
+                    continue
                 first = row[0]
                 if row.count(first) == len(row):
                     chunks.append(everyone + first + "\n")
@@ -365,11 +433,68 @@ class TextRenderer:
         self.lines_written += len(chunks)
 
     # -- rich output ----------------------------------------------------------------------
-    def _show_rich(self, ranks: list[int], event: RichOut) -> None:
+    def _rich(self, event: RichOut) -> None:
+        if event.msg_type == "display_data" and not is_live(event):
+            printed = printed_text(event.data)
+            if printed is not None:  # rich's console printing: lines, folded as any
+                if printed.strip():  # (a live display ends with a bare newline)
+                    self._stream(StreamOut(event.rank, "stdout", printed))
+                return
+        if self.write_logs and event.msg_type != "update_display_data":
+            self._logs().write(event.rank, rich_log_text(event.data))
+        view = event.data.get(WIDGET_MIME)
+        if isinstance(view, dict) and self.output_widgets.is_output_model(
+            str(view.get("model_id", ""))
+        ):
+            return  # an Output widget: what it holds is shown as a display (`_show_captured`)
+        if is_live(event):
+            self._live(event)
+        elif event.msg_type == "execute_result":
+            self.results.append(event)
+        else:
+            self.flush(final=True)
+            self._show_rich([event.rank], event)
+
+    def _live(self, event: RichOut) -> None:
+        """A live display: the first rank's shown where it came among its lines (updated in
+        place where it can be), the other ranks' folded (`display.live_displays`)."""
+        taken = self.live.take(event)
+        if isinstance(taken, LiveMark):
+            self._marked = True
+            queue = self.pending["stdout"].setdefault(event.rank, collections.deque())
+            queue.append((time.monotonic(), taken))
+        elif taken is not None and self.update_display is not None:
+            key, update = taken
+            self.update_display(update.data, update.metadata, key, True)
+
+    def _show_lead(self, event: RichOut) -> None:
+        """The first rank's live display, where its mark was, in its latest state."""
+        latest, key = self.live.to_show(event)
+        self._show_rich([event.rank], latest, key)
+        self._fold_line(time.monotonic())  # right under it
+
+    def _fold_line(self, now: float) -> None:
+        """The line that folds the other ranks' live displays, shown or changed."""
+        text = self.live.line_due(now) if self.update_display is not None else None
+        if text is not None and self.update_display is not None:
+            self.update_display({"text/plain": text}, {}, self.live.fold_id, bool(self.live.line))
+            self.live.line = text
+
+    def _show_captured(self) -> None:
+        """The ranks' Output widgets that changed, as displays updated in place."""
+        captured = list(self._captured.values())
+        self._captured.clear()
+        for model in captured:
+            event = self.output_widgets.as_display(model)
+            if event is not None:
+                self._live(event)
+
+    def _show_rich(self, ranks: list[int], event: RichOut, shown_as: str | None = None) -> None:
         data = event.data
         label = ranks_label(ranks)
         out = self.files["stdout"]
-        if set(data) <= {"text/plain"} or self.display is None:
+        in_place = shown_as is not None and self.update_display is not None
+        if not in_place and (set(data) <= {"text/plain"} or self.display is None):
             text = readable_text(data)
             prefix = f"[{label}] Out: " if event.msg_type == "execute_result" else f"[{label}] "
             out.write(prefix + text.replace("\n", "\n" + " " * len(prefix)) + "\n")
@@ -378,7 +503,10 @@ class TextRenderer:
         out.flush()
         if is_bare_repr(str(data.get("text/plain", ""))):  # what a text-only frontend shows
             data = {**data, "text/plain": readable_text(data)}
-        self.display(data, event.metadata)
+        if shown_as is not None and self.update_display is not None:
+            self.update_display(data, event.metadata, shown_as, False)
+        elif self.display is not None:
+            self.display(data, event.metadata)
 
     def _show_results(self) -> None:
         self.results_shown += self._show_grouped(self.results)

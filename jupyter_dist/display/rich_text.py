@@ -6,6 +6,8 @@ saved cell keeps beside its HTML snapshot, the all-ranks view. Its ``text/plain`
 only the object's repr, ``<IPython.core.display.HTML object>``; `readable_text` prefers
 what the richer types say: HTML as text (tables as aligned columns, a progress bar as a
 bar), Markdown or LaTeX as written, and otherwise names the types that were displayed.
+What rich's console prints in a notebook kernel is a display too; `printed_text` gives
+it back as the lines it is, so that the views gathering ranks fold it as printed lines.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ MAX_COLUMNS = 64
 MAX_CELL_CHARS = 200
 BAR_CHARS = 20
 
+#: how rich's console starts the HTML of what it prints in a notebook (``rich.jupyter``)
+_RICH_PRE = '<pre style="white-space:pre;overflow-x:auto;line-height:normal;font-family:Menlo,'
 #: the repr Python gives an object without a text form of its own
 _BARE_REPR = re.compile(r"<[A-Za-z_][\w.]* object(?: at 0x[0-9a-fA-F]+)?>")
 _SPACE = re.compile(r"\s+")
@@ -72,6 +76,18 @@ _SKIP = frozenset({"script", "style", "head", "title", "template", "noscript"})
 def is_bare_repr(text: str) -> bool:
     """``<IPython.core.display.HTML object>`` and the like: says nothing to a reader."""
     return bool(_BARE_REPR.fullmatch(text.strip()))
+
+
+def printed_text(data: Mapping[str, Any]) -> str | None:
+    """What rich's console printed, when ``data`` is that: in a notebook kernel rich
+    prints each piece as a display of its own ``<pre>`` with the same text as text/plain
+    (colours as escape codes, which an output shows). None for any other display."""
+    markup, text = data.get("text/html"), data.get("text/plain")
+    if set(data) != {"text/html", "text/plain"} or not isinstance(text, str):
+        return None
+    if not isinstance(markup, str) or not markup.startswith(_RICH_PRE):
+        return None
+    return text if text.endswith("\n") else text + "\n"
 
 
 def readable_text(data: Mapping[str, Any]) -> str:

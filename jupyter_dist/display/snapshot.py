@@ -20,6 +20,8 @@ from typing import Any
 
 from jupyter_dist.display.metrics_charts import COLORS, MANY_RANKS, chart_ticks
 from jupyter_dist.display.output_store import ViewOutput
+from jupyter_dist.display.output_widgets import output_text
+from jupyter_dist.display.rich_text import BAR_CHARS, html_to_text
 from jupyter_dist.display.status_chips import RankStatus, chips_html
 from jupyter_dist.text import strip_ansi
 
@@ -165,6 +167,43 @@ def widget_html(
         return f"<span>{label}{state.get('value', '')}</span>"
     if model == "LabelModel":
         return f"<span>{label}{html.escape(str(state.get('value', '')))}</span>"
+    if model == "OutputModel":  # what the rank showed in it (rich's live display)
+        outputs = [o for o in state.get("outputs", ()) if isinstance(o, Mapping)]
+        return "".join(_output_html(o, widgets) for o in outputs)
+    return None
+
+
+def widget_text(
+    model_id: str, widgets: Mapping[str, Mapping[str, Any]], depth: int = 0
+) -> str | None:
+    """A widget's last state as text, for the text a finished cell keeps (tqdm's bar as
+    ``epoch: 100% [####################] 3/3 [...]``); None for kinds `widget_html`
+    does not draw either."""
+    state = widgets.get(model_id)
+    if state is None or depth > 20:
+        return None
+    model = str(state.get("_model_name", ""))
+    description = str(state.get("description", "") or "")
+    parts: list[str] = [description] if description else []
+    if model in ("HBoxModel", "VBoxModel", "BoxModel", "GridBoxModel"):
+        for ref in state.get("children", ()):
+            child = widget_text(str(ref).removeprefix("IPY_MODEL_"), widgets, depth + 1)
+            if child:
+                parts.append(child)
+        return ("\n" if model == "VBoxModel" else " ").join(parts)
+    if model in ("IntProgressModel", "FloatProgressModel"):
+        value, low, high = (float(state.get(k, 0) or 0) for k in ("value", "min", "max"))
+        done = (
+            round(BAR_CHARS * min(max((value - low) / (high - low), 0.0), 1.0)) if high > low else 0
+        )
+        return " ".join([*parts, f"[{'#' * done}{'-' * (BAR_CHARS - done)}]"])
+    if model in ("HTMLModel", "HTMLMathModel"):
+        return " ".join([*parts, html_to_text(str(state.get("value", ""))).strip()]).strip()
+    if model == "LabelModel":
+        return " ".join([*parts, str(state.get("value", ""))]).strip()
+    if model == "OutputModel":
+        outputs = [o for o in state.get("outputs", ()) if isinstance(o, dict)]
+        return "\n".join(output_text(o).rstrip("\n") for o in outputs)
     return None
 
 

@@ -4,7 +4,9 @@ A rank kernel's widget messages (``comm_open``, ``comm_msg``, ``comm_close``) ar
 re-published on the notebook kernel's IOPub, so the browser builds the same models, and
 the rank's ``display_data`` that names them renders in the rank's view. The relay goes one
 way: input from the browser does not reach the rank, so a widget made for input (a slider,
-a button) is shown with a note saying so.
+a button) is shown with a note saying so. What an Output widget of a rank holds is set
+from here (`WidgetRelay.update`), as the browser cannot take a rank's output into it
+(`display.output_widgets`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ class WidgetRelay:
             "but input from it does not reach the rank (widgets from ranks are display-only, "
             "like progress bars)"
         )
+
+    def update(self, comm_id: str, state: dict[str, Any]) -> None:
+        """Set ``state`` on a relayed model from here, as its rank would (the notebook side
+        fills a rank's Output widgets: `display.output_widgets`)."""
+        kernel = self.kernel
+        data = {"method": "update", "state": state, "buffer_paths": []}
+        kernel.session.send(
+            kernel.iopub_socket,
+            "comm_msg",
+            {"comm_id": comm_id, "data": data},
+            parent=kernel.get_parent(),
+        )
+        if comm_id in self.states:
+            self.states[comm_id].update(state)
 
     def _track(self, event: WidgetComm) -> None:
         """Keep the model's state up to date (binary state parts are left out)."""

@@ -6,7 +6,7 @@ banner and start-up chatter are off, and what every cell would pay for nobody is
 (the sleep before a reply, debug log records, the notebook side's own cells echoed back,
 empty flushes, a thread hand-off of each request, a signature check of ``run_cell_async``
 each cell, a copy of everything printed: see `RankShell`, `RankKernel`, `RankKernelApp`,
-`run_rank_kernel` and `rank.out_stream`).
+`run_rank_kernel` and `rank.out_stream`). To libraries the shell is a notebook kernel's.
 The notebook side's cells are answered with one IOPub message (`rank.iopub_reply`).
 """
 
@@ -106,14 +106,24 @@ class RankShell(ZMQInteractiveShell):
         """ipykernel's environment, but not a terminal that can move its cursor.
 
         ipykernel sets ``FORCE_COLOR=1`` so that tools print in colour, and rich takes
-        that for a terminal: its live displays (Lightning's default progress bar when
-        rich is installed, as transformers installs it) then redraw themselves with cursor
-        movements that a cell's output, the all-ranks view and the rank's log show as
-        frame after frame of escape codes. ``TTY_COMPATIBLE=0`` (rich's own switch) makes
-        rich write what it writes to a file: the finished display, once. Colour for other
-        tools is kept; a value the notebook's environment gives is kept too."""
+        that for a terminal where it does not see a notebook kernel (a process the cell
+        starts, which inherits the environment): its live displays then redraw themselves
+        with cursor movements that a cell's output, the all-ranks view and the rank's log
+        show as frame after frame of escape codes. ``TTY_COMPATIBLE=0`` (rich's own
+        switch) makes rich write what it writes to a file: the finished display, once. In
+        the rank itself rich sees a notebook kernel (`RankShell`'s name) and redraws in
+        place. Colour for other tools is kept; a value the notebook's environment gives is
+        kept too."""
         super().init_environment()
         os.environ.setdefault("TTY_COMPATIBLE", "0")
+
+
+#: Libraries tell a notebook kernel from a terminal by the name of the shell's class
+#: (rich's console, huggingface_hub's ``is_notebook``): a rank's output is shown in a
+#: notebook, so its shell answers to a notebook kernel's name. rich then draws its live
+#: displays (Lightning's default progress bar) in an Output widget, redrawn in place,
+#: which the notebook side fills (`display.output_widgets`), instead of once at the end.
+RankShell.__name__ = ZMQInteractiveShell.__name__
 
 
 class RankKernel(IPythonKernel):

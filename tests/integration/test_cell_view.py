@@ -6,8 +6,9 @@ from __future__ import annotations
 import html
 import json
 import queue
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from jupyter_client.manager import KernelManager
 from jupyter_dist.display.cell_view import LIVE_AFTER_S
 from jupyter_dist.text import strip_ansi
 from tests.conftest import rank_waits_for_file_cell, ready_client
-from tests.integration.rank_lines import with_start
+from tests.integration.view_sampling import Sampled, run_sampled
 
 pytestmark = pytest.mark.slow
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -238,66 +239,167 @@ def test_a_display_updated_step_after_step_shows_its_last_state(kernel: Kernel) 
     assert state["rich"]["1"] == [["text/html", "text/plain"]]  # one output, updated
 
 
-def test_progress_displays_show_once_in_their_own_ranks_view(kernel: Kernel) -> None:
+class RankZerosProgress:
+    """Waits until the all-ranks view shows rank 0's live displays and they advanced there
+    twice: a widget of rank 0 (tqdm's bar, an ipywidgets progress, rich's Output widget)
+    drawn in the all-ranks view and not rank 1's, the line folding rank 1's under it, and
+    after that two changes of what the widget shows (``progress``: the part that moves)."""
+
+    def __init__(self, progress: Callable[[Sampled, str], object]) -> None:
+        self.progress = progress
+        self.widget = ""  # rank 0's, once the all-ranks view drew it
+        self.states: list[object] = []  # what it showed from then on
+        self.folded = ""
+
+    def __call__(self, page: Sampled, _changed: object) -> bool:
+        if not self.widget:
+            ours, theirs = page.widgets_in(0), page.widgets_in(1)
+            shown = [w for w in page.widgets_in(-1) if w in ours]
+            if shown and not set(page.widgets_in(-1)) & set(theirs):
+                self.widget = shown[0]
+                self.folded = page.text_in(-1)
+            return False
+        state = self.progress(page, self.widget)
+        if state is not None and state not in self.states:
+            self.states.append(state)
+        return len(self.states) >= 3  # as first drawn, then two changes
+
+    def check(self, said: bool, rank_1_shows: bool = True) -> None:
+        assert self.widget, "the all-ranks view never drew rank 0's live display"
+        assert said, f"rank 0's display did not advance in the all-ranks view: {self.states}"
+        folded = "[rank 1] live progress: in rank 1's own view" in self.folded
+        assert folded == rank_1_shows, self.folded
+
+
+def _bar_value(page: Sampled, box: str) -> object:
+    """tqdm's bar is a box of an HTML, a progress and an HTML: its progress's value."""
+    children = [c.removeprefix("IPY_MODEL_") for c in page.models[box].get("children", [])]
+    bars = [page.models[c] for c in children if "Progress" in page.models[c]["_model_name"]]
+    return bars[0].get("value") if bars else None
+
+
+def _output_text(page: Sampled, widget: str) -> object:
+    """What an Output widget (rich's live display) holds, as text."""
+    outputs = page.models[widget].get("outputs") or []
+    return "".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs) or None
+
+
+def test_rank_0s_progress_is_live_in_the_all_ranks_view(kernel: Kernel, tmp_path: Path) -> None:
     """tqdm.auto's bar (a widget) and a table updated in place (transformers' notebook
-    progress) on every rank: each rank's view shows its own, once; the all-ranks view
-    shows neither rank's widget, nor every rank's first state of its table, but one line
-    saying where they are and, at the end, the table's last state once."""
-    reply = kernel.run(
+    progress) on every rank: while the loop runs, the all-ranks view, where the cell view
+    opens, draws rank 0's bar and rank 0's table, and the bar advances there; rank 1's are
+    one line under them. Each rank's own view shows its own."""
+    go = tmp_path / "go"
+    code = (
         "%%distributed --procs 2\n"
-        "import time\n"
-        f"time.sleep({2 * LIVE_AFTER_S})  # the view goes live\n"
+        "import os, time\n"
         "from tqdm.auto import tqdm\n"
         "from IPython.display import HTML, display\n"
-        "handle = display(HTML('<p>step 0/3</p>'), display_id=True)\n"
-        "for step in tqdm(range(1, 4), desc='epoch'):\n"
-        "    handle.update(HTML(f'<p>step {step}/3</p>'))\n"
-        "    time.sleep(0.1)\n"
+        "print('before the loop')\n"
+        "handle = display(HTML('<p>step 0</p>'), display_id=True)\n"
+        "bar = tqdm(total=1200, desc='epoch', mininterval=0)\n"
+        "for step in range(1, 1201):  # slowly, until the test saw enough\n"
+        "    handle.update(HTML(f'<p>step {step}</p>'))\n"
+        "    bar.update(1)\n"
+        f"    if os.path.exists({str(go)!r}):\n"
+        "        break\n"
+        "    time.sleep(0.05)\n"
+        "bar.close()\n"
+        "print('after the loop')\n"
     )
+    waits = RankZerosProgress(_bar_value)
+    reply, page, said = run_sampled(kernel.kc, code, waits, go)
     assert reply["status"] == "ok", reply
+    waits.check(said)
+    # the text a finished cell keeps: the bar's last state, not its first
+    kernel.messages = page.messages
+    final = kernel.snapshot()["text/plain"]
+    assert "0/1200 [00:00<?" not in final, final  # its text/plain when first shown
+    assert re.search(r"epoch: +\d+% \[#*-*\] \d+/1200", final), final
     state = kernel.state()
     assert state["live"]
     bar = [WIDGET_MIME, "text/plain"]
     for rank in ("0", "1"):
         assert state["rich"][rank] == [["text/html", "text/plain"], bar], state["rich"]
-        assert "step 3/3" in state["lines"][rank] and "step 0/3" not in state["lines"][rank]
+        assert "step 0\n" not in state["lines"][rank] + "\n"  # its table, updated
     widgets = state["widgets"]
     assert len(widgets["rank 0"]) == len(widgets["rank 1"]) == 1
-    assert widgets["rank 0"] != widgets["rank 1"]  # each rank's bar in its view only
-    assert widgets["all ranks"] == [], widgets
-    assert state["all_rich"] == [["text/html", "text/plain"]], state["all_rich"]
+    assert widgets["all ranks"] == widgets["rank 0"], widgets  # rank 0's bar, not rank 1's
+    # rank 0's table and bar, and the line folding rank 1's
+    assert sorted(state["all_rich"]) == sorted([["text/html", "text/plain"], ["text/plain"], bar])
     shown = state["all"]
-    notes = with_start(shown, "(a live display: see the rank's own view)")
-    assert {r: len(n) for r, n in notes.items()} == {0: 1, 1: 1}, shown  # once a rank
-    assert "step 3/3" in shown and "step 0/3" not in shown, shown
+    assert "[ranks 0-1] before the loop" in shown and "[ranks 0-1] after the loop" in shown
+    assert shown.count("live progress") == 1, shown  # rank 1's folded into one line
 
 
-def test_lightnings_progress_bar_is_in_rank_0s_view_only(kernel: Kernel) -> None:
-    """Lightning draws its tqdm bar (a widget, through tqdm.auto) on rank 0 alone."""
+LIGHTNING_MODEL = """\
+import os, time, torch, lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+
+class Tiny(L.LightningModule):
+    def __init__(self, go):
+        super().__init__()
+        self.go = go
+        self.layer = torch.nn.Linear(4, 1)
+    def training_step(self, batch, _index):
+        if not os.path.exists(self.go):  # slowly, until the test saw enough
+            time.sleep(0.05)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+data = TensorDataset(torch.randn(1200, 4), torch.randn(1200, 1))
+"""
+
+
+def test_lightnings_default_progress_bar_is_live_on_every_run(
+    kernel: Kernel, tmp_path: Path
+) -> None:
+    """Lightning's default Trainer draws rich's progress bar (rich is installed): a rank
+    is a notebook kernel to rich, whose live display is an Output widget the notebook side
+    fills. While ``fit`` runs, rank 0's bar is in the all-ranks view and advances there,
+    on the first run and on a second run in the same ranks."""
     pytest.importorskip("lightning")
-    reply = kernel.run(
-        "%%distributed --procs 2\n"
-        "import torch, lightning as L\n"
-        "from torch.utils.data import DataLoader, TensorDataset\n"
-        "class Tiny(L.LightningModule):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.layer = torch.nn.Linear(4, 1)\n"
-        "    def training_step(self, batch, _index):\n"
-        "        x, y = batch\n"
-        "        return torch.nn.functional.mse_loss(self.layer(x), y)\n"
-        "    def configure_optimizers(self):\n"
-        "        return torch.optim.SGD(self.parameters(), lr=0.1)\n"
-        "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
-        "trainer = L.Trainer(accelerator='cpu', devices=2, strategy='ddp', max_epochs=2,\n"
-        "                    logger=False, enable_checkpointing=False,\n"
-        "                    callbacks=[L.pytorch.callbacks.TQDMProgressBar()])\n"
-        "trainer.fit(Tiny(), DataLoader(data, batch_size=8))\n"
+    pytest.importorskip("rich")
+    assert kernel.run("%%distributed --procs 2\n" + LIGHTNING_MODEL)["status"] == "ok"
+    for run in (1, 2):
+        go = tmp_path / f"go-{run}"
+        code = (
+            "%%distributed\n"
+            "trainer = L.Trainer(accelerator='cpu', devices=2, strategy='ddp', max_epochs=1,\n"
+            "                    logger=False, enable_checkpointing=False,\n"
+            "                    enable_model_summary=False)\n"
+            f"trainer.fit(Tiny({str(go)!r}), DataLoader(data, batch_size=2))\n"
+            "print('bar', type(trainer.progress_bar_callback).__name__)\n"
+        )
+        waits = RankZerosProgress(_output_text)
+        reply, page, said = run_sampled(kernel.kc, code, waits, go)
+        assert reply["status"] == "ok", reply
+        waits.check(said, rank_1_shows=False)  # Lightning draws its bar on rank 0 alone
+        assert page.models[waits.widget]["_model_name"] == "OutputModel"
+        assert all("Epoch 0" in str(s) for s in waits.states), waits.states
+        # the finished cell keeps the bar's last frame, as text and in its snapshot
+        kernel.messages = page.messages
+        final = kernel.snapshot()
+        assert "Epoch 0" in final["text/plain"] and "Epoch 0" in final["text/html"], final
+        state = kernel.state()
+        assert "[ranks 0-1] bar RichProgressBar" in state["all"], state["all"]
+        assert state["widgets"]["rank 1"] == [], state["widgets"]  # Lightning draws on rank 0
+
+
+def test_the_group_made_again_is_said_before_the_cells_output(kernel: Kernel) -> None:
+    """A cell that destroyed the process group: the next cell's ranks say they made it
+    again before its code runs, and the view says so above what the code printed."""
+    gone = kernel.run(
+        "%%distributed --procs 2\nimport torch.distributed as dist\ndist.destroy_process_group()"
     )
+    assert gone["status"] == "ok", gone
+    reply = kernel.run("%%distributed\nfor i in range(3):\n    print('line', i)")
     assert reply["status"] == "ok", reply
-    widgets = kernel.state()["widgets"]
-    assert len(widgets["rank 0"]) >= 1 and widgets["rank 1"] == [], widgets
-    assert widgets["all ranks"] == [], widgets
+    shown = kernel.state()["all"].splitlines()
+    made = [n for n, line in enumerate(shown) if "is made again" in line]
+    assert made and made[0] < shown.index("[ranks 0-1] line 0"), shown
 
 
 def test_output_is_bounded_and_the_full_log_is_on_disk(kernel: Kernel) -> None:

@@ -629,8 +629,10 @@ def test_ranks_keep_no_copy_of_what_they_print(run: Run) -> None:
         "ip = get_ipython()\n"
         "kept = sum(len(o.bundle['stream']) for outs in ip.history_manager.outputs.values()\n"
         "           for o in outs if o.output_type in ('out_stream', 'err_stream'))\n"
-        "print('shell', type(ip).__name__, 'printed pieces kept', kept,\n"
-        "      'results kept', 42 in ip.user_ns['Out'].values())"
+        "print('shell', type(ip).__qualname__, 'as', type(ip).__name__, 'printed pieces kept',\n"
+        "      kept, 'results kept', 42 in ip.user_ns['Out'].values())"
     )
     assert out.ok, out.stdout
-    assert "[ranks 0-1] shell RankShell printed pieces kept 0 results kept True" in out.stdout
+    # a notebook kernel's shell to libraries that look at its name (rich's live displays)
+    shell = "shell RankShell as ZMQInteractiveShell"
+    assert f"[ranks 0-1] {shell} printed pieces kept 0 results kept True" in out.stdout

@@ -60,6 +60,23 @@ def test_stderr_goes_to_stderr() -> None:
     assert out.getvalue() == ""
 
 
+def test_a_notice_a_rank_wrote_on_stderr_first_stays_above_what_it_printed_next() -> None:
+    """The ranks say on stderr that the group is made again before the cell's code runs:
+    written out together with the cell's prints, it is not put below them."""
+    both = io.StringIO()
+    r = TextRenderer([0, 1], both, both, None)
+    for rank in (0, 1):
+        r.handle(StreamOut(rank, "stderr", "group made again\n"))
+    for rank in (0, 1):
+        r.handle(StreamOut(rank, "stdout", "line 0\nline 1\n"))
+    done(r, [0, 1])
+    assert both.getvalue().splitlines() == [
+        "[ranks 0-1] group made again",
+        "[ranks 0-1] line 0",
+        "[ranks 0-1] line 1",
+    ]
+
+
 def test_a_lone_line_waits_for_twins_then_shows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(render_text, "HOLD_S", 0.05)
     r, out, _, _ = make([0, 1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from jupyter_dist.display.output_store import ViewOutput
-from jupyter_dist.display.snapshot import chart_svg, snapshot_html, widget_html
+from jupyter_dist.display.snapshot import chart_svg, snapshot_html, widget_html, widget_text
 from jupyter_dist.display.status_chips import RankStatus
 
 
@@ -59,6 +59,34 @@ def test_a_tqdm_bar_is_drawn_as_its_last_state() -> None:
     out[0].add_rich({"output_type": "display_data", "data": {**view, "text/plain": "HBox()"}})
     page = snapshot_html(statuses("done"), out, None, {}, "", {}, 0.0, states)
     assert '<progress value="40"' in page and "HBox()" not in page
+
+
+def test_a_widgets_last_state_reads_as_text_and_an_output_widget_shows_what_it_holds() -> None:
+    """tqdm's bar and rich's live display (an Output widget the notebook side filled) as
+    the text a finished cell keeps, and as its HTML snapshot."""
+    states = {
+        "box": {"_model_name": "HBoxModel", "children": ["IPY_MODEL_d", "IPY_MODEL_p"]},
+        "d": {"_model_name": "HTMLModel", "value": "epoch: <b>50%</b>"},
+        "p": {"_model_name": "FloatProgressModel", "value": 20, "min": 0, "max": 40},
+        "out": {
+            "_model_name": "OutputModel",
+            "outputs": [
+                {
+                    "output_type": "display_data",
+                    "data": {
+                        "text/plain": "Epoch 1/1 4/4",
+                        "text/html": "<pre>Epoch 1/1 4/4</pre>",
+                    },
+                    "metadata": {},
+                }
+            ],
+        },
+    }
+    assert widget_text("box", states) == "epoch: 50% [##########----------]"
+    assert widget_text("out", states) == "Epoch 1/1 4/4"
+    assert widget_text("missing", states) is None
+    drawn = widget_html("out", states)
+    assert drawn == "<div><pre>Epoch 1/1 4/4</pre></div>", drawn
 
 
 def test_a_chart_is_an_svg_with_a_line_per_rank_on_round_ticks() -> None:
