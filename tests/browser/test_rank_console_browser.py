@@ -36,7 +36,9 @@ def test_a_rank_console_interrupts_restarts_and_follows_its_session(
         [
             "%load_ext jupyter_dist",
             f"%%distributed --procs 2 --session {SESSION}\nx = 1",
-            f"%%distributed --session {SESSION}\nimport os, torch, torch.distributed as dist\nt = torch.ones(1); dist.all_reduce(t)\n"
+            f"%%distributed --session {SESSION}\n"
+            "import os, torch, torch.distributed as dist\n"
+            "t = torch.ones(1); dist.all_reduce(t)\n"
             "print('x', globals().get('x'), 'sum', t.item(), 'pid', os.getpid())",
         ],
     )
