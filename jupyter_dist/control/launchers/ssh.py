@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -136,6 +137,7 @@ class SSHLauncher(AgentOverSSH):
     async def connect(self) -> asyncssh.SSHClientConnection:
         """An SSH connection to the node, host key verified, with errors that say what to do."""
         where = f"node {str(self.spec)!r}"
+        began = time.monotonic()
         try:
             return await asyncio.wait_for(
                 self._connect(
@@ -148,10 +150,9 @@ class SSHLauncher(AgentOverSSH):
                 f"{where}: SSH login refused; check the user and that your key is loaded "
                 "(ssh-agent) or named by IdentityFile in ~/.ssh/config"
             ) from None
-        except asyncio.TimeoutError:
-            raise AgentError(
-                f"{where}: no SSH answer within {self.connect_timeout:.0f} s"
-            ) from None
+        except asyncio.TimeoutError:  # this limit, or the ssh config's ConnectTimeout
+            waited = time.monotonic() - began
+            raise AgentError(f"{where}: no SSH answer within {waited:.0f} s") from None
         except (OSError, asyncssh.Error) as err:
             raise AgentError(f"{where}: cannot connect over SSH: {err}") from None
 
