@@ -244,8 +244,8 @@ def test_form_use_here_interrupt_and_shut_down(open_lab_notebook: OpenNotebook) 
     form.locator('input[name="name"]').fill("bad")
     form.locator('input[name="count"]').fill("0")
     nb.page.locator(".jp-Dialog").get_by_role("button", name="Start").click()
-    expect(form.locator("#jp-DistForm-error-count")).to_contain_text(
-        "--procs 0", timeout=RENDER_TIMEOUT_MS
+    expect(form.locator("#jp-DistForm-error-count")).to_have_text(
+        "'0': expected a whole number of at least 1", timeout=RENDER_TIMEOUT_MS
     )
     nb.page.locator(".jp-Dialog").get_by_role("button", name="Cancel").click()
 
@@ -274,9 +274,9 @@ def test_form_use_here_interrupt_and_shut_down(open_lab_notebook: OpenNotebook) 
 def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
     open_lab_notebook: OpenNotebook,
 ) -> None:
-    """Ray in the form: its fields appear (the hosts go), a bad value is marked at its
-    field by the form itself or by the server's check (no cluster needed: nothing
-    starts until both passed), and what was typed stays."""
+    """Ray in the form: its fields appear (the hosts go), Count holds each launcher's
+    default, a bad value is marked at its field in the form's words by the form itself or
+    by the server's check (nothing starts until both passed), and what was typed stays."""
     from playwright.sync_api import expect
 
     nb = open_lab_notebook("sidebar_ray_form", ["print('nothing runs here')"])
@@ -285,10 +285,17 @@ def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
     dialog = nb.page.locator(".jp-Dialog")
     form = dialog.locator(".jp-DistForm")
     ray_rows = form.locator(".jp-DistForm-ray")
+    count = form.locator('input[name="count"]')
     expect(ray_rows).to_have_count(5, timeout=RENDER_TIMEOUT_MS)
     for i in range(5):
         expect(ray_rows.nth(i)).to_be_hidden()  # local: no Ray fields
+    # Count holds a value, each launcher's own, until one is typed in
+    expect(count).to_have_value("2")
+    for launcher, value in (("k8s", "1"), ("ssh", "1"), ("local", "2")):
+        form.locator('select[name="launcher"]').select_option(launcher)
+        expect(count).to_have_value(value)
     form.locator('select[name="launcher"]').select_option("ray")
+    expect(count).to_have_value("1")
     for i in range(5):
         expect(ray_rows.nth(i)).to_be_visible()
     expect(form.locator('input[name="hosts"]')).to_be_hidden()
@@ -299,7 +306,16 @@ def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
 
     form.locator('input[name="name"]').fill("on-ray")
     form.locator('input[name="nodes"]').fill("2")
-    form.locator('input[name="count"]').fill("1")
+    count.fill("")
+    dialog.get_by_role("button", name="Start").click()
+    expect(form.locator("#jp-DistForm-error-count")).to_have_text(
+        "expected the number of processes each node runs (1, or one per node: 4,2): Ray has "
+        "no default"
+    )
+    count.fill("1")
+    form.locator('select[name="launcher"]').select_option("local")
+    expect(count).to_have_value("1")  # typed in: kept
+    form.locator('select[name="launcher"]').select_option("ray")
     form.locator('select[name="rayStrategy"]').select_option("PACK")
     form.locator('input[name="rayRuntimeEnv"]').fill('["pip"]')
     dialog.get_by_role("button", name="Start").click()
@@ -309,17 +325,18 @@ def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
     expect(form.locator('input[name="rayRuntimeEnv"]')).to_have_attribute("aria-invalid", "true")
     nb.screenshot("form-ray-runtime-env")
 
-    # the server's own check: the CPUs a bundle may hold
+    # the server's own check: the CPUs a bundle may hold, in the form's words
     form.locator('input[name="rayRuntimeEnv"]').fill('{"env_vars": {"A": "1"}}')
     form.locator('input[name="rayCpus"]').fill("5000")
     dialog.get_by_role("button", name="Start").click()
-    expect(form.locator("#jp-DistForm-error-rayCpus")).to_contain_text(
-        "ray: --ray-cpus 5000: expected 1 to 4096", timeout=RENDER_TIMEOUT_MS
+    expect(form.locator("#jp-DistForm-error-rayCpus")).to_have_text(
+        "'5000': expected 1 to 4096", timeout=RENDER_TIMEOUT_MS
     )
     expect(form.locator("#jp-DistForm-error-rayRuntimeEnv")).to_be_hidden()
     expect(form.locator('select[name="rayStrategy"]')).to_have_value("PACK")  # kept
     expect(form.locator('input[name="name"]')).to_have_value("on-ray")
     nb.screenshot("form-ray-cpus")
+
     dialog.get_by_role("button", name="Cancel").click()
     expect(dialog).to_have_count(0)
     expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()
@@ -403,9 +420,7 @@ def test_the_form_offers_kubernetes_with_its_fields_checked_and_sent_as_the_k8s_
         },
     }
     error = form.locator("#jp-DistForm-error-k8sPodTemplate")
-    expect(error).to_have_text(
-        f"k8s: --pod-template {missing!r}: No such file or directory", timeout=RENDER_TIMEOUT_MS
-    )
+    expect(error).to_have_text(f"{missing!r}: No such file or directory", timeout=RENDER_TIMEOUT_MS)
     expect(form.locator('input[name="k8sPodTemplate"]')).to_have_attribute("aria-invalid", "true")
     expect(form.locator('input[name="name"]')).to_have_value("on-k8s")  # kept
     expect(selectors).to_have_value("nvidia.com/gpu.product=H100\npool=train")
