@@ -1,7 +1,8 @@
 """The ``--ray`` options of a session, checked: the cluster's address, how the bundles are
 placed and the runtime environment Ray prepares on the nodes.
 
-`resolve_ray_address` picks ``--ray-address``, else ``RAY_ADDRESS``, else ``"auto"``;
+`resolve_ray_address` picks ``--ray-address``, else ``RAY_ADDRESS``, else ``"auto"``, and
+`address_origin` says which it was, for the messages that name the address;
 `check_strategy` and `parse_runtime_env` turn user input into values or a `SpecError`
 naming the bad value and what was expected.
 """
@@ -101,6 +102,24 @@ def resolve_ray_address(flag: str | None, env: Mapping[str, str]) -> str:
     if from_env:
         return check_ray_address(from_env, RAY_ADDRESS_ENV)
     return "auto"
+
+
+def address_origin(flag: str | None, env: Mapping[str, str]) -> str:
+    """Where `resolve_ray_address` took the address from: ``--ray-address``,
+    ``RAY_ADDRESS`` or ``auto`` (none given: Ray looks for a cluster on this machine)."""
+    if flag is not None:
+        return "auto" if flag.strip() == "auto" else "--ray-address"
+    return RAY_ADDRESS_ENV if env.get(RAY_ADDRESS_ENV, "").strip() else "auto"
+
+
+def origin_text(origin: str) -> str:
+    """An address's origin in words: ``given by --ray-address``, ``from RAY_ADDRESS``,
+    ``found by `auto```."""
+    if origin == RAY_ADDRESS_ENV:
+        return f"from the {RAY_ADDRESS_ENV} environment variable"
+    if origin == "auto":
+        return "found by `auto`"
+    return f"given by {origin}"
 
 
 def check_ray_address(address: str, where: str) -> str:

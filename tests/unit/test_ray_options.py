@@ -6,6 +6,7 @@ import pytest
 
 from jupyter_dist.common.ray_options import (
     DEFAULT_RAY_STRATEGY,
+    address_origin,
     check_strategy,
     parse_runtime_env,
     resolve_ray_address,
@@ -19,6 +20,11 @@ def test_address_flag_then_env_then_auto() -> None:
     assert resolve_ray_address(None, env) == "10.0.0.1:6379"
     assert resolve_ray_address(None, {}) == "auto"
     assert resolve_ray_address(None, {"RAY_ADDRESS": "  "}) == "auto"
+    # and where it came from, for the messages that name it
+    assert address_origin("head:6380", env) == "--ray-address"
+    assert address_origin(None, env) == "RAY_ADDRESS"
+    assert address_origin(None, {}) == "auto"
+    assert address_origin("auto", env) == "auto"  # auto asked for: found on this machine
 
 
 @pytest.mark.parametrize("bad", ["head", "head:", ":6379", "head:0", "head:70000", "head:x"])
