@@ -135,6 +135,10 @@ class AgentClient:
         self._stopping_launcher: asyncio.Task[None] | None = None
         self.heartbeat = heartbeat or Heartbeat()
         self.lost = False
+        #: its agent was started and said it is ready (`start` returned)
+        self.started = False
+        #: why `start` failed, in a line ("" while it did not)
+        self.start_error = ""
         #: why the node was lost ("" while it is not): its agent exited, the link went
         #: down, or it is unreachable
         self.lost_reason = ""
@@ -155,7 +159,32 @@ class AgentClient:
             return label
         return self.info.host if self.info else self.launcher.host
 
+    @property
+    def running(self) -> bool:
+        """Whether its agent started and is neither lost nor stopped: a session restarts
+        keeping its agents only while every one of them runs (`recovery.RestartPlan`)."""
+        return self.started and not self.lost and not self.stopping
+
+    @property
+    def unreachable(self) -> str:
+        """Why the node could not be started or was lost, in a line ("" when it runs, or
+        was stopped from here)."""
+        if self.stopping or self.running:
+            return ""
+        return self.lost_summary or self.start_error
+
     async def start(self, session: str, env: Mapping[str, str], timeout: float) -> AgentInfo:
+        """Start the agent and wait until it is ready; the first line of why it could not
+        is kept (`unreachable`)."""
+        try:
+            info = await self._start(session, env, timeout)
+        except BaseException as err:
+            self.start_error = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise
+        self.started = True
+        return info
+
+    async def _start(self, session: str, env: Mapping[str, str], timeout: float) -> AgentInfo:
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._streams = await self.launcher.start(session, env)

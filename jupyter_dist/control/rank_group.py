@@ -318,6 +318,12 @@ class RankGroup:
             return
         if state == SessionState.DEGRADED:
             raise SessionError(self.degraded_text())
+        failed = self.recovery.failed_restart
+        if state == SessionState.BROKEN and failed is not None:  # no rank left to heal
+            raise SessionError(
+                f"session {self.name!r} lost {self.broken_reason}; every rank was stopped. "
+                f"{failed.advice(self.name)}"
+            )
         if state == SessionState.BROKEN:
             raise SessionError(
                 f"session {self.name!r} lost {self.broken_reason}; its process group cannot "

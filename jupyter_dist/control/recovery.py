@@ -20,6 +20,13 @@ groups. Survivors keep their namespace; what was built on the old group in them 
 (`rank.regroup`). A resize is the same move with ranks added after the survivors or the
 highest ones removed.
 
+A restart starts every rank afresh. It keeps the agents while every one of them runs;
+once one is gone (its node lost, its agent stopped, or never started by a restart that
+failed) every agent is stopped and started afresh, and a cluster places the session anew
+(`RestartPlan`). A restart that fails has stopped every rank: the session is BROKEN with
+nothing to heal, and only a restart brings it back; its words name the nodes that must
+be started again before one can work (`FailedRestart`).
+
 Which faults heal on their own: a rank that died or was stuck on a node still reachable
 is replaced before the next cell; a lost node needs ``%dist heal`` (or the session's
 ``--heal``), because starting a node again is the user's decision (the host may be gone
@@ -120,6 +127,64 @@ class HealPlan:
     faults: tuple[Fault, ...]
 
 
+@dataclass(frozen=True)
+class RestartPlan:
+    """What a restart does before it starts every rank afresh: with ``gone`` nodes (their
+    agent lost, stopped, or never started), every node's agent is stopped and started
+    afresh, and a cluster's placement made anew; with none, the agents stay (their warm
+    imports too) and only their ranks are stopped."""
+
+    gone: tuple[int, ...]
+
+    @property
+    def fresh_agents(self) -> bool:
+        return bool(self.gone)
+
+
+@dataclass(frozen=True)
+class FailedRestart:
+    """A restart that failed, having stopped every rank: the session has nothing left to
+    heal, and only a restart brings it back.
+
+    ``unreachable``: the nodes whose agent it could not start or lost, each with why in
+    a line (a restart cannot work until they can be started); ``cluster``: the cluster
+    that places the session's nodes, by name ("" for listed hosts), which the next
+    restart asks for them again."""
+
+    unreachable: tuple[tuple[str, str], ...] = ()
+    cluster: str = ""
+
+    def advice(self, name: str) -> str:
+        """What to do now, in sentences."""
+        restart = f"`%dist restart --session {name}`"
+        shutdown = f"`%dist shutdown --session {name}` ends the session."
+        nodes = "; ".join(
+            f"{host!r} ({_without_name(host, why)})" for host, why in self.unreachable
+        )
+        many = len(self.unreachable) > 1
+        if self.cluster and self.unreachable:  # the cluster places them anew
+            return (
+                f"{'Nodes' if many else 'Node'} {nodes} could not be started: {restart} asks "
+                f"{self.cluster} for the session's nodes again and starts every rank afresh; "
+                f"{shutdown}"
+            )
+        if self.unreachable:
+            return (
+                f"A restart cannot work until {'nodes' if many else 'node'} {nodes} can be "
+                f"started again: then {restart} starts the session's agents afresh, and every "
+                f"rank; {shutdown}"
+            )
+        return f"{restart} tries again, starting every rank afresh; {shutdown}"
+
+
+def _without_name(host: str, why: str) -> str:
+    """``why`` less the node's name it starts with ("node 'a': ...", "node 'a' ...")."""
+    for prefix in (f"node {host!r}: ", f"node {host!r} "):
+        if why.startswith(prefix):
+            return why[len(prefix) :]
+    return why
+
+
 @dataclass
 class Recovery:
     """A session's faults since its last group, and its group's generation."""
@@ -130,6 +195,8 @@ class Recovery:
     auto_heal: bool = False
     #: the ranks the last heal or resize started empty: where ``%dist sync`` copies to
     replaced: tuple[int, ...] = ()
+    #: the restart that failed, while the session is BROKEN by it (None: it is not)
+    failed_restart: FailedRestart | None = None
 
     def record(self, fault: Fault) -> None:
         """A rank's fault; the first kept (a rank that was stuck and then killed stays
@@ -142,6 +209,22 @@ class Recovery:
         return bool(self.faults) and (
             self.auto_heal or all(f.kind != "lost" for f in self.faults.values())
         )
+
+    def plan_restart(self, running: Sequence[bool]) -> RestartPlan:
+        """A restart of nodes whose agents run or not (``running``, by node index)."""
+        return RestartPlan(tuple(n for n, up in enumerate(running) if not up))
+
+    def restart_failed(
+        self, unreachable: Sequence[tuple[str, str]] = (), cluster: str = ""
+    ) -> FailedRestart:
+        """A restart failed: remembered until the next one works."""
+        self.failed_restart = FailedRestart(tuple(unreachable), cluster)
+        return self.failed_restart
+
+    def restarted(self) -> None:
+        """Every rank is fresh: no fault, no failed restart left."""
+        self.faults.clear()
+        self.failed_restart = None
 
     def plan(self, lost_nodes: Iterable[int], also: Sequence[int] = ()) -> HealPlan:
         """Replace the faulty ranks and ``also`` (ranks given up on by a cell); start the
@@ -221,10 +304,12 @@ def resize_report(added: Sequence[int], removed: Sequence[int], world: int, gene
 
 __all__ = [
     "MOVES",
+    "FailedRestart",
     "Fault",
     "FaultKind",
     "HealPlan",
     "Recovery",
+    "RestartPlan",
     "SessionState",
     "check_move",
     "heal_report",

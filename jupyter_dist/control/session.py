@@ -483,6 +483,12 @@ class Session(RankGroup):
     async def _heal(self, ranks: Sequence[int], say: Progress, new_group: str = "") -> str:
         if self.state == SessionState.STOPPED:
             raise SessionError(f"session {self.name!r} was shut down; start it again instead")
+        failed = self.recovery.failed_restart
+        if failed is not None:  # no rank is left to keep
+            raise SessionError(
+                f"session {self.name!r}: its restart failed and stopped every rank, so "
+                f"there is nothing to heal. {failed.advice(self.name)}"
+            )
         lost_nodes = [n.node_rank for n in self.nodes if n.lost]
         plan = self.recovery.plan(lost_nodes, ranks)
         if not plan.replace and not plan.nodes and not new_group:
@@ -788,7 +794,10 @@ class Session(RankGroup):
             await asyncio.sleep(0.005)
 
     async def restart(self, progress: Progress = lambda _: None) -> None:
-        """Fresh rank kernels, same shape; the agents (and their warm imports) stay."""
+        """Fresh rank kernels, same shape; the agents (and their warm imports) stay while
+        every one runs, else all are started afresh (`recovery.RestartPlan`). One that
+        fails leaves the session BROKEN, its error saying what must happen before the
+        next can work (`recovery.FailedRestart`)."""
         if self.state == SessionState.STOPPED:
             raise SessionError(f"session {self.name!r} was shut down; start it again instead")
         self.state = SessionState.RESTARTING
@@ -801,6 +810,7 @@ class Session(RankGroup):
                 f"its restart, which did not finish within {self.timeouts.restart:.0f} s"
             )
             await self._give_up_nodes()
+            self.recovery.restart_failed()
             raise SessionError(
                 f"session {self.name!r}: the restart did not finish within "
                 f"{self.timeouts.restart:.0f} s; its nodes were stopped. Run `%dist restart "
@@ -808,11 +818,19 @@ class Session(RankGroup):
             ) from None
         except BaseException as err:
             self.state = SessionState.BROKEN
-            self.broken_reason = f"its restart, which failed: {str(err).splitlines()[0][:300]}"
+            why = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            self.broken_reason = f"its restart, which failed: {why}"
+            unreachable = [(n.host, n.unreachable) for n in self.nodes if n.unreachable]
+            cluster = _CLUSTER_NAMES.get(self.spec.launcher, self.spec.launcher)
+            failed = self.recovery.restart_failed(
+                unreachable, cluster if self.placement is not None else ""
+            )
+            if type(err) in (AgentError, SessionError):  # what to do now, said with it
+                raise type(err)(f"{err}\n{failed.advice(self.name)}") from err
             raise
         self.state = SessionState.READY
         self.broken_reason = ""
-        self.recovery.faults.clear()
+        self.recovery.restarted()
         self.turns.ranks_restarted()  # fresh ranks: no error of theirs yet
         log.info("session %s restarted", self.name)
 
@@ -822,7 +840,8 @@ class Session(RankGroup):
     async def _restart(self, progress: Progress) -> None:
         self.recovery.generation += 1  # fresh ranks, a new group
         self.rank_vars[GENERATION_VAR] = str(self.recovery.generation)
-        if any(n.lost for n in self.nodes):
+        plan = self.recovery.plan_restart([n.running for n in self.nodes])
+        if plan.fresh_agents:  # lost, stopped, or not started by a restart that failed
             await self._give_up_nodes()
             await self._start_nodes(progress)
         else:

@@ -35,6 +35,7 @@ from jupyter_dist.common.payloads import (
 )
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.launchers.base import AgentStreams, Launcher, with_install_hint
+from jupyter_dist.errors import AgentError
 
 _pids = itertools.count(40000)
 
@@ -61,6 +62,9 @@ class AgentScript:
     free_port: int = 29555
     #: None: says ready at once; a string: writes it to stderr and exits before ready
     dies_at_start: str | None = None
+    #: None: the node answers; a string: starting its agent fails with it, nothing started
+    #: (no SSH answer: the link to it is down)
+    unreachable: str | None = None
     says_ready: bool = True  # False: never says anything (a hung start)
     #: rank -> the message of the ``error`` event answering its spawn
     spawn_errors: dict[int, str] = field(default_factory=dict)
@@ -358,6 +362,9 @@ class FakeLauncher(Launcher):
         return self.cluster.script(self.node).host or f"node{self.node}"
 
     async def start(self, session: str, env: Mapping[str, str]) -> AgentStreams:
+        why = self.cluster.script(self.node).unreachable
+        if why is not None:
+            raise AgentError(f"node {self.host!r}: {why}")
         self.agent = FakeAgent(self.node, self.cluster.script(self.node), session, env)
         self.cluster.agents.append(self.agent)
         return self.agent.start()

@@ -9,6 +9,7 @@ tests/multinode/test_link_faults.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -23,7 +24,7 @@ from jupyter_dist.control.agent_client import AgentClient, read_lines
 from jupyter_dist.control.launchers.base import AgentStreams, Launcher
 from jupyter_dist.control.rank_group import SessionState
 from jupyter_dist.control.session import Session, SessionTimeouts
-from jupyter_dist.errors import AgentError
+from jupyter_dist.errors import AgentError, SessionError
 from tests.unit.fake_agent import FakeCluster
 from tests.unit.test_control_plane_fake import KernelStub, kernels, run, two_nodes
 
@@ -107,9 +108,68 @@ def test_a_restart_past_its_deadline_ends_broken_and_stops_the_nodes(
             await session.restart()
         assert session.state == SessionState.BROKEN
         assert not cluster.live_agents(), "a node was left running"
+        with pytest.raises(SessionError) as refused:  # what a cell is told
+            session.connection_info()
+        assert str(refused.value).endswith(
+            "every rank was stopped. `%dist restart --session fake` tries again, starting "
+            "every rank afresh; `%dist shutdown --session fake` ends the session."
+        ), refused.value
+        session.timeouts = dataclasses.replace(slow, restart=30.0)
+        await session.restart()  # as it said: fresh agents on both nodes
+        assert [len(a.ranks) for a in cluster.live_agents()] == [2, 2]
         await session.shutdown()
 
     run(main())
+
+
+def test_a_restart_that_cannot_reach_a_node_says_what_first_and_the_next_starts_it_afresh(
+    kernels: KernelStub,
+) -> None:
+    """A node is lost, and the restart's new SSH connection to it is never answered (its
+    link is down): once it answers, the next restart starts its agent afresh."""
+    cluster = FakeCluster(remote=True)
+    timeouts = SessionTimeouts(start=5.0, process_group=5.0)
+    then = (
+        "then `%dist restart --session fake` starts the session's agents afresh, and every "
+        "rank; `%dist shutdown --session fake` ends the session."
+    )
+    first = "A restart cannot work until node 'node1' (no SSH answer within 10 s) can be "
+
+    async def main() -> tuple[str, str, str]:
+        session = Session(two_nodes(), timeouts=timeouts, env={}, launchers=cluster.launcher)
+        await session.start()
+        cluster.agents_of(1)[0].vanish()
+        await cluster.settle()
+        assert session.state == SessionState.DEGRADED
+        cluster.script(1).unreachable = "no SSH answer within 10 s"
+        with pytest.raises(AgentError) as failed:
+            await session.restart()
+        assert session.state == SessionState.BROKEN
+        with pytest.raises(SessionError) as refused:  # what a cell is told
+            session.connection_info()
+        with pytest.raises(SessionError) as heal:  # every rank is gone: nothing to heal
+            await session.heal()
+        cluster.script(1).unreachable = None  # the node answers again
+        await session.restart()
+        assert session.state == SessionState.READY
+        assert [(a.node, len(a.ranks)) for a in cluster.live_agents()] == [(0, 2), (1, 2)]
+        assert session.status()["broken_reason"] == ""
+        await session.shutdown()
+        return str(failed.value), str(refused.value), str(heal.value)
+
+    failed, refused, heal = run(main())
+    advice = f"{first}started again: {then}"
+    assert failed == f"node 'node1': no SSH answer within 10 s\n{advice}", failed
+    assert refused == (
+        "session 'fake' lost its restart, which failed: node 'node1': no SSH answer within "
+        f"10 s; every rank was stopped. {advice}"
+    ), refused
+    assert heal == (
+        "session 'fake': its restart failed and stopped every rank, so there is nothing to "
+        f"heal. {advice}"
+    ), heal
+    # node 1: the agent lost, then the fresh one; node 0's agents were all started anew
+    assert [a.node for a in cluster.agents] == [0, 1, 0, 0, 1], [a.node for a in cluster.agents]
 
 
 def test_a_spawn_that_is_never_answered_times_out_naming_the_rank() -> None:

@@ -13,6 +13,7 @@ from jupyter_dist.common import stacks
 from jupyter_dist.common.wire_names import INTERRUPT_ACK_MSG_TYPE
 from jupyter_dist.control.recovery import (
     MOVES,
+    FailedRestart,
     Fault,
     Recovery,
     SessionState,
@@ -195,3 +196,38 @@ def test_a_new_group_alone_says_why_that_no_rank_was_replaced_and_what_was_rebui
         "rank: mesh (a DeviceMesh)."
     ), said
     assert book.replaced == () and book.generation == 1
+
+
+def test_a_restart_keeps_the_agents_only_while_every_one_runs() -> None:
+    book = Recovery()
+    assert not book.plan_restart([True, True]).fresh_agents
+    assert book.plan_restart([True, False, False]).gone == (1, 2)
+
+
+def test_a_failed_restart_says_what_must_come_first_until_one_works() -> None:
+    book = Recovery()
+    book.record(Fault(1, "lost", "node 'b' unreachable", 1))
+    failed = book.restart_failed([("b", "node 'b': no SSH answer within 10 s")])
+    assert book.failed_restart is failed
+    assert failed.advice("s") == (
+        "A restart cannot work until node 'b' (no SSH answer within 10 s) can be started "
+        "again: then `%dist restart --session s` starts the session's agents afresh, and "
+        "every rank; `%dist shutdown --session s` ends the session."
+    )
+    book.restarted()
+    assert book.failed_restart is None and not book.faults
+    two = FailedRestart((("a", "node 'a' unreachable since 10:00:00"), ("b", "gone")))
+    assert two.advice("s").startswith(
+        "A restart cannot work until nodes 'a' (unreachable since 10:00:00); 'b' (gone) can "
+        "be started again"
+    )
+    placed = FailedRestart((("pod-1", "node 'pod-1': no pod"),), cluster="Kubernetes")
+    assert placed.advice("s") == (
+        "Node 'pod-1' (no pod) could not be started: `%dist restart --session s` asks "
+        "Kubernetes for the session's nodes again and starts every rank afresh; "
+        "`%dist shutdown --session s` ends the session."
+    )
+    assert FailedRestart().advice("s") == (
+        "`%dist restart --session s` tries again, starting every rank afresh; "
+        "`%dist shutdown --session s` ends the session."
+    )
