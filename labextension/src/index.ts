@@ -120,6 +120,7 @@ function actionsFor(
     },
     interrupt: async name => {
       try {
+        model.expectOwn(name, 'interrupt');
         await requestAPI(sessionPath(name, 'interrupt'), { method: 'POST' });
       } catch (error) {
         report(error, `Interrupting ${name}`);
@@ -130,6 +131,7 @@ function actionsFor(
         return;
       }
       try {
+        model.expectOwn(name, 'restart');
         await requestAPI(sessionPath(name, 'restart'), { method: 'POST' });
       } catch (error) {
         report(error, `Restarting ${name}`);
@@ -147,6 +149,7 @@ function actionsFor(
         return;
       }
       try {
+        model.expectOwn(name, 'shutdown');
         await requestAPI(sessionPath(name), { method: 'DELETE' });
       } catch (error) {
         report(error, `Shutting ${name} down`);

@@ -5,6 +5,11 @@
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { SENDER } from './request';
+
+/** How long after this page asked for an action its notice is taken for that action's. */
+export const OWN_NOTICE_MS = 60_000;
+
 export interface IRank {
   rank: number;
   local_rank: number;
@@ -283,7 +288,9 @@ export class SessionsModel {
       this._sessions.delete(data.name);
       this._progress.delete(data.name);
     } else if (kind === 'notice' && typeof data?.text === 'string') {
-      this._noticed.emit(data.text);
+      if (!this.ownNotice(data)) {
+        this._noticed.emit(data.text);
+      }
       return;
     } else {
       return;
@@ -291,6 +298,29 @@ export class SessionsModel {
     this._changed.emit();
   }
 
+  /**
+   * This page is about to do ``action`` (interrupt, restart, shutdown) to session ``name``:
+   * the server's notice of it, meant for the others using the session, is not shown here,
+   * where the person just asked for it (and the cell it stops shows what happened).
+   */
+  expectOwn(name: string, action: string): void {
+    this._own.set(`${name}\u0000${action}`, Date.now());
+  }
+
+  private ownNotice(data: any): boolean {
+    if (data?.by?.path !== SENDER || typeof data?.name !== 'string') {
+      return false;
+    }
+    const key = `${data.name}\u0000${data.action}`;
+    const at = this._own.get(key);
+    if (at === undefined) {
+      return false;
+    }
+    this._own.delete(key);
+    return Date.now() - at < OWN_NOTICE_MS;
+  }
+
+  private _own = new Map<string, number>();
   private _sessions = new Map<string, ISession>();
   private _progress = new Map<string, string>();
   private _changed = new Signal<this, void>(this);

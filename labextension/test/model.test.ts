@@ -63,6 +63,19 @@ describe('sessions', () => {
     expect(notices).toEqual(["session 'a' was restarted from x.ipynb"]);
   });
 
+  it("leave out the notice of this page's own action, not another's", () => {
+    const model = new SessionsModel();
+    const notices: string[] = [];
+    model.noticed.connect((_, text) => notices.push(text));
+    const ours = { path: 'JupyterLab', kernel_id: '' };
+    model.expectOwn('a', 'interrupt');
+    model.apply('notice', { name: 'a', action: 'interrupt', by: ours, text: 'from this page' });
+    // the next one is another page's (or a notebook's): shown
+    model.apply('notice', { name: 'a', action: 'interrupt', by: ours, text: 'another page' });
+    model.apply('notice', { name: 'a', action: 'restart', by: { path: 'x.ipynb' }, text: 'x' });
+    expect(notices).toEqual(['another page', 'x']);
+  });
+
   it('say what a start does, and a start that failed leaves no session behind', () => {
     const model = new SessionsModel();
     model.apply('snapshot', { sessions: [] });

@@ -124,6 +124,12 @@ def test_a_running_cell_shows_live_with_its_late_rank_and_stacks(
     expect(nb.output(2)).to_contain_text(f"session '{SESSION}' was interrupted from JupyterLab")
     expect(nb.output(2)).to_contain_text("Rank 0 was blocked in a collective")
     expect(nb.output(2)).to_contain_text("Every rank kept its variables")
+    # the cell says who interrupted it; this page, where it was asked, adds no notice
+    # over the cell's error (the server's notice is for the session's other users)
+    nb.page.wait_for_timeout(2000)  # the notice would have come by now
+    toasts = nb.page.locator(".Toastify")
+    shown = toasts.first.inner_text() if toasts.count() else ""
+    assert "was interrupted from" not in shown, shown
     expect(card.locator(".jp-DistRank.jp-mod-late")).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
     show = card.get_by_role("button", name="show")  # the fresh ranks are idle alike
     if show.count():
