@@ -558,15 +558,23 @@ class Session(RankGroup):
                 f"resize to {new_spec.nodes} nodes: {len(added_nodes)} more host(s) needed, "
                 f"{len(self.spares)} spare(s) given; name them with --spares HOST,..."
             )
-        if added_nodes and self.placement is not None:
+        placement = self.placement
+        if new_spec.nodes != self.spec.nodes and placement is not None and not placement.resizable:
             raise SpecError(
-                f"resize: adding nodes to a {self.spec.launcher} session is not supported; "
-                "its nodes are placed when it starts (restart it with more --nodes)"
+                f"resize: adding or removing nodes of a {self.spec.launcher} session is not "
+                "supported; its nodes are placed when it starts (restart it with --nodes "
+                f"{new_spec.nodes})"
             )
         removed = [p.rank for p in old_places[common:]]
         added = [p.rank for p in new_places[common:]]
         if not removed and not added:
             return f"session {self.name!r} already has {_counts_text(counts)} ranks per node"
+        if added_nodes and placement is not None:
+            # the cluster holds the new nodes' machines first: one it cannot hold changes
+            # nothing of the session
+            cluster = _CLUSTER_NAMES.get(self.spec.launcher, self.spec.launcher)
+            say(f"asking {cluster} for {len(added_nodes)} more node(s)")
+            await placement.resize(new_spec, say, self.timeouts.start)
         self.move(SessionState.HEALING)
         try:
             await asyncio.wait_for(
@@ -606,6 +614,12 @@ class Session(RankGroup):
             with contextlib.suppress(Exception):
                 await self.nodes[node].stop()
         self.nodes = self.nodes[: new_spec.nodes]
+        if self.placement is not None and new_spec.nodes < self.spec.nodes:
+            try:  # their machines go back to the cluster
+                await self.placement.resize(new_spec, say, self.timeouts.start)
+            except Exception as err:  # held until the session stops, which gives all back
+                log.warning("session %s: giving back removed nodes: %s", self.name, err)
+                say(f"the removed nodes' machines could not be given back yet: {err}")
         hosts = list(self.spec.hosts)
         for node in added_nodes:
             if hosts:
@@ -613,7 +627,11 @@ class Session(RankGroup):
                 hosts.append(spare)
                 new_spec = dataclasses.replace(new_spec, hosts=tuple(hosts))
             self.spec = new_spec
-            launcher = self.launchers(new_spec, node)
+            launcher = (
+                self.placement.launcher(new_spec, node)
+                if self.placement is not None
+                else self.launchers(new_spec, node)
+            )
             agent = AgentClient(
                 launcher, node, self._on_rank_exit, self._on_node_lost,
                 heartbeat=self.nodes[0].heartbeat,

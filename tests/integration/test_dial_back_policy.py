@@ -18,14 +18,15 @@ import asyncssh
 import pytest
 
 from jupyter_dist.control.launchers.dial_back import DialBackListener
+from jupyter_dist.errors import AgentError
 from tests.async_run import in_loop
 
 pytestmark = pytest.mark.slow
 NODE = [sys.executable, "-m", "jupyter_dist.node.dial_back"]
 
 
-def dial(listener: DialBackListener) -> subprocess.Popen[str]:
-    """A node process dialling ``listener`` as node 0, with its credentials on stdin."""
+def dial(listener: DialBackListener, index: int = 0) -> subprocess.Popen[str]:
+    """A node process dialling ``listener`` as node ``index``, with its credentials on stdin."""
     node = subprocess.Popen(
         [*NODE, listener.address, "--credentials", "-", "--retry", "2"],
         stdin=subprocess.PIPE,
@@ -34,7 +35,7 @@ def dial(listener: DialBackListener) -> subprocess.Popen[str]:
         text=True,
     )
     assert node.stdin is not None
-    node.stdin.write(listener.credentials(0))
+    node.stdin.write(listener.credentials(index))
     node.stdin.close()
     return node
 
@@ -146,3 +147,32 @@ async def test_renewed_credentials_let_in_the_new_node_alone() -> None:
         finally:
             new.kill()
             new.wait()
+
+
+@in_loop
+async def test_a_resized_listener_lets_in_a_new_node_and_refuses_a_removed_one() -> None:
+    """A session that grows gives its new node keys of its own, by which it is known; one
+    that shrinks forgets the removed node's keys: that node, dialling again, is refused,
+    and node 0 is let in as before."""
+    async with dialled() as (listener, conn):
+        first = listener.host_keys[0].public_data
+        listener.resize(2)
+        node1 = dial(listener, 1)
+        try:
+            taken = await listener.connection(1)
+            key = taken.get_server_host_key()
+            assert key is not None and key.public_data == listener.host_keys[1].public_data
+            listener.resize(1)
+            taken.close()  # node 1 dials again at once, with the keys forgotten
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while not listener.refused:
+                assert loop.time() < deadline, "the removed node's second dial was not refused"
+                await asyncio.sleep(0.05)
+        finally:
+            node1.kill()
+            node1.wait()
+        assert listener.host_keys[0].public_data == first and listener.nodes == 1
+        with pytest.raises(AgentError, match="dial-back node 1: expected 0 to 0"):
+            listener.credentials(1)
+        assert not conn.is_closed()  # node 0 kept its connection

@@ -19,7 +19,8 @@ process as a second client of this HTTP API with their own token, which no ``--d
 touches: they never read the emulator's memory.
 
 What it does not play: watches (kmock's deliver nothing: poll), admission beyond the
-schema (no defaulting, no semantic checks), schema checks of patches, resourceVersion
+schema (no defaulting, no semantic checks but a Job's immutable template and its
+completions, which change only with parallelism), schema checks of patches, resourceVersion
 conflicts, finalizers beyond what kmock does, strategic merge
 patches (a patch is a JSON merge patch: lists are replaced), TLS, real containers.
 """
@@ -140,6 +141,25 @@ def forbidden(kind: Kind, verb: str, request: rendering.Request) -> dict[str, An
     return status_body(403, "Forbidden", message, details)
 
 
+def _check_job_patch(name: str, patch: Mapping[str, Any]) -> None:
+    """What the API server refuses of a patch to a Job's spec: its pod template, and
+    completions changed without parallelism to the same value (an Indexed Job's are
+    mutable only in tandem, Kubernetes' elastic Indexed Job)."""
+    spec = patch.get("spec") or {}
+    problem = ""
+    if "template" in spec:
+        problem = "spec.template: Invalid value: ...: field is immutable"
+    elif "completions" in spec and spec.get("parallelism") != spec["completions"]:
+        problem = (
+            f"spec.completions: Invalid value: {spec['completions']}: can only be modified "
+            "in tandem with spec.parallelism"
+        )
+    if problem:
+        raise kmock.KubernetesError(
+            status=422, reason="Invalid", message=f'Job.batch "{name}" is invalid: {problem}'
+        )
+
+
 def _random_suffix(length: int = 5) -> str:
     alphabet = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of Kubernetes' generated names
     return "".join(secrets.choice(alphabet) for _ in range(length))
@@ -203,6 +223,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                         _validate(kind, request.data)
                     self._fill_metadata(kind, request)
                 elif verb == "patch" and request.subresource is None:
+                    if is_user and kind.plural == "jobs":
+                        _check_job_patch(request.name or "", request.data)
                     request.data.setdefault("metadata", {})["resourceVersion"] = str(
                         next(self._versions)
                     )

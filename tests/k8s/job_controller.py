@@ -15,6 +15,10 @@ pods are deleted; the same once ``activeDeadlineSeconds`` have passed since ``st
 ``completedIndexes``, ``startTime``, ``completionTime`` and a Complete or Failed condition.
 ``ttlSecondsAfterFinished``: the finished Job is deleted that long after it finished.
 
+An Indexed Job scaled (completions and parallelism patched together, Kubernetes' elastic
+Indexed Job): pods for the new indexes, or the pods of indexes past ``completions``
+deleted, which count as no failure.
+
 Garbage collector: an object whose ownerReferences all name objects no longer served
 (checked live by name and uid; owners of kinds not served here keep it) is deleted,
 whatever propagationPolicy deleted the owner.
@@ -166,6 +170,8 @@ class JobController:
             await self._after_finish(job, owned, finished[0], now)
             return
         completions = int(spec.get("completions", 1))
+        seen = self._live.setdefault(uid, {})
+        owned = await self._scaled_down(name, namespace, owned, completions, seen)
         live = [p for p in owned if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
         succeeded = {
             int(p["metadata"]["annotations"][INDEX_KEY])
@@ -173,7 +179,6 @@ class JobController:
             if p.get("status", {}).get("phase") == "Succeeded"
         }
         failed = int(status.get("failed", 0))
-        seen = self._live.setdefault(uid, {})
         for pod in owned:
             if (
                 pod.get("status", {}).get("phase") == "Failed"
@@ -245,6 +250,31 @@ class JobController:
             log.info("job %s/%s: %s %s", namespace, name, kind, reason)
         if any(status.get(k) != v for k, v in new_status.items()):
             await self.client.patch("jobs", name, namespace, {"status": new_status}, status=True)
+
+    async def _scaled_down(
+        self,
+        name: str,
+        namespace: str,
+        owned: list[dict[str, Any]],
+        completions: int,
+        seen: dict[str, int],
+    ) -> list[dict[str, Any]]:
+        """The Job's pods of indexes below ``completions``; those past it (the Job was
+        scaled down) are deleted where still live and never count as failures."""
+        kept = []
+        for pod in owned:
+            meta = pod["metadata"]
+            index = int(meta["annotations"][INDEX_KEY])
+            if index < completions:
+                kept.append(pod)
+                continue
+            self._counted.add(meta["uid"])
+            seen.pop(meta["uid"], None)
+            phase = pod.get("status", {}).get("phase")
+            if phase not in ("Succeeded", "Failed") and not meta.get("deletionTimestamp"):
+                log.info("job %s: scaled to %d, delete pod %s", name, completions, meta["name"])
+                await self.client.delete("pods", meta["name"], namespace)
+        return kept
 
     async def _after_finish(
         self,

@@ -237,6 +237,47 @@ def test_a_failed_pod_is_replaced_by_one_of_its_index_and_counted_once(
     cluster.wait_for("its pods collected", lambda: not pods_of(cluster, "again"))
 
 
+def test_an_indexed_job_scales_and_a_pod_it_removes_is_no_failure(
+    k8s_cluster: K8sCluster,
+) -> None:
+    """Completions change only with parallelism (an elastic Indexed Job); scaled up, the
+    controller makes the new index's pod; scaled down, it deletes that pod, which does not
+    count against a backoff limit of 0; scaled up again, index 1 gets a new pod."""
+    cluster = k8s_cluster
+    cluster.create("jobs", job_body("elastic", "import time; time.sleep(600)", completions=1))
+    cluster.wait_for("job elastic Running", lambda: running_pods(cluster, "elastic", 1))
+    with pytest.raises(ApiCallError, match=r"can only be modified in tandem with spec\.parallel"):
+        cluster.patch("jobs", "elastic", {"spec": {"completions": 2}})
+
+    def scale(n: int) -> None:
+        cluster.patch("jobs", "elastic", {"spec": {"completions": n, "parallelism": n}})
+
+    def index_1(not_named: str = "") -> dict[str, Any] | None:
+        pods = running_pods(cluster, "elastic", 2) or []
+        return next(
+            (p for p in pods if p["metadata"]["labels"][INDEX_KEY] == "1"
+             and p["metadata"]["name"] != not_named),
+            None,
+        )  # fmt: skip
+
+    scale(2)
+    second = cluster.wait_for("index 1's pod Running", index_1)["metadata"]["name"]
+    scale(1)
+    cluster.wait_for(
+        f"pod {second} deleted and its processes gone",
+        lambda: (
+            not any(p["metadata"]["name"] == second for p in pods_of(cluster, "elastic"))
+            and second not in cluster.pod_processes()
+        ),
+    )
+    scale(2)
+    cluster.wait_for("a new pod of index 1 Running", lambda: index_1(not_named=second))
+    status = cluster.get("jobs", "elastic")["status"]
+    assert status["failed"] == 0 and job_condition(cluster, "elastic") is None, status
+    cluster.delete("jobs", "elastic")
+    cluster.wait_for("its pods collected", lambda: not pods_of(cluster, "elastic"))
+
+
 def test_active_deadline_fails_the_job_and_kills_its_pods(k8s_cluster: K8sCluster) -> None:
     cluster = k8s_cluster
     sleeper = "import time; time.sleep(600)"

@@ -29,8 +29,9 @@ from jupyter_client.manager import KernelManager
 
 from jupyter_dist.common.ports import free_port
 from jupyter_dist.control.launchers import k8s_manifests as m
-from jupyter_dist.settings import K8S_POD_VAR, OUTPUT_VAR
+from jupyter_dist.settings import INTERRUPT_ACK_VAR, K8S_POD_VAR, OUTPUT_VAR
 from tests.conftest import CellOutput, ready_client, session_status
+from tests.fault_flows import ddp_goes_on_bitwise, hang_is_freed, resize_two_three_two
 from tests.integration.rank_lines import with_start
 
 from .cluster import K8sCluster
@@ -95,12 +96,14 @@ def nothing_left(cluster: K8sCluster, session: str, timeout: float = 90) -> None
 
 
 @pytest.fixture(scope="module")
-def k8s_env(k8s_cluster: K8sCluster) -> Iterator[K8sCluster]:
-    """The module's cluster, as the notebook's kubeconfig (``KUBECONFIG``)."""
+def k8s_env(k8s_cluster_factory: Callable[..., K8sCluster]) -> Iterator[K8sCluster]:
+    """The module's cluster of three machines (a session grows to a third), as the
+    notebook's kubeconfig (``KUBECONFIG``)."""
+    cluster = k8s_cluster_factory(nodes=3)
     saved = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(k8s_cluster.kubeconfig)
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     try:
-        yield k8s_cluster
+        yield cluster
     finally:
         if saved is None:
             os.environ.pop("KUBECONFIG", None)
@@ -230,10 +233,20 @@ def test_a_session_runs_as_pods_with_state_and_gloo_and_stop_deletes_everything(
     nothing_left(cluster, "kone")
 
 
-def test_the_same_name_runs_again_and_two_sessions_run_side_by_side(
-    k8s_env: K8sCluster, run: Callable[[str], CellOutput]
+def test_the_same_name_runs_again_and_a_session_beside_it_outlives_a_hang_a_loss_and_a_resize(
+    k8s_env: K8sCluster,
+    run: Callable[[str], CellOutput],
+    shell: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
+    """Two sessions side by side, one stopped and started again under its name; the
+    other then goes through the faults that cost only what they touched: a one-rank
+    barrier hang stopped (the rank freed), a DDP loop that lost rank 1, healed and synced,
+    bitwise as an unbroken run, and a resize to a third pod and back (`tests.fault_flows`)."""
     cluster = k8s_env
+    # a rank that does not take an interrupt is looked at after 3 s (10 by default)
+    monkeypatch.setenv(INTERRUPT_ACK_VAR, "3")
     names = []
     for _ in range(2):  # start, stop, start again under the same name
         out = run(f"%%distributed {k8s_flags('--nodes 1 --procs 1')} --session ktwo\nx = 1")
@@ -255,6 +268,32 @@ def test_the_same_name_runs_again_and_two_sessions_run_side_by_side(
         assert len(session_objects(cluster, "kthree")["jobs"]) == 1
         still = run("%%distributed --session kthree\nprint('still', dist.get_world_size())")
         assert "still 2" in still.stdout, still.stdout
+
+        def cell(code: str) -> tuple[bool, str]:
+            out = run(code)
+            return bool(out.result.success), f"{out.stdout}{out.stderr}{out.error or ''}"
+
+        def stop() -> None:  # the stop button of an embedded session
+            shell.run_line_magic("dist", "interrupt --session kthree")
+
+        hang_is_freed(cell, "kthree", stop, tmp_path / "hang")
+        ddp_goes_on_bitwise(cell, "kthree")
+        (job,) = session_objects(cluster, "kthree")["jobs"]
+        job_name = job["metadata"]["name"]
+        machines = {p["spec"]["nodeName"] for p in pods_of(cluster, job_name).values()}
+        grew, shrank = resize_two_three_two(cell, "kthree")
+        # the Job was scaled (an elastic Indexed Job): a pod of index 2 on the third
+        # machine, which the controller deleted again; no pod failure counted
+        third = re.findall(rf"node 2: pod ({job_name}-2-\w+) on (node-\d)", grew)
+        assert third and third[0][1] not in machines, (machines, grew)
+        assert f"its controller deletes {third[0][0]}" in shrank, shrank
+        cluster.wait_for(
+            "the Job back at 2 pods, index 2's gone",
+            lambda: sorted(pods_of(cluster, job_name)) == [0, 1],
+        )
+        spec, status = (cluster.get("jobs", job_name)[k] for k in ("spec", "status"))
+        assert (spec["completions"], spec["parallelism"]) == (2, 2), spec
+        assert status.get("failed", 0) == 0, status
     finally:
         run("%dist shutdown --session ktwo")
         run("%dist shutdown --session kthree")

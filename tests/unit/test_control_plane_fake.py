@@ -38,6 +38,7 @@ from jupyter_dist.errors import (
     RankFailure,
     RanksFailed,
     SessionError,
+    SpecError,
     UnknownSession,
 )
 from tests.unit.fake_agent import FakeCluster
@@ -764,3 +765,85 @@ def test_a_cluster_kinds_lost_node_is_replaced_by_its_placement_and_a_restart_re
     assert "ranks 2-3 replaced by fresh rank kernels (node 1 started again)" in said, said
     # the first placement is given back before the restart places the session anew
     assert calls == ["place", "replace 1", "release", "place", "release"], calls
+
+
+@dataclass
+class ResizingPlacement(RecordingPlacement):
+    """A placement that holds machines for a resized session, or (``room`` too small)
+    says the cluster cannot."""
+
+    room: int = 3
+    resizable = True
+
+    async def resize(
+        self, spec: SessionSpec, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        if spec.nodes > self.room:
+            raise AgentError(f"the cluster has room for {self.room} nodes")
+        running = [a.node for a in self.cluster.live_agents()]
+        self.calls.append(f"resize {spec.nodes} with agents on {running}")
+
+
+def cluster_session(cluster: FakeCluster, placement: RecordingPlacement) -> Session:
+    """Two nodes of a rank each, placed by ``placement`` (no listed hosts, as on Ray)."""
+    spec = SessionSpec(
+        name="fake", nodes=2, procs_per_node=1, device="cpu", backend="gloo", launcher="ray"
+    )
+    return Session(
+        spec, timeouts=FAST, env={}, launchers=cluster.launcher, placements=lambda *_: placement
+    )
+
+
+def test_a_cluster_kinds_resize_holds_new_machines_first_and_gives_removed_ones_back(
+    kernels: KernelStub,
+) -> None:
+    cluster = FakeCluster(remote=True)
+    placement = ResizingPlacement(cluster)
+
+    async def main() -> list[str]:
+        session = cluster_session(cluster, placement)
+        await session.start()
+        said = [await session.resize([1, 1, 1]), await session.resize([1, 1])]
+        assert [len(session.nodes), session.spec.nodes, session.generation] == [2, 2, 2]
+        await session.shutdown()
+        return said
+
+    said = run(main())
+    # the machine is held before node 2's agent starts; given back after it stopped
+    assert placement.calls == [
+        "place",
+        "resize 3 with agents on [0, 1]",
+        "resize 2 with agents on [0, 1]",
+        "release",
+    ], placement.calls
+    assert len(cluster.agents_of(2)) == 1 and cluster.agents_of(2)[0].exited
+    assert "rank 2 added" in said[0] and "rank 2 removed" in said[1], said
+
+
+def test_a_resize_the_cluster_cannot_hold_changes_nothing_and_a_kind_that_cannot_is_named(
+    kernels: KernelStub,
+) -> None:
+    cluster = FakeCluster(remote=True)
+
+    async def main() -> tuple[str, str, SessionState, int]:
+        session = cluster_session(cluster, ResizingPlacement(cluster, room=2))
+        await session.start()
+        with pytest.raises(AgentError) as full:
+            await session.resize([1, 1, 1])
+        state, nodes = session.state, len(session.nodes)
+        await session.shutdown()
+        fixed = cluster_session(cluster, RecordingPlacement(cluster))
+        await fixed.start()
+        with pytest.raises(SpecError) as refused:
+            await fixed.resize([1])
+        await fixed.shutdown()
+        return str(full.value), str(refused.value), state, nodes
+
+    full, refused, state, nodes = run(main())
+    assert full == "the cluster has room for 2 nodes"
+    assert (state, nodes) == (SessionState.READY, 2)
+    assert not cluster.agents_of(2)
+    assert refused == (
+        "resize: adding or removing nodes of a ray session is not supported; its nodes are "
+        "placed when it starts (restart it with --nodes 1)"
+    ), refused

@@ -105,6 +105,23 @@ def test_a_heal_rewrites_the_secrets_keys_with_a_patch() -> None:
     assert json.loads(text)[1] == {"node": 1, "host_key": "new"}
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_resize_scales_the_indexed_job_as_one_made_for_that_many_nodes(version: str) -> None:
+    """Completions and parallelism change together (an elastic Indexed Job), and the Job
+    patched is valid and as if made for three nodes."""
+    import kubernetes_validate
+
+    job = manifests(K8sSpec())["job"]
+    patch = m.job_size_patch(3)
+    assert set(patch) == {"spec"}
+    job["spec"].update(patch["spec"])
+    kubernetes_validate.validate(job, version, strict=True)
+    made = m.job_manifest(
+        "jd-x", "team", {}, OWNER, K8sSpec(), nodes=3, gpus=0, image="i:1", callback="h:1"
+    )
+    assert {k: made["spec"][k] for k in patch["spec"]} == patch["spec"]
+
+
 def test_the_job_is_indexed_bounded_spread_and_mounts_no_token() -> None:
     job = manifests(K8sSpec(deadline=3600))["job"]
     spec = job["spec"]

@@ -94,6 +94,21 @@ class Placement(abc.ABC):
             f"{type(self).__name__}"
         )
 
+    #: whether `resize` can add and remove nodes of a live session
+    resizable: ClassVar[bool] = False
+
+    async def resize(
+        self, spec: SessionSpec, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        """Hold the machines of ``spec``'s nodes, the session resized (it kept its first
+        nodes): the nodes past the current ones are placed, so that `launcher` then starts
+        their agents; or the machines of the nodes past ``spec.nodes``, whose agents
+        stopped, are given back. Raise `AgentError` saying why when the cluster cannot
+        hold the new nodes, then holding no more than before."""
+        raise AgentError(
+            f"adding or removing nodes of a live session is not supported for {type(self).__name__}"
+        )
+
     def hold(self) -> ClusterHold | None:
         """What the session holds on the cluster, by name, so that a later process can
         sweep it when this one died (None: nothing named)."""

@@ -138,6 +138,25 @@ class DialBackListener:
         while not queue.empty():
             queue.get_nowait().close()
 
+    def resize(self, nodes: int) -> None:
+        """Serve ``nodes`` nodes from now on (the session was resized): each new node gets
+        a host key of its own; the keys of the nodes past ``nodes`` are forgotten, so that
+        such a node, dialling again, is refused, and its connections still waiting close."""
+        if not 1 <= nodes <= MAX_NODES:
+            raise AgentError(f"dial-back: {nodes} nodes, expected 1 to {MAX_NODES}")
+        for node in range(nodes, self.nodes):
+            del self._node_of[self.host_keys[node].public_data]
+            queue = self._arrived[node]
+            while not queue.empty():
+                queue.get_nowait().close()
+        del self.host_keys[nodes:], self._arrived[nodes:]
+        for node in range(self.nodes, nodes):
+            key = asyncssh.generate_private_key(KEY_ALGORITHM)
+            self.host_keys.append(key)
+            self._node_of[key.public_data] = node
+            self._arrived.append(asyncio.Queue())
+        self.nodes = nodes
+
     def _trusted(
         self, _host: str, _addr: str, _port: int | None
     ) -> tuple[list[asyncssh.SSHKey], list[asyncssh.SSHKey], list[asyncssh.SSHKey]]:

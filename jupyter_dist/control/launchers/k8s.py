@@ -16,7 +16,9 @@ Whatever fails, what the start made is deleted.
 A lost node (its pod deleted, evicted, Failed, its machine gone) is healed with a new pod of
 the same completion index (`K8sPlacement.replace_node`): the Job tolerates lost pods and its
 controller makes the new one; the node gets fresh keys first, so the lost pod can never
-dial in again, and every pod of that index holding the old ones is deleted.
+dial in again, and every pod of that index holding the old ones is deleted. A resize
+(`K8sPlacement.resize`) scales the Job (an elastic Indexed Job: completions and parallelism
+together), the new nodes' keys in the Secret first.
 
 Nothing outlives the session, in layers: `K8sPlacement.release` deletes the Job and the
 Secret; the notebook's pod owns both (ownerReferences), so they go when it goes; a
@@ -334,6 +336,70 @@ class K8sPlacement(Placement):
         self.pods[node] = info = _pod_info(pod)
         progress(f"node {node}: pod {info['name']} on {info['node']}, IP {info['ip']}")
 
+    # -- a live session resized -------------------------------------------------------------
+    resizable = True
+
+    async def resize(
+        self, spec: SessionSpec, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        """The Job scaled to ``spec.nodes`` pods (an Indexed Job's completions and
+        parallelism change together, Kubernetes' elastic Indexed Job). More: the new
+        nodes' keys go into the Secret first, then the Job's controller makes a pod for
+        each new index, waited for (``--k8s-timeout``, else ``timeout``) as a heal waits;
+        undone when one does not run. Fewer: the controller deletes the pods of the
+        indexes past ``spec.nodes`` (not counted as failures), whose keys are forgotten."""
+        client, listener, old = self.client, self.listener, self.spec.nodes
+        if client is None or listener is None or len(self.pods) != old:
+            raise AgentError("Kubernetes: the session's pods are not running")
+        timeout = self.k8s.timeout or timeout
+        where = f"{client.namespace}/{self.name}"
+        await self._check_job(client)
+        if spec.nodes > old:
+            # pods of these indexes from before (a shrink's, still terminating) are not theirs
+            before = {
+                node: {
+                    p["metadata"]["name"]: time.monotonic()
+                    for p in await self._index_pods(client, node)
+                }
+                for node in range(old, spec.nodes)
+            }
+            listener.resize(spec.nodes)
+            try:
+                await self._patch_secret(client, listener, spec.nodes)
+                await self._patch_job(client, spec.nodes)
+                progress(f"job {where}: {spec.nodes} pods, {spec.nodes - old} more")
+                for node in range(old, spec.nodes):
+                    pod = await self._wait_replacement(
+                        client, node, before[node], progress, timeout, why="ran as new node {node}"
+                    )
+                    self.pods.append(info := _pod_info(pod))
+                    progress(f"node {node}: pod {info['name']} on {info['node']}, IP {info['ip']}")
+            except BaseException:
+                del self.pods[old:]
+                with contextlib.suppress(Exception):
+                    await self._patch_job(client, old)
+                listener.resize(old)
+                with contextlib.suppress(Exception):
+                    await self._patch_secret(client, listener, old)
+                raise
+        elif spec.nodes < old:
+            await self._patch_job(client, spec.nodes)
+            listener.resize(spec.nodes)  # a removed pod dialling again is refused
+            await self._patch_secret(client, listener, spec.nodes)
+            gone = [p["name"] for p in self.pods[spec.nodes :]]
+            del self.pods[spec.nodes :]
+            progress(f"job {where}: {spec.nodes} pods; its controller deletes {', '.join(gone)}")
+        self.spec = spec
+
+    async def _patch_secret(
+        self, client: KubeClient, listener: DialBackListener, nodes: int
+    ) -> None:
+        credentials = [listener.credentials(n) for n in range(nodes)]
+        await client.call("PATCH", "Secret", self.name, body=manifests.secret_patch(credentials))
+
+    async def _patch_job(self, client: KubeClient, nodes: int) -> None:
+        await client.call("PATCH", "Job", self.name, body=manifests.job_size_patch(nodes))
+
     async def _index_pods(self, client: KubeClient, node: int) -> list[dict[str, Any]]:
         return await client.items(
             "Pod",
@@ -365,9 +431,11 @@ class K8sPlacement(Placement):
         old: dict[str, float],
         progress: Callable[[str], None],
         timeout: float,
+        why: str = "took lost node {node}'s place",
     ) -> dict[str, Any]:
         """Until a pod of index ``node`` other than ``old`` runs with an IP; an old one
-        still terminating after `STUCK_S` is deleted at once."""
+        still terminating after `STUCK_S` is deleted at once. ``why`` the pod is awaited,
+        for the error (``{node}`` in it is the node)."""
         began = time.monotonic()
         said = ""
         stuck_since: dict[int, float] = {}
@@ -403,7 +471,7 @@ class K8sPlacement(Placement):
                 said = now
             if time.monotonic() - began > timeout:
                 raise AgentError(
-                    f"Kubernetes: no pod took lost node {node}'s place within {timeout:.0f} s: "
+                    f"Kubernetes: no pod {why.format(node=node)} within {timeout:.0f} s: "
                     f"{now.removeprefix(f'node {node}: ')}"
                 )
             await asyncio.sleep(POLL_S)

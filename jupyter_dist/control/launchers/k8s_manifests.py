@@ -267,6 +267,20 @@ def job_manifest(
     }
 
 
+def job_size_patch(nodes: int) -> dict[str, Any]:
+    """A merge patch scaling the session's Job to ``nodes`` pods: an Indexed Job's
+    completions may change together with its parallelism (Kubernetes' elastic Indexed
+    Job, GA in 1.31); its controller makes the new indexes' pods or deletes those past
+    ``nodes``."""
+    return {
+        "spec": {
+            "completions": nodes,
+            "parallelism": nodes,
+            "backoffLimit": POD_FAILURES_PER_NODE * nodes,
+        }
+    }
+
+
 def merge_template(
     template: Mapping[str, Any], meta: dict[str, Any], spec: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -335,6 +349,7 @@ __all__ = [
     "SESSION_LABEL",
     "Owner",
     "job_manifest",
+    "job_size_patch",
     "label_value",
     "merge_template",
     "object_name",
