@@ -218,6 +218,20 @@ def magic_scenario(facts: dict[str, Any]) -> None:
         "print('sum', t.item(), 'step', os.environ.get('SLURM_STEP_ID') is not None)"
     )
     facts["cell"] = _run_cell(shell, cell)
+    # a rank killed is replaced alone, in the same job step; rank 0 keeps its variables
+    facts["kept"] = _run_cell(
+        shell, "%%distributed\nkept = 30 + dist.get_rank()\nprint('pid', os.getpid())"
+    )
+    facts["killed"] = _run_cell(
+        shell, "%%distributed --ranks 1\nimport signal\nos.kill(os.getpid(), signal.SIGKILL)"
+    )
+    facts["healed"] = _run_cell(
+        shell,
+        "%%distributed\nimport os, torch, torch.distributed as dist, jupyter_dist\n"
+        "t = torch.tensor([float(dist.get_rank() + 1)]); dist.all_reduce(t)\n"
+        "print('after', t.item(), jupyter_dist.info().generation, globals().get('kept'), "
+        "os.getpid(), os.environ.get('SLURM_STEP_ID') is not None)",
+    )
     facts["steps_running"] = _steps()
     facts["shutdown"] = _run_cell(shell, "%dist shutdown --all")
     from jupyter_dist.notebook.owners import embedded_owner

@@ -26,6 +26,7 @@ from jupyter_dist.control.agent_client import AgentClient
 from jupyter_dist.control.launchers import launcher_class
 from jupyter_dist.control.launchers.slurm import SlurmLauncher, srun_environment
 from jupyter_dist.errors import AgentError
+from tests.integration.rank_lines import with_start
 from tests.multinode.cluster import missing_requirements as ssh_cluster_problems
 from tests.multinode.cluster import ssh_cluster
 from tests.system_needs import in_ci
@@ -143,12 +144,32 @@ def test_no_job_is_left_running(launcher_facts: dict[str, Any], slurm: SlurmClus
     assert left() == []
 
 
-def test_magic_all_reduce_inside_salloc(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_magic_all_reduce_inside_salloc_and_a_killed_rank_replaced(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The test cluster has one node, so a lost node has no other node of the allocation
+    to be healed onto: a killed rank is replaced, in the agent's job step, and rank 0
+    keeps its variables and its process."""
     facts = inside_allocation(slurm, "magic", tmp_path / "magic.json")
     assert facts["returncode"] == 0, show(facts)
     cell = facts["cell"]
     assert cell["ok"], show(facts)
     assert "[ranks 0-1] sum 3.0 step True" in cell["stdout"], show(facts)
+    assert facts["kept"]["ok"], show(facts)
+    pids = {r: x[0].split()[1] for r, x in with_start(facts["kept"]["stdout"], "pid").items()}
+    assert sorted(pids) == [0, 1], show(facts)
+    assert not facts["killed"]["ok"] and "rank 1" in str(facts["killed"]["error"]), show(facts)
+    healed = facts["healed"]
+    said = " ".join((healed["stdout"] + healed["stderr"]).split())
+    assert healed["ok"], show(facts)
+    replaced = "rank 1 replaced by a fresh rank kernel: rank 1 died (killed by signal SIGKILL"
+    assert replaced in said, show(facts)
+    # each rank: the all_reduce, the generation, what it kept, its pid, in a job step
+    after = {r: x[0].split()[1:] for r, x in with_start(healed["stdout"], "after").items()}
+    assert sorted(after) == [0, 1], show(facts)
+    assert after[0] == ["3.0", "1", "30", pids[0], "True"], show(facts)
+    assert after[1][:3] == ["3.0", "1", "None"] and after[1][4] == "True", show(facts)
+    assert after[1][3] != pids[1], show(facts)  # a new process
     assert any("jupyter_dist-default" in s for s in facts["steps_running"]), show(facts)
     assert facts["shutdown"]["ok"], show(facts)
     assert facts["leftovers"] == [], show(facts)
