@@ -53,8 +53,10 @@ class NetnsKernel:
         assert isinstance(pid, int)
         return pid
 
-    def run(self, code: str, timeout: float = 240) -> Reply:
-        """Run ``code`` as a cell; what it showed, once it ended."""
+    def run(self, code: str, timeout: float = 240, stop_on_error: bool = True) -> Reply:
+        """Run ``code`` as a cell; what it showed, once it ended. With ``stop_on_error``
+        (as a notebook sends it) a failed cell makes the kernel abort what was sent before
+        it has handled the failure, so the next cell may come too soon."""
         parts: list[str] = []
 
         def hook(msg: dict[str, Any]) -> None:
@@ -67,7 +69,9 @@ class NetnsKernel:
                 parts.append("\n".join(content.get("traceback", [])) + "\n")
                 parts.append(f"{content.get('ename')}: {content.get('evalue')}\n")
 
-        reply = self.kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+        reply = self.kc.execute_interactive(
+            code, timeout=timeout, output_hook=hook, stop_on_error=stop_on_error
+        )
         return Reply(reply["content"]["status"] == "ok", "".join(parts))
 
     def kill(self) -> None:

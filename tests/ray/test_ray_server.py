@@ -134,6 +134,9 @@ def test_a_server_owned_ray_session_outlives_a_kernel_and_a_dead_servers_is_swep
         "print('sum', t.item(), 'node', os.environ['GROUP_RANK'])\n"
     )
     assert "[ranks 0-1] sum 4.0 node 0" in out and "[ranks 2-3] sum 4.0 node 1" in out, out
+    # which cluster it joined, and where its address came from (the server's environment)
+    joined = f"joined the Ray cluster at {ray_nodes.address} (from the RAY_ADDRESS environment"
+    assert joined in out, out
     status, listed = server.call("GET", f"{API}/sessions")
     assert status == 200 and len(listed) == 1, listed
     session = listed[0]

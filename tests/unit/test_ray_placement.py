@@ -200,3 +200,30 @@ def test_a_lost_nodes_bundle_not_held_in_time_names_the_ask_and_the_cluster(
         "node(s) have room now; the cluster has 2 nodes: 10.0.0.1 (4 CPUs); 10.0.0.2 (4 "
         "GPUs, 4 CPUs)"
     )
+
+
+def test_a_grow_that_cannot_be_placed_apart_from_the_sessions_machines_names_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under STRICT_SPREAD a grow's nodes go to machines the session holds no bundle on:
+    with one such machine, two more nodes cannot be placed, and the driver says so before
+    asking Ray, holding nothing more."""
+    import ray.util
+
+    driver = Driver(
+        {"owner": "me@box/1", "session": "s", "bundles": [{"CPU": 1.0}] * 2,
+         "strategy": "STRICT_SPREAD", "timeout": 5}
+    )  # fmt: skip
+    driver.group = object()
+    held = {"bundles_to_node_id": {0: "10.0.0.2", 1: "10.0.0.3"}}
+    monkeypatch.setattr(ray.util, "placement_group_table", lambda _group: held)
+    monkeypatch.setattr(ray_driver, "cluster_nodes", lambda: CLUSTER)
+    with pytest.raises(PlacementError) as failed:
+        driver._place_more([{"CPU": 1.0}] * 2, 2, timeout=5)
+    assert str(failed.value) == (
+        "cannot place 2 bundles of 1 CPU (STRICT_SPREAD: one machine each) apart from the 2 "
+        "machine(s) the session holds: 2 bundles need 2 machines, and 1 can hold one; the "
+        "cluster has 3 nodes: 10.0.0.1 (4 CPUs); 10.0.0.2 (4 GPUs, 4 CPUs); 10.0.0.3 (4 GPUs, "
+        "4 CPUs)"
+    )
+    assert driver.grows == 0 and driver.grown == []

@@ -17,7 +17,9 @@ nodes' dial-back processes, agents and ranks.
 
 A node whose Ray node was lost is placed again by a heal (`RayPlacement.replace_node`): Ray
 reschedules a dead node's bundles on its own, the driver waits for the node's bundle and
-starts a new actor in it, and the node's agent dials back with fresh credentials.
+starts a new actor in it, and the node's agent dials back with fresh credentials. A resize
+(`RayPlacement.resize`) asks the driver for bundles and actors of the new nodes, or to give
+back those of the nodes removed.
 """
 
 from __future__ import annotations
@@ -35,10 +37,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from jupyter_dist.common.payloads import ClusterHold
-from jupyter_dist.common.ray_options import RaySpec, resolve_ray_address
+from jupyter_dist.common.ray_options import RaySpec, address_origin, resolve_ray_address
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.launchers.base import Launcher, Placement
 from jupyter_dist.control.launchers.dial_back import DialBackLauncher, DialBackListener
+from jupyter_dist.control.launchers.ray_reach import (
+    CONNECTED_WAIT_S,
+    connecting_text,
+    failure_text,
+    joined_text,
+    without_ray_log,
+)
 from jupyter_dist.errors import AgentError, SpecError
 
 log = logging.getLogger(__name__)
@@ -91,6 +100,8 @@ class RayPlacement(Placement):
         self.spec = spec
         self.ray = spec.ray or RaySpec()
         self.address = resolve_ray_address(self.ray.address, env)
+        #: where the address came from: ``--ray-address``, ``RAY_ADDRESS`` or ``auto``
+        self.origin = address_origin(self.ray.address, env)
         self.env = dict(env)
         self.owner = owner_id()
         self.listener: DialBackListener | None = None
@@ -107,7 +118,7 @@ class RayPlacement(Placement):
 
     # -- place ---------------------------------------------------------------------------
     async def place(self, progress: Callable[[str], None], timeout: float) -> None:
-        progress(f"Ray cluster {self.address}: connecting")
+        progress(connecting_text(self.address, self.origin))
         self.driver = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -138,7 +149,8 @@ class RayPlacement(Placement):
                 "python": self.spec.python,
             }
         )
-        connected = await self._next("connected", progress, timeout)
+        connected = await self._next("connected", progress, min(timeout, CONNECTED_WAIT_S))
+        progress(joined_text(connected, self.address, self.origin))
         ip = str(connected["ip"])
         self.listener = DialBackListener(
             self.spec.nodes, host=ip, advertise=ip, connect_timeout=timeout
@@ -161,11 +173,7 @@ class RayPlacement(Placement):
         if self.listener is None or self.driver is None or self.driver.returncode is not None:
             raise AgentError(f"Ray: node {node} cannot be placed again: the session's driver "
                              f"has ended{self._stderr_text()}")  # fmt: skip
-        while not self._events.empty():  # what came since: exits are kept by the reader
-            stale = self._events.get_nowait()
-            if stale.get("event") in ("failed", "ended"):
-                self._events.put_nowait(stale)
-                break
+        self._drop_stale_events()
         self.listener.renew(node)
         self._requests += 1
         wait = self.ray.timeout or timeout
@@ -186,15 +194,74 @@ class RayPlacement(Placement):
         was = f" in place of {lost.get('ip')} ({lost.get('hostname')})" if lost else ""
         progress(f"node {node}: {node_text(info)}{was}")
 
+    resizable = True
+
+    async def resize(
+        self, spec: SessionSpec, progress: Callable[[str], None], timeout: float
+    ) -> None:
+        """More nodes: the driver holds a bundle for each (one a shrink left idle, else a
+        new placement group apart from the session's machines under ``STRICT_SPREAD``,
+        waited for up to ``--ray-timeout``, else ``timeout``) and starts an actor in it,
+        which dials in with the node's new credentials. Fewer: the driver kills the actors
+        of the nodes past ``spec.nodes`` and gives back their bundles where it can."""
+        listener, old = self.listener, len(self.nodes)
+        if listener is None or self.driver is None or self.driver.returncode is not None:
+            raise AgentError(f"Ray: the session cannot be resized: its driver has ended"
+                             f"{self._stderr_text()}")  # fmt: skip
+        self._drop_stale_events()
+        self._requests += 1
+        request = self._requests
+        if spec.nodes > old:
+            listener.resize(spec.nodes)
+            wait = self.ray.timeout or timeout
+            self._send(
+                {
+                    "op": "grow",
+                    "request": request,
+                    "bundles": bundles(spec)[old:],
+                    "credentials": [listener.credentials(n) for n in range(old, spec.nodes)],
+                    "timeout": wait,
+                }
+            )
+            try:
+                done = await self._next(
+                    "grown", progress, wait + 30, request=request, failed="grow_failed"
+                )
+            except BaseException:
+                listener.resize(old)  # the new nodes' keys open no door
+                raise
+            self.nodes += [dict(info) for info in done["nodes"]]
+            for node in range(old, spec.nodes):
+                progress(f"node {node}: {node_text(self.nodes[node])}")
+        elif spec.nodes < old:
+            self._send({"op": "shrink", "request": request, "nodes": spec.nodes})
+            listener.resize(spec.nodes)
+            del self.nodes[spec.nodes :]
+            for node in range(spec.nodes, old):
+                self.exits.pop(node, None)
+            await self._next("shrunk", progress, RELEASE_S, request=request)
+        self.spec = spec
+
+    def _drop_stale_events(self) -> None:
+        """Forget what the driver said since the last request (exits are kept by the
+        reader), but for its end."""
+        while not self._events.empty():
+            stale = self._events.get_nowait()
+            if stale.get("event") in ("failed", "ended"):
+                self._events.put_nowait(stale)
+                break
+
     async def _next(
         self,
         wanted: str,
         progress: Callable[[str], None],
         timeout: float,
         request: int | None = None,
+        failed: str = "replace_failed",
     ) -> dict[str, Any]:
-        """The driver's next ``wanted`` event (of ``request``, when given), relaying its
-        progress; `AgentError` if it fails, ends or says nothing for ``timeout`` seconds."""
+        """The driver's next ``wanted`` event (of ``request``, when given: ``failed`` says
+        it could not be done), relaying its progress; `AgentError` if it fails, ends or
+        says nothing for ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -207,18 +274,26 @@ class RayPlacement(Placement):
                     f"(waiting for {wanted}){self._stderr_text()}"
                 ) from None
             kind = event.get("event")
-            if request is not None and kind in (wanted, "replace_failed"):
+            if request is not None and kind in (wanted, failed):
                 if event.get("request") != request:
                     continue  # an earlier request's late answer
-                if kind == "replace_failed":
+                if kind == failed:
                     raise AgentError(f"Ray: {event.get('error')}")
             if kind == wanted:
                 return event
             if kind == "progress":
                 progress(str(event.get("text", "")))
             elif kind in ("failed", "ended"):
-                why = event.get("error") or f"the Ray driver exited{self._stderr_text()}"
-                raise AgentError(f"Ray: {why}")
+                raise AgentError(self._failure(event))
+
+    def _failure(self, event: Mapping[str, Any]) -> str:
+        """Why the driver failed or ended, in words: the address and its origin when the
+        cluster could not be reached."""
+        unreachable = failure_text(event, self.address, self.origin)
+        if unreachable is not None:
+            return unreachable
+        why = event.get("error") or f"the Ray driver exited{self._stderr_text()}"
+        return f"Ray: {why}"
 
     def _send(self, message: Mapping[str, Any]) -> None:
         assert self.driver is not None and self.driver.stdin is not None
@@ -248,7 +323,7 @@ class RayPlacement(Placement):
                 self._stderr.append(line.decode(errors="replace").rstrip())
 
     def _stderr_text(self) -> str:
-        tail = "\n".join(x for x in self._stderr if x.strip())[-3000:]
+        tail = "\n".join(without_ray_log(self._stderr))[-3000:]
         return f"\n{tail}" if tail else ""
 
     # -- nodes ---------------------------------------------------------------------------
@@ -274,6 +349,11 @@ class RayPlacement(Placement):
     # -- release -------------------------------------------------------------------------
     async def release(self) -> None:
         driver, self.driver = self.driver, None
+        if driver is not None and self.listener is None and driver.returncode is None:
+            # never connected (or never got further): it holds nothing on the cluster,
+            # and a Ray that is imported takes seconds to exit
+            with contextlib.suppress(ProcessLookupError):
+                driver.kill()
         if driver is not None:
             if driver.returncode is None and driver.stdin is not None:
                 with contextlib.suppress(Exception):

@@ -18,17 +18,28 @@ bundles, the strategy, the names), then, once the driver said where it stands
 (secret: they travel on this pipe and in the actors' arguments, never in a log, a
 process title or an actor's name), then any number of ``{"op": "replace", "request": ID,
 "node": N, "credentials": ..., "timeout": S}`` (node N's bundle held again and a new actor
-in it, dialling the same listener with the node's fresh credentials), then
-``{"op": "stop"}`` or the end of stdin. On stdout, events: ``connected``, ``progress``,
-``placed`` (each node's address and GPUs), ``failed``, ``node_exited``, ``replaced`` (ID,
-N and the node's address and GPUs) or ``replace_failed`` (ID, N and why), ``released``.
+in it, dialling the same listener with the node's fresh credentials), ``{"op": "grow",
+"request": ID, "bundles": [...], "credentials": [...], "timeout": S}`` (nodes after the
+current ones, one a bundle) and ``{"op": "shrink", "request": ID, "nodes": N}`` (the nodes
+from N on given back), then ``{"op": "stop"}`` or the end of stdin. On stdout, events:
+``connected`` (the address joined; how ``auto`` found it), ``progress``, ``placed`` (each
+node's address and GPUs), ``failed`` (``unreachable``, ``not_found``: see ``ray_reach``),
+``node_exited``, ``replaced`` (ID, N and the node's address and GPUs) or
+``replace_failed`` (ID, N and why), ``grown`` (ID and the new nodes' addresses and GPUs)
+or ``grow_failed`` (ID and why), ``shrunk`` (ID), ``released``.
 
-Names: the placement group is ``jupyter_dist/OWNER/SESSION`` and node N's actor
-``jupyter_dist/OWNER/SESSION/N``, in the ``jupyter_dist`` namespace, where OWNER is the
-owning process (``user@host/pid``). Before placing, what an earlier run of the same name
-left (a restart of the session, a driver that did not end) is removed; with ``--sweep``
-the driver removes everything of an owner prefix (a dead server's) and exits. Nothing else
-on the cluster is touched.
+A placement group cannot change its bundles, so a session that grows places its new nodes
+in a group of their own, under the session's strategy as if they had been placed with the
+others (``STRICT_SPREAD``: a label selector keeps them off every machine the session holds
+a bundle on); one that shrinks gives such a group back once none of its nodes is left, and
+keeps the bundles of its first group, which a later grow takes first.
+
+Names: the placement group is ``jupyter_dist/OWNER/SESSION`` (a grow's
+``jupyter_dist/OWNER/SESSION/grown-K``) and node N's actor ``jupyter_dist/OWNER/SESSION/N``,
+in the ``jupyter_dist`` namespace, where OWNER is the owning process (``user@host/pid``).
+Before placing, what an earlier run of the same name left (a restart of the session, a
+driver that did not end) is removed; with ``--sweep`` the driver removes everything of an
+owner prefix (a dead server's) and exits. Nothing else on the cluster is touched.
 """
 
 from __future__ import annotations
@@ -37,13 +48,15 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from jupyter_dist._version import __version__
+from jupyter_dist.control.launchers import ray_reach
 
 log = logging.getLogger(__name__)
 #: the Ray namespace of every session's actors and placement groups
@@ -202,7 +215,7 @@ def actor_name(owner: str, session: str, node: int) -> str:
 
 def remove_named(prefix: str, exact_group: str | None = None) -> list[str]:
     """Kill this namespace's actors named under ``prefix`` and remove its placement groups
-    named ``exact_group`` (or under ``prefix``); what was removed, by name."""
+    named ``exact_group`` or under ``prefix``; what was removed, by name."""
     import ray
     from ray.util import placement_group_table, remove_placement_group
     from ray.util.placement_group import PlacementGroup
@@ -216,7 +229,7 @@ def remove_named(prefix: str, exact_group: str | None = None) -> list[str]:
             removed.append(name)
     for pg_id, info in placement_group_table().items():
         name = str(info.get("name", ""))
-        wanted = name == exact_group if exact_group is not None else name.startswith(prefix)
+        wanted = name == exact_group or name.startswith(prefix)
         if wanted and info.get("state") not in ("REMOVED",):
             pg = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id)))
             with contextlib.suppress(Exception):
@@ -238,6 +251,14 @@ class Driver:
         self.timeout = float(request["timeout"])
         self.python: str | None = request.get("python")
         self.group: Any = None
+        #: each node's bundle: (its placement group, its index there); a resize that grew
+        #: the session placed its new nodes in groups of their own (`grown`)
+        self.homes: list[tuple[Any, int]] = []
+        self.grown: list[Any] = []
+        #: bundles still held for nodes a resize removed (a group cannot shrink): a later
+        #: grow takes them first; each with its resources
+        self.idle: list[tuple[Any, int, dict[str, float]]] = []
+        self.grows = 0  # placement groups a grow made, for their names
         self.actors: list[Any] = []
         #: what each node's actor said of it once started (its Ray node's id among it)
         self.placed: list[dict[str, Any]] = []
@@ -251,7 +272,6 @@ class Driver:
 
     def place(self) -> None:
         """Make the placement group and wait for it, saying why while it waits."""
-        import ray
         from ray.util.placement_group import placement_group
 
         name = group_name(self.owner, self.session)
@@ -264,11 +284,30 @@ class Driver:
         if why is not None:
             raise PlacementError(f"cannot place {ask}: {why}; {cluster_text(nodes)}")
         self.group = placement_group(self.bundles, strategy=self.strategy, name=name)
-        deadline = time.monotonic() + self.timeout
+        self.homes = [(self.group, index) for index in range(len(self.bundles))]
+        self._wait_ready(self.group, self.bundles, ask, self.timeout)
+
+    def _wait_ready(
+        self,
+        group: Any,
+        bundles: Sequence[Mapping[str, float]],
+        ask: str,
+        timeout: float,
+        apart: Collection[str] = (),
+    ) -> None:
+        """Until ``group`` is placed, saying how many nodes have room (none of ``apart``,
+        Ray node ids) while it waits; `PlacementError` after ``timeout`` seconds."""
+        import ray
+
+        deadline = time.monotonic() + timeout
         looked = said = 0.0
         last = ""
+
+        def room(nodes: list[dict[str, Any]]) -> int:
+            return free_nodes(bundles, [n for n in nodes if str(n.get("NodeID")) not in apart])
+
         while True:
-            ready, _ = ray.wait([self.group.ready()], timeout=1.0)
+            ready, _ = ray.wait([group.ready()], timeout=1.0)
             if ready:
                 return
             if self.stopping.is_set():
@@ -277,15 +316,14 @@ class Driver:
             if now >= deadline:
                 nodes = cluster_nodes()
                 raise PlacementError(
-                    f"waited {self.timeout:.0f} s for {ask}: {free_nodes(self.bundles, nodes)} "
-                    f"node(s) have room now; {cluster_text(nodes)}"
+                    f"waited {timeout:.0f} s for {ask}: {room(nodes)} node(s) have room "
+                    f"now; {cluster_text(nodes)}"
                 )
             if now - looked >= PROGRESS_EVERY_S:
                 looked = now
                 nodes = cluster_nodes()
-                text = (
-                    f"waiting for {ask}: {free_nodes(self.bundles, nodes)} node(s) have "
-                    f"room now; {cluster_text(nodes)}"
+                text = f"waiting for {ask}: {room(nodes)} node(s) have room now; " + cluster_text(
+                    nodes
                 )
                 if text != last or now - said >= PROGRESS_REPEAT_S:
                     emit("progress", text=text)
@@ -293,15 +331,25 @@ class Driver:
 
     def start_nodes(self, listener: str, credentials: Sequence[str]) -> list[dict[str, Any]]:
         """One actor per bundle, each starting its node's dial-back process."""
-        import ray
-
         self.listener = listener
         self.actors = [self._new_actor(index) for index in range(len(self.bundles))]
+        self.placed = self._start_actors(0, self.actors, credentials, self.timeout)
+        with self.lock:
+            self.waits = {a.wait.remote(): i for i, a in enumerate(self.actors)}
+        return self.placed
+
+    def _start_actors(
+        self, first: int, actors: Sequence[Any], credentials: Sequence[str], timeout: float
+    ) -> list[dict[str, Any]]:
+        """What the actors of nodes ``first``, ``first + 1``... say of their nodes once each
+        started its node's dial-back process, waited for up to ``timeout`` seconds."""
+        import ray
+
         refs = [
-            a.start.remote(listener, creds, self.python)
-            for a, creds in zip(self.actors, credentials, strict=True)
+            a.start.remote(self.listener, creds, self.python)
+            for a, creds in zip(actors, credentials, strict=True)
         ]
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + timeout
         pending = list(refs)
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
@@ -310,28 +358,26 @@ class Driver:
             if pending and time.monotonic() >= deadline:
                 raise PlacementError(
                     f"{len(pending)} of {len(refs)} node actors did not start within "
-                    f"{self.timeout:.0f} s (a runtime environment still being prepared?)"
+                    f"{timeout:.0f} s (a runtime environment still being prepared?)"
                 )
-        self.placed = [self._result(i, ref) for i, ref in enumerate(refs)]
-        with self.lock:
-            self.waits = {a.wait.remote(): i for i, a in enumerate(self.actors)}
-        return self.placed
+        return [self._result(first + i, ref) for i, ref in enumerate(refs)]
 
     def _new_actor(self, index: int) -> Any:
-        """Node ``index``'s actor, in bundle ``index`` of the placement group."""
+        """Node ``index``'s actor, in the node's bundle (`homes`)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         module, _, cls_name = HOST_CLASS.partition(":")
         host_class = getattr(__import__(module, fromlist=[cls_name]), cls_name)
         bundle = self.bundles[index]
+        group, in_group = self.homes[index]
         options: dict[str, Any] = {
             "name": actor_name(self.owner, self.session, index),
             "num_cpus": bundle.get("CPU", 0),
             "num_gpus": bundle.get("GPU", 0),
             "max_restarts": 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                self.group, placement_group_bundle_index=index
+                group, placement_group_bundle_index=in_group
             ),
         }
         if self.runtime_env:
@@ -479,8 +525,9 @@ class Driver:
         placement group's state (``CREATED``, ``RESCHEDULING``, ...)."""
         from ray.util import placement_group_table
 
-        table = placement_group_table(self.group)
-        home = table.get("bundles_to_node_id", {}).get(index)
+        group, in_group = self.homes[index]
+        table = placement_group_table(group)
+        home = table.get("bundles_to_node_id", {}).get(in_group)
         return str(home or ""), str(table.get("state", "?"))
 
     def _named_actor(self, index: int, deadline: float) -> Any:
@@ -494,6 +541,151 @@ class Driver:
                     raise
                 time.sleep(0.2)
 
+    # -- a live session resized --------------------------------------------------------------
+    def grow(self, request: Mapping[str, Any]) -> None:
+        """Nodes after the current ones, one a bundle of ``request["bundles"]``: held (a
+        bundle a shrink left idle, else a new placement group, `_place_more`) and an actor
+        started in each with its credentials; says ``grown`` with what each node's actor
+        said of it, or ``grow_failed`` why, holding no more than before."""
+        ident = request.get("request")
+        try:
+            infos = self._grow(
+                [{k: float(v) for k, v in b.items()} for b in request["bundles"]],
+                [str(c) for c in request["credentials"]],
+                float(request["timeout"]),
+            )
+        except Exception as err:
+            why = str(err) if isinstance(err, PlacementError) else f"Ray: {explain(err)}"
+            emit("grow_failed", request=ident, error=why)
+            return
+        emit("grown", request=ident, nodes=infos)
+
+    def _grow(
+        self, bundles: list[dict[str, float]], credentials: list[str], timeout: float
+    ) -> list[dict[str, Any]]:
+        import ray
+        from ray.util import remove_placement_group
+
+        deadline = time.monotonic() + timeout
+        first = len(self.actors)
+        homes: list[tuple[Any, int] | None] = []
+        taken = []
+        for bundle in bundles:
+            held = next((h for h in self.idle if h[2] == bundle), None)
+            if held is not None:
+                self.idle.remove(held)
+                taken.append(held)
+            homes.append(None if held is None else (held[0], held[1]))
+        need = [i for i, home in enumerate(homes) if home is None]
+        group: Any = None
+        actors: list[Any] = []
+        try:
+            if need:
+                group = self._place_more([bundles[i] for i in need], first, timeout)
+                for in_group, i in enumerate(need):
+                    homes[i] = (group, in_group)
+            with self.lock:
+                self.homes += [h for h in homes if h is not None]
+                self.bundles += bundles
+            for i in range(len(bundles)):
+                actors.append(self._named_actor(first + i, deadline))
+            infos = self._start_actors(
+                first, actors, credentials, max(deadline - time.monotonic(), 1.0)
+            )
+        except BaseException:
+            for actor in actors:
+                with contextlib.suppress(Exception):  # it must not dial in later
+                    ray.kill(actor, no_restart=True)
+            with self.lock:
+                del self.homes[first:], self.bundles[first:]
+            self.idle += taken
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(group)
+            raise
+        if group is not None:
+            self.grown.append(group)
+        with self.lock:
+            self.actors += actors
+            self.placed += infos
+            for i, actor in enumerate(actors):
+                self.waits[actor.wait.remote()] = first + i
+        return infos
+
+    def _place_more(self, bundles: list[dict[str, float]], first: int, timeout: float) -> Any:
+        """A new placement group for nodes ``first``... (their ``bundles``), under the
+        session's strategy as if they had been placed with the others: apart from every
+        machine the session holds a bundle on (``STRICT_SPREAD``), on its one machine
+        (``STRICT_PACK``); waited for, saying what for."""
+        from ray.util import placement_group_table
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
+
+        held = sorted(
+            {
+                str(node_id)
+                for group in [self.group, *self.grown]
+                for node_id in placement_group_table(group).get("bundles_to_node_id", {}).values()
+                if node_id
+            }
+        )
+        nodes = cluster_nodes()
+        ask = ask_text(bundles, self.strategy)
+        selector: list[dict[str, str]] | None = None
+        others = nodes
+        if self.strategy == "STRICT_SPREAD" and held:
+            ask += f" apart from the {len(held)} machine(s) the session holds"
+            selector = [{NODE_ID_LABEL_KEY: f"!in({','.join(held)})"}] * len(bundles)
+            others = [n for n in nodes if str(n.get("NodeID")) not in held]
+        elif self.strategy == "STRICT_PACK" and held:
+            ask += " beside the session's other nodes"
+            selector = [{NODE_ID_LABEL_KEY: held[0]}] * len(bundles)
+            others = [n for n in nodes if str(n.get("NodeID")) == held[0]]
+        why = infeasible(bundles, self.strategy, others)
+        if why is not None:
+            raise PlacementError(f"cannot place {ask}: {why}; {cluster_text(nodes)}")
+        self.grows += 1
+        name = f"{group_name(self.owner, self.session)}/grown-{self.grows}"
+        group = placement_group(
+            bundles, strategy=self.strategy, name=name, bundle_label_selector=selector
+        )
+        emit("progress", text=f"nodes {first}-{first + len(bundles) - 1}: asking Ray for {ask}")
+        try:
+            self._wait_ready(group, bundles, ask, timeout, apart=held if selector else ())
+        except BaseException:
+            from ray.util import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
+            raise
+        return group
+
+    def shrink(self, request: Mapping[str, Any]) -> None:
+        """Only the first ``request["nodes"]`` nodes from now on: the others' actors are
+        killed (their agents stopped already), their bundles given back with their
+        placement group where a grow made it for them alone, else kept for a later grow;
+        says ``shrunk``."""
+        import ray
+        from ray.util import remove_placement_group
+
+        ident, count = request.get("request"), int(request["nodes"])
+        with self.lock:
+            actors, gone = self.actors[count:], self.homes[count:]
+            bundles = self.bundles[count:]
+            del self.actors[count:], self.placed[count:], self.homes[count:], self.bundles[count:]
+            for ref in [r for r, n in self.waits.items() if n >= count]:
+                del self.waits[ref]  # their ends are no news
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        self.idle += [(group, i, b) for (group, i), b in zip(gone, bundles, strict=True)]
+        for group in list(self.grown):
+            if not any(home[0] is group for home in self.homes):
+                self.grown.remove(group)
+                self.idle = [h for h in self.idle if h[0] is not group]
+                with contextlib.suppress(Exception):
+                    remove_placement_group(group)
+        emit("shrunk", request=ident, nodes=count)
+
     def release(self) -> None:
         import ray
         from ray.util import remove_placement_group
@@ -503,9 +695,10 @@ class Driver:
         for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-        if self.group is not None:
-            with contextlib.suppress(Exception):
-                remove_placement_group(self.group)
+        for group in [self.group, *self.grown]:
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(group)
 
 
 class PlacementError(Exception):
@@ -536,25 +729,20 @@ def serve(request: Mapping[str, Any]) -> int:
                 message = read_line()
                 if message is None or message.get("op") == "stop":
                     break
-                if message.get("op") == "replace":
+                op = message.get("op")
+                work = {"replace": driver.replace, "grow": driver.grow, "shrink": driver.shrink}
+                if op in work:
                     threading.Thread(
-                        target=driver.replace, args=(message,), name="replace", daemon=True
+                        target=work[op], args=(message,), name=str(op), daemon=True
                     ).start()
         driver.stopping.set()
 
-    try:
-        ray.init(
-            address=str(request["address"]),
-            namespace=NAMESPACE,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
-    except Exception as err:
-        emit("failed", error=f"cannot connect to the Ray cluster at {request['address']}: "
-             f"{explain(err)}")  # fmt: skip
+    connected = ray_reach.connect(str(request["address"]), NAMESPACE)
+    if connected.pop("failed", False):
+        emit("failed", **connected)
         return 1
     try:
-        emit("connected", ip=node_ip(), ray_version=ray.__version__)
+        emit("connected", **connected)
         nodes = read_line()
         if nodes is None:
             return 0
@@ -600,6 +788,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default="auto", help="with --sweep: the cluster")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    ray_reach.bound_environment(os.environ)  # before Ray is imported: it reads them once
     if args.sweep is not None:
         return sweep(args.address, args.sweep)
     try:
