@@ -532,9 +532,10 @@ class ConnectionHandler(DistHandler):
         use = self.get_query_argument("use", "false")
         if use not in ("true", "false"):
             raise SpecError(f"use: {use[:40]!r} is not 'true' or 'false'")
+        sender = await self.sender()  # a made-up kernel id is refused either way
         info = self.manager.get(name).connection_info()
         if use == "true":
-            self.manager.attach(name, await self.sender())
+            self.manager.attach(name, sender)
         self.reply(info)
 
 
