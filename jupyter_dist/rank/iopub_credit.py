@@ -11,6 +11,15 @@ messages on the way to its sender before the rank waits for the sender's acknowl
 reads slowly slows its own cell's output down to its pace, and loses none of it; other
 subscribers lose only what they did not ask for. A sender that stops acknowledging for
 `GIVE_UP_S` (its kernel stopped or died) is no longer waited for.
+
+An acknowledgement is taken as it arrives, on the control thread (`take_ack`), not as
+ipykernel handles a control request: one at a time, each with a busy and an idle status
+on IOPub and a flush of stdout and stderr. A flush waits until the IO thread has sent
+what was queued before it, and while a cell's sender is a window behind, the IO thread
+waits for the very acknowledgement queued behind the flush: each one then cost
+ipykernel's flush timeout (10 s), so a cell that printed while it set a widget in a loop
+took minutes instead of a second. For the same reason no flush from the control thread
+waits (`rank.out_stream`).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from jupyter_dist.common.wire_names import CREDIT_WINDOW
+from jupyter_dist.common.wire_names import ACK_MSG_TYPE, CREDIT_WINDOW
 
 log = logging.getLogger(__name__)
 #: messages the socket keeps for a subscriber that does not read (more are dropped for it)
@@ -96,6 +105,28 @@ class CreditGate:
                     self._cells.pop(parent, None)
                     return
                 self._changed.wait(min(left, 1.0))
+
+
+def take_ack(gate: CreditGate, session: Any, frames: list[Any]) -> bool:
+    """If ``frames`` (a control message as received, identities first) is a signed
+    acknowledgement (`ACK_MSG_TYPE`), give it to ``gate`` and say so; anything else,
+    a message that does not parse or verify included, is left to ipykernel."""
+    try:
+        _, message = session.feed_identities(frames, copy=False)
+        raw = message[1]
+        header = json.loads(raw.bytes if hasattr(raw, "bytes") else raw)
+    except (ValueError, IndexError):
+        return False
+    if not isinstance(header, dict) or header.get("msg_type") != ACK_MSG_TYPE:
+        return False
+    try:
+        content = session.deserialize(message, content=True, copy=False)["content"]
+    except Exception:  # a bad signature, or no JSON: ipykernel logs it
+        return False
+    cell, count = content.get("cell"), content.get("count")
+    if isinstance(cell, str) and isinstance(count, int):
+        gate.ack(cell, count)
+    return True
 
 
 def _parent_id(frames: list[Any]) -> str | None:

@@ -26,7 +26,6 @@ from traitlets import Float, Type
 
 from jupyter_dist.common.agent_protocol import STACKS_SIGNAL
 from jupyter_dist.common.wire_names import (
-    ACK_MSG_TYPE,
     CREDIT_KEY,
     GROUP_KEY,
     NOTEBOOK_COUNT_KEY,
@@ -40,9 +39,10 @@ from jupyter_dist.rank import (
     output_log,
     stack_dumps,
 )
-from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate
+from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate, take_ack
 from jupyter_dist.rank.iopub_reply import IopubReplies, iopub_reply_request
 from jupyter_dist.rank.out_stream import attribute_threads
+from jupyter_dist.rank.superseded_updates import Superseded
 from jupyter_dist.text import strip_ansi
 
 RANK_KERNEL_ARGS = (
@@ -55,6 +55,9 @@ RANK_KERNEL_ARGS = (
 _crash_log: IO[str] | None = None
 #: paces each credited cell's IOPub messages by its sender (`rank.iopub_credit`)
 CREDIT = CreditGate()
+#: the rank's scheduler of IOPub sends, which skips superseded widget updates, once its
+#: IO thread is made (`rank.superseded_updates`)
+SUPERSEDED: Superseded | None = None
 
 
 class RankShell(ZMQInteractiveShell):
@@ -155,7 +158,6 @@ class RankKernel(IPythonKernel):
             shell._showtraceback = showtraceback
         if shell is not None:
             _keep_rich_output(shell)
-        self.control_handlers[ACK_MSG_TYPE] = self.credit_ack
         self._iopub_replies: IopubReplies | None = None
 
     def pre_handler_hook(self) -> None:
@@ -192,13 +194,14 @@ class RankKernel(IPythonKernel):
             return
         super()._publish_execute_input(code, parent, execution_count)
 
-    def credit_ack(self, stream: Any, ident: Any, msg: dict[str, Any]) -> None:
-        """A sender took the first ``count`` IOPub messages of its cell."""
-        del stream, ident
-        content = msg.get("content") or {}
-        cell, count = content.get("cell"), content.get("count")
-        if isinstance(cell, str) and isinstance(count, int):
-            CREDIT.ack(cell, count)
+    async def dispatch_control(self, msg: Any) -> None:
+        """A sender's acknowledgement of its cell's output is taken at once, on the
+        control thread, without a status or a flush (`rank.iopub_credit`: the flush would
+        wait for the IO thread, which may be waiting for this acknowledgement); every
+        other control request, as ipykernel handles it."""
+        if self.session is not None and take_ack(CREDIT, self.session, msg):
+            return
+        await super().dispatch_control(msg)
 
     async def do_execute(
         self,
@@ -293,6 +296,14 @@ class RankKernelApp(IPKernelApp):
             send(msg, *args, **kwargs)
 
         thread._really_send = paced_send
+        # a widget's update that a later one replaces is not sent while it waits
+        global SUPERSEDED
+        superseded = SUPERSEDED = Superseded(thread.schedule)
+
+        def send_multipart(msg: list[Any], *args: Any, **kwargs: Any) -> None:
+            superseded.schedule(msg, lambda: paced_send(msg, *args, **kwargs))
+
+        thread.send_multipart = send_multipart
 
 
 def _cache_signature_checks() -> None:

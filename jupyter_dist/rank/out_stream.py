@@ -47,6 +47,7 @@ import threading
 import time
 from typing import Any
 
+from ipykernel.control import ControlThread
 from ipykernel.iostream import PIPE_BUFFER_SIZE, OutStream
 
 from jupyter_dist.rank import output_log
@@ -101,7 +102,15 @@ class RankOutStream(OutStream):
         queues what it took: until it has, this one waits as ipykernel's does, or the
         reply would overtake the cell's last output. ``_flushing`` is checked last: the
         IO thread's `_flush` sets it before it clears ``_flush_pending``, so a flush that
-        finds neither set comes after that flush queued its message."""
+        finds neither set comes after that flush queued its message.
+
+        ipykernel also flushes after every control request (an interrupt, a debugger's
+        request), from the control thread: that flush is not waited for. The IO thread may
+        be waiting for the sender's acknowledgement (`rank.iopub_credit`), which comes on
+        the control channel and is read by the thread that would wait here; what was
+        written goes out on the IO thread's timer as any write does."""
+        if isinstance(threading.current_thread(), ControlThread):
+            return
         self._drain_pipe()
         if (
             self.echo is None

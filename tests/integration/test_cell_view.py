@@ -450,6 +450,63 @@ def test_widgets_made_in_a_rank_are_relayed(kernel: Kernel) -> None:
     assert any("IntSlider widget" in n and "does not reach the rank" in n for n in state["notices"])
 
 
+#: a bound only a hung cell reaches: 400 widget updates take about a second
+WIDGET_BURST_GUARD_S = 60
+
+
+@pytest.mark.parametrize(
+    "also",
+    [
+        "",  # updates only: those a later one replaces may be left out
+        "    bar.send({'step': i})\n",  # a custom message each step: every one is sent
+    ],
+    ids=["updates", "with-messages"],
+)
+def test_a_widget_set_in_a_tight_loop_ends_at_once_on_its_last_value(
+    kernel: Kernel, also: str
+) -> None:
+    """Each rank sets a progress bar 400 times in a tight loop, printing every tenth step:
+    the cell ends (it used to wait about 10 s for each acknowledgement of its output,
+    minutes in all), and the bar the notebook side keeps and the one the browser holds
+    are at the last value, the printed lines all there."""
+    code = (
+        "%%distributed --procs 2\n"
+        "import ipywidgets as w\n"
+        "bar = w.IntProgress(max=400)\n"
+        "display(bar)\n"
+        "for i in range(400):\n"
+        "    bar.value = i\n"
+        f"{also}"
+        "    if i % 10 == 0:\n"
+        "        print('step', i)\n"
+    )
+    try:
+        reply = kernel.run(code, timeout=WIDGET_BURST_GUARD_S)
+    except TimeoutError:
+        pytest.fail(f"400 widget updates a rank: the cell did not end in {WIDGET_BURST_GUARD_S} s")
+    assert reply["status"] == "ok", reply
+    page = Sampled()  # the widget models as the browser builds them
+    for msg in kernel.messages:
+        page.take(msg)
+    state = kernel.state()
+    bars = {rank: state["widgets"][f"rank {rank}"] for rank in (0, 1)}
+    assert all(len(ids) == 1 for ids in bars.values()), bars
+    kept = kernel.run(  # each relayed model's last state, as the notebook side keeps it
+        "import json as _j\n"
+        "_view = get_ipython().magics_manager.registry['DistMagics'].last_view\n"
+        "print('KEPT', _j.dumps({m: s.get('value') for m, s in _view.relay.states.items()}))"
+    )
+    assert kept["status"] == "ok", kept
+    text = "".join(m["content"]["text"] for m in kernel.of_type("stream"))
+    values = json.loads(next(t for t in text.splitlines() if t.startswith("KEPT "))[5:])
+    for rank, (model,) in bars.items():
+        assert page.models[model]["_model_name"] == "IntProgressModel", page.models[model]
+        assert page.models[model]["value"] == 399, (rank, page.models[model])
+        assert values[model] == 399, (rank, values)
+        printed = state["lines"][str(rank)].split("\n")[-40:]
+        assert printed == [f"step {i}" for i in range(0, 400, 10)], printed
+
+
 def test_steady_output_is_drawn_while_the_cell_runs(kernel: Kernel) -> None:
     reply = kernel.run(
         "%%distributed --procs 2\nimport time\n"

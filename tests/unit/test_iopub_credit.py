@@ -6,7 +6,11 @@ import json
 import threading
 import time
 
-from jupyter_dist.rank.iopub_credit import DELIMITER, CreditGate, _parent_id
+import zmq
+from jupyter_client.session import Session
+
+from jupyter_dist.common.wire_names import ACK_MSG_TYPE
+from jupyter_dist.rank.iopub_credit import DELIMITER, CreditGate, _parent_id, take_ack
 
 
 def frames(parent: str) -> list[bytes]:
@@ -59,3 +63,24 @@ def test_a_sender_that_stops_acknowledging_is_given_up() -> None:
     assert time.monotonic() - began >= 0.3
     gate.before_send(frames("cell"))  # forgotten: no wait
     assert gate.waits == 1
+
+
+def test_a_signed_ack_is_taken_and_anything_else_left_to_ipykernel() -> None:
+    session = Session(key=b"secret")
+    gate = CreditGate(window=1, give_up_s=30)
+    gate.credit("cell")
+
+    def control(session: Session, msg_type: str, content: dict[str, object]) -> list[zmq.Frame]:
+        """As the control socket hands a request over (``copy=False``)."""
+        msg = session.msg(msg_type, content)
+        return [zmq.Frame(f) for f in [b"client-id", *session.serialize(msg)]]
+
+    ack = control(session, ACK_MSG_TYPE, {"cell": "cell", "count": 1})
+    assert take_ack(gate, session, ack)
+    gate.before_send(frames("cell"))
+    gate.before_send(frames("cell"))  # the first was acknowledged: within the window
+    assert gate.waits == 0
+    forged = control(Session(key=b"other"), ACK_MSG_TYPE, {"cell": "cell", "count": 9})
+    assert not take_ack(gate, session, forged)
+    assert not take_ack(gate, session, control(session, "interrupt_request", {}))
+    assert not take_ack(gate, session, [zmq.Frame(b"no delimiter")])
