@@ -7,7 +7,6 @@ bound and closed), or one that accepts connections and never answers.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_dist.text import strip_ansi
+from tests import dead_ports
 from tests.conftest import CellOutput
 
 pytestmark = [pytest.mark.slow]
@@ -44,20 +44,10 @@ def kubeconfig(path: Path, servers: dict[str, int], current: str) -> Path:
     return path
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 @pytest.fixture
 def silent_port() -> Iterator[int]:
-    """A port that accepts connections (the kernel's backlog) and never says a word."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        yield sock.getsockname()[1]
+    with dead_ports.silent_port("127.0.0.1") as port:
+        yield port
 
 
 def start_fails(run: Callable[[str], CellOutput], line: str) -> tuple[str, float]:
@@ -71,7 +61,7 @@ def start_fails(run: Callable[[str], CellOutput], line: str) -> tuple[str, float
 def test_an_api_server_with_nothing_listening_is_named_with_the_kubeconfigs_context(
     run: Callable[[str], CellOutput], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = closed_port()
+    port = dead_ports.closed_port()
     config = kubeconfig(tmp_path / "config", {"lab": port}, "lab")
     monkeypatch.setenv("KUBECONFIG", str(config))
     text, took = start_fails(run, "--session kdead")
@@ -90,7 +80,9 @@ def test_an_api_server_that_never_answers_is_named_with_the_context_given(
     monkeypatch: pytest.MonkeyPatch,
     silent_port: int,
 ) -> None:
-    config = kubeconfig(tmp_path / "config", {"lab": closed_port(), "far": silent_port}, "lab")
+    config = kubeconfig(
+        tmp_path / "config", {"lab": dead_ports.closed_port(), "far": silent_port}, "lab"
+    )
     monkeypatch.setenv("KUBECONFIG", str(config))
     text, took = start_fails(run, "--context far --session ksilent")
     assert took < HANG_S, f"{took:.0f} s: {text}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -18,6 +17,7 @@ import psutil
 import pytest
 
 from jupyter_dist.text import strip_ansi
+from tests import dead_ports
 from tests.conftest import CellOutput, our_processes
 
 pytestmark = [pytest.mark.slow]
@@ -30,20 +30,10 @@ HANG_S = 60.0
 RAY_LOG = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [DIWEF] \d+ \d+\]", re.M)
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 @pytest.fixture
 def silent_port() -> Iterator[int]:
-    """A port that accepts connections (the kernel's backlog) and never says a word."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        sock.listen(16)
-        yield sock.getsockname()[1]
+    with dead_ports.silent_port("") as port:
+        yield port
 
 
 def start_fails(run: Callable[[str], CellOutput], line: str) -> tuple[str, float]:
@@ -68,7 +58,7 @@ def nothing_left(run: Callable[[str], CellOutput], session: str) -> None:
 def test_a_port_with_nothing_listening_fails_within_seconds_naming_the_flag(
     run: Callable[[str], CellOutput],
 ) -> None:
-    port = closed_port()
+    port = dead_ports.closed_port()
     text, took = start_fails(run, f"--ray --ray-address 127.0.0.1:{port} --session rdead")
     assert took < HANG_S, f"{took:.0f} s: {text}"
     assert f"Ray cluster 127.0.0.1:{port} (given by --ray-address): connecting" in text, text
