@@ -498,7 +498,8 @@ class DistMagics(Magics):
         type=float,
         default=None,
         help="seconds (finite, positive) before the ranks are interrupted and the cell "
-        "fails; a rank that does not take the interrupt, blocked in C code, is replaced",
+        "fails; a rank blocked in a collective is freed, one that cannot be stopped is "
+        "replaced alone",
     )
     @argument(
         "--heal",
@@ -557,8 +558,9 @@ class DistMagics(Magics):
         once with its output, and the view turns to it; ranks left waiting for it are
         interrupted (or the session restarted, saying so) and shown as stopped, not failed.
         The stop button, ``%dist interrupt`` and ``--timeout`` end a cell within seconds:
-        ranks that do not stop within 2 s of the interrupt (blocked in a collective or in C
-        code) are given up on and the session restarted, its variables lost. Rank
+        a rank handling the interrupt (its traceback, the cell's ``except``) is let finish;
+        one blocked in a collective is freed from it, every rank keeping its variables and
+        joining a new process group; only a rank that cannot be stopped is replaced alone. Rank
         tracebacks name the notebook's cell number. ``%dist stacks`` shows where ranks
         hang.
         """
