@@ -454,8 +454,8 @@ class SessionManager:
             text = f"session {name!r} was interrupted from {by.label}"
             if running is not None:
                 text += (
-                    f": the {running.kind} from {running.sender.label} was interrupted (a "
-                    "rank that cannot stop is freed from its collective, or replaced alone)"
+                    f": the {running.kind} from {running.sender.label} was interrupted; "
+                    "what each rank did follows"
                 )
         elif action == "restart":
             text = f"session {name!r} was restarted from {by.label}; its variables are gone"

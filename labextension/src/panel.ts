@@ -7,6 +7,7 @@ import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
 
 import { EventStream } from './events';
+import { PressHold } from './pressHold';
 import {
   IMetrics,
   IRank,
@@ -103,6 +104,7 @@ export class DistPanel extends Widget {
     this.list.className = 'jp-DistPanel-sessions';
     this.list.setAttribute('role', 'tree');
     this.node.append(header, this.status, this.list);
+    this.press = new PressHold(this.list, document, () => this.scheduleRender());
 
     this.stream = new EventStream(
       (kind, data) => this.model.apply(kind, data),
@@ -132,6 +134,7 @@ export class DistPanel extends Widget {
   }
 
   dispose(): void {
+    this.press.dispose();
     this.stream.stop();
     this.stopMetrics();
     this.stopTicking();
@@ -231,7 +234,9 @@ export class DistPanel extends Widget {
     this.pending = true;
     requestAnimationFrame(() => {
       this.pending = false;
-      this.render();
+      if (!this.press.hold()) {
+        this.render(); // else drawn once the pressed button has had its click
+      }
     });
   }
 
@@ -522,5 +527,6 @@ export class DistPanel extends Widget {
   private list: HTMLElement;
   private status: HTMLElement;
   private pending = false;
+  private readonly press: PressHold;
   private timer: ReturnType<typeof setInterval> | null = null;
 }

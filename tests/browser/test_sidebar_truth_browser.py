@@ -138,11 +138,18 @@ def test_a_stuck_rank_is_not_ready_and_a_restart_leaves_no_old_error(
     nb.start_all()
     card = session_card(nb, SESSION)
     expect(card).to_be_visible(timeout=RENDER_TIMEOUT_MS)
-    card.get_by_role("button", name=f"Open session {SESSION}").click()
     badge = card.locator(".jp-DistSession-state")
     rank0 = card.locator('.jp-DistRank[data-rank="0"]')
     # while the cell runs: busy, with how long, never the green "ready"
     expect(badge).to_have_text(re.compile(r"^busy \d+ s$"), timeout=RENDER_TIMEOUT_MS)
+    # a slow click while the busy time ticks (a redraw each second) still opens the card:
+    # the redraw waits for the release, so press and release land on the same button
+    toggle = card.get_by_role("button", name=f"Open session {SESSION}")
+    toggle.hover()
+    nb.page.mouse.down()
+    nb.page.wait_for_timeout(1500)
+    nb.page.mouse.up()
+    expect(card).to_have_attribute("aria-expanded", "true")
     threshold = float(
         nb.lab.call("GET", f"/jupyter-dist/api/v1/sessions/{SESSION}")[1]["straggler_s"]
     )
