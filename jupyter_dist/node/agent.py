@@ -87,6 +87,7 @@ from jupyter_dist.common.process_tree import become_subreaper, unblock_signals
 from jupyter_dist.common.temp_space import unwritable
 from jupyter_dist.node.rank_trees import RankTrees
 from jupyter_dist.node.relay import IOPUB_SOCKET, SHELL_SOCKET
+from jupyter_dist.node.warm_imports import WarmImports
 from jupyter_dist.rank.output_log import read_output, remove_parts
 from jupyter_dist.rank.stack_dumps import FREE_REQUEST
 
@@ -239,6 +240,9 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        #: `LATE_PRELOAD`'s imports, and the spawns held while they run
+        self.warm = WarmImports(LATE_PRELOAD, self._wake_w)
+        self.held_spawns: list[SpawnCommand] = []
 
     # -- output ---------------------------------------------------------------------
     def emit(self, message: AgentEvent) -> None:
@@ -310,6 +314,7 @@ class Agent:
                             os.read(self._wake_r, 4096)
                 self._reap()
                 self._enforce_deadlines()
+                self._release_held_spawns()
                 self._retry_spawns()
                 self._warm_up()
                 self._check_owner()
@@ -322,16 +327,25 @@ class Agent:
         self.stopping = True
 
     def _warm_up(self) -> None:
-        """`LATE_PRELOAD`, once, when due and nothing waits (imported in this one thread,
-        never beside a fork)."""
+        """`LATE_PRELOAD`, once, when due and nothing waits, imported in a thread of its
+        own (`WarmImports`: spawns are held meanwhile, no fork happens beside it)."""
         if self.warm_due is None or self.waiting_spawns or time.monotonic() < self.warm_due:
             return
         self.warm_due, self.warmed = None, True
-        if "torch" not in sys.modules:
+        if "torch" in sys.modules:
+            self.warm.start()  # off this thread: pings are answered meanwhile
+
+    def _release_held_spawns(self) -> None:
+        """Fork the spawns held while `warm` imported (no fork beside an import)."""
+        if self.warm.busy:
             return
-        for name in LATE_PRELOAD:
-            with contextlib.suppress(Exception):
-                importlib.import_module(name)
+        while self.held_spawns:
+            cmd = self.held_spawns.pop(0)
+            try:
+                self.spawn(cmd)
+            except Exception as err:
+                rank = cmd["rank"]
+                self.emit({"event": "error", "message": f"rank {rank}: {err}", "rank": rank})
 
     def _next_timeout(self) -> int | None:
         deadlines = [*self.kill_deadlines.values()]
@@ -458,6 +472,9 @@ class Agent:
         """Fork rank ``cmd["rank"]``. Its previous process, if the agent is still killing
         it (a restart), is reaped first: the spawn waits for it, up to `RESPAWN_WAIT_S`."""
         rank = int(cmd["rank"])
+        if self.warm.busy:
+            self.held_spawns.append(cmd)
+            return
         self._reap()
         old = self._pid_of(rank)
         if old is not None and old in self.kill_deadlines:
@@ -470,6 +487,8 @@ class Agent:
     def _retry_spawns(self) -> None:
         """Spawn the ranks whose previous process is gone now; give up on those whose
         previous process outlived SIGKILL for `RESPAWN_WAIT_S`."""
+        if self.warm.busy:
+            return  # no fork beside an import
         now = time.monotonic()
         for rank, (cmd, give_up) in list(self.waiting_spawns.items()):
             old = self._pid_of(rank)
@@ -739,6 +758,12 @@ class Agent:
         """SIGTERM the ranks' process groups, SIGKILL whatever is left after ``grace``. A
         spawn of theirs still waiting for an earlier process is withdrawn."""
         deadline = time.monotonic() + grace
+        for cmd in list(self.held_spawns):
+            if ranks is None or int(cmd["rank"]) in ranks:
+                self.held_spawns.remove(cmd)
+                rank = int(cmd["rank"])
+                message = f"rank {rank}: its start was withdrawn (the ranks were stopped)"
+                self.emit({"event": "error", "message": message, "rank": rank})
         for rank in list(self.waiting_spawns):
             if ranks is None or rank in ranks:
                 del self.waiting_spawns[rank]

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -149,3 +150,71 @@ def test_the_owner_going_silent_stops_the_agent(harness: Harness) -> None:
     time.sleep(0.25)
     agent._check_owner()
     assert agent.stopping
+
+
+def slow_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> Path:
+    """A module ``name`` whose import waits until the returned gate file exists (as
+    torch's compiler stack keeps a loaded machine's CPU for seconds)."""
+    gate = tmp_path / f"{name}.gate"
+    (tmp_path / f"{name}.py").write_text(
+        "import os, time\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return gate
+
+
+def test_the_agent_answers_pings_while_it_warms_up_and_holds_spawns_until_done(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The late imports run beside the agent's loop, not in it: an agent that stopped
+    answering for their seconds was taken for a lost node. No rank is forked meanwhile
+    (a fork beside an import hands the child a held import lock)."""
+    gate = slow_import(tmp_path, monkeypatch, "jd_slow_warm_a")
+    agent = harness.agent
+    agent.kill({0}, grace=0.0)
+    agent._reap()
+    deadline = time.monotonic() + 5
+    while agent.children and time.monotonic() < deadline:
+        agent._reap()
+        time.sleep(0.01)
+    harness.events()
+    agent.warm = agent_module.WarmImports(["jd_slow_warm_a"], agent._wake_w)
+    monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch") or object())
+    agent.warm_due = time.monotonic()
+    agent._warm_up()
+    assert agent.warm.busy
+    agent._handle(json.dumps({"op": "ping", "seq": 7, "deadline_s": 20}).encode())
+    assert harness.events() == [{"event": "pong", "seq": 7}]
+    agent._handle(json.dumps(SPAWN).encode())
+    agent._release_held_spawns()
+    assert not harness.forked and [c["rank"] for c in agent.held_spawns] == [0]
+    gate.touch()
+    deadline = time.monotonic() + 30
+    while agent.warm.busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not agent.warm.busy and "jd_slow_warm_a" in sys.modules
+    assert os.read(agent._wake_r, 16)  # the loop is woken to fork what waited
+    agent._release_held_spawns()
+    assert harness.forked == [0] and not agent.held_spawns
+
+
+def test_a_kill_withdraws_a_spawn_held_during_the_warm_up(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = slow_import(tmp_path, monkeypatch, "jd_slow_warm_b")
+    agent = harness.agent
+    agent.warm = agent_module.WarmImports(["jd_slow_warm_b"], agent._wake_w)
+    agent.warm.start()
+    try:
+        agent.spawn({**SPAWN, "rank": 1})
+        assert [c["rank"] for c in agent.held_spawns] == [1]
+        agent.kill({1}, grace=0.0)
+        (error,) = harness.events()
+        assert (error["event"], error["rank"]) == ("error", 1)
+        assert "its start was withdrawn" in error["message"]
+        assert not agent.held_spawns
+    finally:
+        gate.touch()
