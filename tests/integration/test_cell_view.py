@@ -218,6 +218,16 @@ def test_a_rank_that_only_raised_has_its_traceback_in_its_log_after_a_restart(
     logs = Path(state["logs"])
     assert f"logs: {logs}" in state["footer"]
     assert (logs / "rank-0.log").read_text() == "" and (logs / "rank-1.log").read_text() == "one\n"
+    # and when another rank failed: the silent rank's log is there, empty, beside the traceback
+    reply = kernel.run(
+        "%%distributed --procs 2\nif dist.get_rank() == 1:\n    raise ValueError('one')"
+    )
+    assert reply["status"] == "error"
+    state = kernel.state()
+    logs = Path(state["logs"])
+    assert f"logs: {logs}" in state["footer"]
+    assert (logs / "rank-0.log").read_text() == ""
+    assert "ValueError: one" in (logs / "rank-1.log").read_text()
 
 
 def test_a_display_updated_step_after_step_shows_its_last_state(kernel: Kernel) -> None:
