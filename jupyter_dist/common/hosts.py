@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from jupyter_dist.common.bounded import shown as shown_value
 from jupyter_dist.errors import SpecError
 
 #: more nodes than one session may have (each is an SSH connection and an agent)
@@ -30,6 +31,8 @@ MAX_NODES = 1024
 MAX_FILE_BYTES = 1 << 20
 #: the longest interpreter path taken (Linux's PATH_MAX)
 MAX_PATH_CHARS = 4096
+#: the most ranks a host's ``slots`` may give it (a session's whole world at most)
+MAX_SLOTS = 65536
 
 _NAME = r"[A-Za-z0-9._][A-Za-z0-9._-]{0,252}"  # a DNS name, an IPv4 address, an ssh alias
 _IPV6 = r"[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*"
@@ -125,9 +128,10 @@ def check_host(
         raise SpecError(f"{where}: port {raw_port!r} of {shown!r} is outside 1-65535")
     raw_slots = fields.get("slots")
     slots = raw_slots if isinstance(raw_slots, int) and not isinstance(raw_slots, bool) else None
-    if raw_slots is not None and (slots is None or slots < 1):
+    if raw_slots is not None and (slots is None or not 1 <= slots <= MAX_SLOTS):
         raise SpecError(
-            f"{where}: slots {raw_slots!r} of {shown!r}: expected a whole number of at least 1"
+            f"{where}: slots {shown_value(raw_slots)} of {shown!r}: expected a whole number "
+            f"of at least 1 and at most {MAX_SLOTS}"
         )
     raw_python = fields.get("python")
     python = None if raw_python is None else check_python(raw_python, f"{where}: {shown!r}")

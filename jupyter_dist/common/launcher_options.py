@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from jupyter_dist.common.bounded import cut
 from jupyter_dist.errors import SpecError
 
 #: each launcher as people call it, and the flag that chooses it
@@ -80,7 +81,8 @@ INSTEAD: dict[tuple[str, str], str] = {
 
 @dataclass(frozen=True)
 class GivenOption:
-    """An option given in the cell's line, with its value as written (None: a switch)."""
+    """An option given in the cell's line, with its value as written (None: a switch), cut
+    short where it is long (a refusal repeats it)."""
 
     flag: str
     value: str | None = None
@@ -104,7 +106,7 @@ def given_options(values: Mapping[str, object]) -> list[GivenOption]:
             if value is None or value == [] or value is False:
                 continue
             shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-            found.append(GivenOption(flag, shown))
+            found.append(GivenOption(flag, cut(shown)))
     return found
 
 

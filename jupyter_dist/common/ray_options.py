@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from jupyter_dist.common.bounded import check_seconds_in, check_whole, shown
 from jupyter_dist.common.payloads import RaySpecJSON
 from jupyter_dist.errors import SpecError
 
@@ -28,6 +29,12 @@ RAY_ADDRESS_ENV = "RAY_ADDRESS"
 MAX_WAIT_S = 86400.0
 #: the most CPUs or GPUs one bundle (one node of a session) may ask for
 MAX_BUNDLE_UNITS = 4096
+#: the longest cluster address taken (a DNS name is at most 253 characters)
+MAX_ADDRESS_CHARS = 300
+#: a cluster's host: a DNS name or an IPv4 address (starting with a letter or a digit),
+#: or an IPv6 address in brackets
+_ADDRESS_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]")
+_PORT = re.compile(r"[0-9]{1,5}")
 
 
 @dataclass(frozen=True)
@@ -53,28 +60,16 @@ class RaySpec:
             check_ray_address(self.address, "--ray-address")
         if self.strategy != check_strategy(self.strategy):
             raise SpecError(
-                f"--ray-strategy {self.strategy!r}: expected one of {', '.join(RAY_STRATEGIES)}"
+                f"--ray-strategy {shown(self.strategy)}: expected one of "
+                f"{', '.join(RAY_STRATEGIES)}"
             )
         if self.runtime_env:
             parse_runtime_env(self.runtime_env)
-        if self.timeout is not None and (
-            isinstance(self.timeout, bool)
-            or not isinstance(self.timeout, int | float)
-            or not math.isfinite(self.timeout)
-            or not 0 < self.timeout <= MAX_WAIT_S
-        ):
-            raise SpecError(
-                f"--ray-timeout {self.timeout!r}: expected seconds, more than 0, at most "
-                f"{MAX_WAIT_S:.0f}"
-            )
-        for flag, value in (("--ray-cpus", self.cpus), ("--ray-gpus", self.gpus)):
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SpecError(f"{flag} {value!r}: expected a whole number")
-            low = 1 if flag == "--ray-cpus" else 0
-            if not low <= value <= MAX_BUNDLE_UNITS:
-                raise SpecError(f"{flag} {value}: expected {low} to {MAX_BUNDLE_UNITS}")
+        if self.timeout is not None:
+            check_seconds_in("--ray-timeout", self.timeout, MAX_WAIT_S)
+        check_whole("--ray-cpus", self.cpus, 1, MAX_BUNDLE_UNITS)
+        if self.gpus is not None:
+            check_whole("--ray-gpus", self.gpus, 0, MAX_BUNDLE_UNITS)
 
     def runtime_env_dict(self) -> dict[str, Any] | None:
         return parse_runtime_env(self.runtime_env) if self.runtime_env else None
@@ -123,20 +118,41 @@ def origin_text(origin: str) -> str:
 
 
 def check_ray_address(address: str, where: str) -> str:
-    """``auto``, ``ray://HOST:PORT`` is refused (it cannot carry rank traffic), else HOST:PORT."""
+    """``auto``, or a cluster's GCS address ``HOST:PORT`` (``ray://`` is refused: it
+    cannot carry rank traffic). HOST is a DNS name, an IPv4 address or an IPv6 one in
+    brackets; nothing that a program would read as one of its options (a leading ``-``),
+    no NUL or other control character, no space."""
+    expected = "expected HOST:PORT with a port 1-65535 (e.g. head:6379) or 'auto'"
+    if not isinstance(address, str):
+        raise SpecError(f"{where} {shown(address)}: {expected}")
     value = address.strip()
     if value == "auto":
         return value
+    if len(value) > MAX_ADDRESS_CHARS:
+        raise SpecError(
+            f"{where} {shown(address)}: {expected}, of at most {MAX_ADDRESS_CHARS} characters"
+        )
+    bad = next((c for c in value if ord(c) < 32 or ord(c) == 127 or c.isspace()), None)
+    if bad is not None:
+        what = "a NUL character" if bad == "\0" else f"the character {bad!r}"
+        raise SpecError(f"{where} {shown(address)}: it holds {what}; {expected}")
+    if value.startswith("-"):
+        raise SpecError(
+            f"{where} {shown(address)}: it starts with '-', which a program would read as "
+            f"one of its options; {expected}"
+        )
     if value.startswith("ray://"):
         raise SpecError(
-            f"{where} {address!r}: Ray Client addresses (ray://) are not supported; "
+            f"{where} {shown(address)}: Ray Client addresses (ray://) are not supported; "
             "expected the cluster's GCS address HOST:PORT (e.g. head:6379) or 'auto'"
         )
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+        raise SpecError(f"{where} {shown(address)}: {expected}")
+    if not _ADDRESS_HOST.fullmatch(host):
         raise SpecError(
-            f"{where} {address!r}: expected HOST:PORT with a port 1-65535 (e.g. head:6379) "
-            "or 'auto'"
+            f"{where} {shown(address)}: {host!r} is not a host name or address (letters, "
+            f"digits, '.', '_', '-'; an IPv6 address in brackets, [::1]:6379); {expected}"
         )
     return value
 
@@ -144,10 +160,14 @@ def check_ray_address(address: str, where: str) -> str:
 def check_strategy(value: str) -> str:
     """A placement strategy, case-insensitive, as Ray spells it."""
     if not isinstance(value, str):
-        raise SpecError(f"--ray-strategy {value!r}: expected one of {', '.join(RAY_STRATEGIES)}")
+        raise SpecError(
+            f"--ray-strategy {shown(value)}: expected one of {', '.join(RAY_STRATEGIES)}"
+        )
     upper = value.strip().upper()
     if upper not in RAY_STRATEGIES:
-        raise SpecError(f"--ray-strategy {value!r}: expected one of {', '.join(RAY_STRATEGIES)}")
+        raise SpecError(
+            f"--ray-strategy {shown(value)}: expected one of {', '.join(RAY_STRATEGIES)}"
+        )
     return upper
 
 
@@ -157,12 +177,12 @@ def parse_runtime_env(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SpecError(
-            f"--ray-runtime-env {text!r}: not JSON ({exc.msg} at character {exc.pos}); "
+            f"--ray-runtime-env {shown(text)}: not JSON ({exc.msg} at character {exc.pos}); "
             'expected a JSON object such as \'{"pip": ["jupyter_dist"]}\''
         ) from None
     if not isinstance(value, dict):
         raise SpecError(
-            f"--ray-runtime-env {text!r}: a JSON {type(value).__name__}; expected a JSON "
+            f"--ray-runtime-env {shown(text)}: a JSON {type(value).__name__}; expected a JSON "
             'object such as \'{"pip": ["jupyter_dist"]}\''
         )
     return value

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from jupyter_dist.common.bounded import shown
 from jupyter_dist.common.hosts import (
     MAX_NODES,
     HostSpec,
@@ -191,7 +192,7 @@ class SessionSpec:
 
 def check_positive(flag: str, value: int | None) -> None:
     if value is not None and value < 1:
-        raise SpecError(f"{flag} {value}: expected a whole number of at least 1")
+        raise SpecError(f"{flag} {shown(value)}: expected a whole number of at least 1")
 
 
 def check_session_name(name: str) -> str:
@@ -276,7 +277,7 @@ def validate_request(req: ShapeRequest) -> None:
     """Checks that need no knowledge of the machine."""
     check_positive("--nodes", req.nodes)
     if req.nodes is not None and req.nodes > MAX_NODES:
-        raise SpecError(f"--nodes {req.nodes}: a session takes at most {MAX_NODES} nodes")
+        raise SpecError(f"--nodes {shown(req.nodes)}: a session takes at most {MAX_NODES} nodes")
     check_node_count(len(req.hosts), "hosts")
     if req.python is not None:
         check_python(req.python)
@@ -288,7 +289,7 @@ def validate_request(req: ShapeRequest) -> None:
             check_positive(flag, count)
             if count > MAX_WORLD_SIZE:
                 raise SpecError(
-                    f"{flag} {count}: a session has at most {MAX_WORLD_SIZE} ranks in all"
+                    f"{flag} {shown(count)}: a session has at most {MAX_WORLD_SIZE} ranks in all"
                 )
         if req.hosts and counts and len(counts) > 1 and len(counts) != len(req.hosts):
             raise SpecError(
@@ -390,7 +391,7 @@ def check_limits(spec: SessionSpec, max_ranks: int) -> None:
                 else "this machine"
             )
             raise SpecError(
-                f"{flag} {count}: at most {max_ranks} ranks may run on a node ({where}); "
+                f"{flag} {shown(count)}: at most {max_ranks} ranks may run on a node ({where}); "
                 f"set {MAX_RANKS_VAR} (or the server's DistServerApp.max_ranks_per_node) "
                 "to allow more"
             )

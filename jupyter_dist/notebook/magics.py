@@ -23,8 +23,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import publish_display_data
 
 from jupyter_dist.common import cluster_env, pickling
+from jupyter_dist.common.bounded import parse_seconds, parse_whole, shown
 from jupyter_dist.common.events import CellEvent, Notice
 from jupyter_dist.common.hosts import (
+    MAX_NODES,
     HostSpec,
     check_node_count,
     check_python,
@@ -35,9 +37,10 @@ from jupyter_dist.common.hosts import (
 from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
 from jupyter_dist.common.launcher_options import check_launcher_options, given_options
 from jupyter_dist.common.payloads import SessionStatus
-from jupyter_dist.common.ray_options import RaySpec, check_strategy
+from jupyter_dist.common.ray_options import MAX_BUNDLE_UNITS, MAX_WAIT_S, RaySpec, check_strategy
 from jupyter_dist.common.spec import (
     DEFAULT_SESSION,
+    MAX_WORLD_SIZE,
     ShapeRequest,
     check_same_shape,
     check_seconds,
@@ -140,14 +143,32 @@ def _ray_spec(args: Any) -> RaySpec | None:
     )
     if not args.ray and all(v is None for v in flags):
         return None
+    units = MAX_BUNDLE_UNITS
     return RaySpec(
         address=args.ray_address,
         strategy=check_strategy(args.ray_strategy) if args.ray_strategy else RaySpec.strategy,
         runtime_env=args.ray_runtime_env or "",
-        cpus=1 if args.ray_cpus is None else args.ray_cpus,
-        gpus=args.ray_gpus,
-        timeout=args.ray_timeout,
+        cpus=1 if args.ray_cpus is None else parse_whole("--ray-cpus", args.ray_cpus, 1, units),
+        gpus=None if args.ray_gpus is None else parse_whole("--ray-gpus", args.ray_gpus, 0, units),
+        timeout=(
+            None
+            if args.ray_timeout is None
+            else parse_seconds("--ray-timeout", args.ray_timeout, MAX_WAIT_S)
+        ),
     )
+
+
+def _count(low: int, high: int, what: str) -> Callable[[str], int]:
+    """A count option's text (``--nodes``, ``--from``) as a number, its value checked
+    later; more digits than any count has are refused here, naming the range, without
+    being converted."""
+
+    def parse(text: str) -> int:
+        if re.fullmatch(r"\s*[+-]?[0-9]{1,9}\s*", text) is None:
+            raise argparse.ArgumentTypeError(f"{shown(text)}: expected {what}, {low} to {high}")
+        return int(text)
+
+    return parse
 
 
 def _k8s_spec(args: Any) -> K8sSpec | None:
@@ -340,7 +361,7 @@ class DistMagics(Magics):
     @magic_arguments()
     @argument(
         "--nodes",
-        type=int,
+        type=_count(1, MAX_NODES, "a number of nodes"),
         default=None,
         help="number of nodes (default: 1, or the number of hosts given)",
     )
@@ -392,20 +413,17 @@ class DistMagics(Magics):
     )
     @argument(
         "--ray-cpus",
-        type=int,
         default=None,
         help="CPUs each node's bundle holds (default 1; implies --ray)",
     )
     @argument(
         "--ray-gpus",
-        type=int,
         default=None,
         help="GPUs each node's bundle holds (default: the --gpus count, 0 with --procs; "
         "implies --ray)",
     )
     @argument(
         "--ray-timeout",
-        type=float,
         default=None,
         help="seconds to wait for the Ray cluster to have room for the nodes (default: the "
         "session's start timeout; implies --ray)",
@@ -780,14 +798,25 @@ class DistMagics(Magics):
         action="store_true",
         help="shutdown: every session (of this kernel, or of the Jupyter server that owns them)",
     )
-    @argument("--from", dest="source", type=int, default=None, help="sync: the rank copied from")
+    @argument(
+        "--from",
+        dest="source",
+        type=_count(0, MAX_WORLD_SIZE - 1, "a rank"),
+        default=None,
+        help="sync: the rank copied from",
+    )
     @argument(
         "--to",
         default=None,
         help="sync: the ranks copied to (default: those the last heal replaced, else every other)",
     )
     @argument("--spares", default=None, help="heal, resize: hosts a node may move to: h1,h2")
-    @argument("--nodes", type=int, default=None, help="resize: the number of nodes")
+    @argument(
+        "--nodes",
+        type=_count(1, MAX_NODES, "a number of nodes"),
+        default=None,
+        help="resize: the number of nodes",
+    )
     @argument("--procs", default=None, help="resize: ranks per node (CPU sessions)")
     @argument("--gpus", default=None, help="resize: ranks per node (GPU sessions)")
     @line_magic

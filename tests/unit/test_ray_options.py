@@ -1,4 +1,6 @@
-"""The ``--ray`` options: address resolution, strategy and runtime environment checks."""
+"""The ``--ray`` options: address resolution, strategy and runtime environment checks; no
+address a program could take for an option or that holds a NUL, no quantity past its bound
+(named short, with the range)."""
 
 from __future__ import annotations
 
@@ -6,12 +8,16 @@ import pytest
 
 from jupyter_dist.common.ray_options import (
     DEFAULT_RAY_STRATEGY,
+    MAX_BUNDLE_UNITS,
+    RAY_ADDRESS_ENV,
+    RaySpec,
     address_origin,
     check_strategy,
     parse_runtime_env,
     resolve_ray_address,
 )
 from jupyter_dist.errors import SpecError
+from jupyter_dist.notebook.magics import DistMagics, _ray_spec
 
 
 def test_address_flag_then_env_then_auto() -> None:
@@ -56,3 +62,61 @@ def test_runtime_env() -> None:
         parse_runtime_env("{pip")
     with pytest.raises(SpecError, match="a JSON list; expected a JSON object"):
         parse_runtime_env("[1]")
+
+
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    [
+        ("-oProxyCommand=x:6379", "starts with '-', which a program would read as one of its"),
+        ("head\0:6379", "it holds a NUL character"),
+        ("he ad:6379", "it holds the character ' '"),
+        ("head:63\n79", "it holds the character '\\n'"),
+        ("a/b:6379", "'a/b' is not a host name or address"),
+        ("-head:6379", "starts with '-'"),
+        ("head:\u0661\u0662", "expected HOST:PORT with a port 1-65535"),  # Arabic-Indic digits
+        ("head:" + "1" * 5000, "(5005 characters): expected HOST:PORT"),
+        ("h" * 5000 + ":6379", "of at most 300 characters"),
+        ("::1:6379", "'::1' is not a host name or address"),
+    ],
+)
+def test_an_address_that_is_not_a_host_and_port_is_refused_naming_it(
+    bad: str, fragment: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        RaySpec(address=bad)
+    message = str(caught.value)
+    assert message.startswith("--ray-address ") and fragment in message, message
+    assert len(message) < 400, message
+    with pytest.raises(SpecError, match=f"^{RAY_ADDRESS_ENV} "):
+        resolve_ray_address(None, {RAY_ADDRESS_ENV: bad})
+
+
+def test_addresses_of_every_kind_of_host_pass() -> None:
+    for good in ("head:6379", "10.0.0.1:6379", "[::1]:6379", "head-1.example.org:6380", "auto"):
+        assert RaySpec(address=good).address == good
+        assert resolve_ray_address(None, {RAY_ADDRESS_ENV: f" {good} "}) == good
+
+
+def test_quantities_are_bounded_and_a_huge_one_is_named_short_with_the_range() -> None:
+    huge = int("9" * 4000)
+    for field, flag, low in (("cpus", "--ray-cpus", 1), ("gpus", "--ray-gpus", 0)):
+        with pytest.raises(SpecError) as caught:
+            RaySpec(**{field: huge})
+        assert str(caught.value) == (
+            f"{flag} '99999999...9999' (4000 digits): expected {low} to {MAX_BUNDLE_UNITS}"
+        )
+    with pytest.raises(SpecError, match=r"^--ray-timeout 1e\+300: expected seconds, more than 0"):
+        RaySpec(timeout=1e300)
+    # typed in a cell: the text is checked before it is converted
+    magics = DistMagics(None)
+    with pytest.raises(SpecError) as caught:
+        _ray_spec(magics._cell_args("--ray-cpus " + "9" * 5000))
+    assert str(caught.value) == (
+        f"--ray-cpus '99999999...9999' (5000 digits): expected 1 to {MAX_BUNDLE_UNITS}"
+    )
+    with pytest.raises(SpecError, match=r"^--ray-timeout '1e999': expected seconds, more than"):
+        _ray_spec(magics._cell_args("--ray-timeout 1e999"))
+    with pytest.raises(SpecError, match=r"^--ray-gpus 'two': expected a whole number, 0 to 4096"):
+        _ray_spec(magics._cell_args("--ray-gpus two"))
+    spec = _ray_spec(magics._cell_args("--ray-cpus 4 --ray-gpus 0 --ray-timeout 90"))
+    assert spec is not None and (spec.cpus, spec.gpus, spec.timeout) == (4, 0, 90.0)
