@@ -175,6 +175,8 @@ def check_node_count(count: int, where: str) -> None:
 def read_small_file(path: str | Path, where: str) -> str:
     """The text of a regular file of at most `MAX_FILE_BYTES`; anything else (a device, a
     pipe, a folder, a bigger file) is refused without reading it."""
+    if "\0" in str(path):
+        raise SpecError(f"{where} {shown_value(str(path))}: a file's path holds no NUL character")
     file = Path(path).expanduser()
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer

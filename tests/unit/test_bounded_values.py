@@ -8,7 +8,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from jupyter_dist.common.bounded import check_whole, cut, parse_seconds, parse_whole, shown
-from jupyter_dist.common.hosts import MAX_NODES
+from jupyter_dist.common.hosts import MAX_NODES, read_hostfile
 from jupyter_dist.common.launcher_options import check_launcher_options, given_options
 from jupyter_dist.common.spec import validate_request
 from jupyter_dist.errors import SpecError
@@ -90,4 +90,10 @@ def test_a_hosts_slots_are_bounded() -> None:
     body = {"hosts": [{"name": "a", "slots": HUGE}]}
     assert refusal(shape_from_json, body) == (
         f"hosts[0]: slots {SHORT} of 'a': expected a whole number of at least 1 and at most 65536"
+    )
+
+
+def test_a_hostfile_path_with_a_nul_is_refused_naming_it() -> None:
+    assert refusal(read_hostfile, "hosts\0.txt") == (
+        "--hostfile 'hosts\\x00.txt': a file's path holds no NUL character"
     )
