@@ -7,7 +7,8 @@ Every wait on an agent has a deadline, and the client pings the agent (`Heartbea
 node whose agent says nothing for `Heartbeat.deadline_s` is lost ("unreachable since
 HH:MM:SS"), everything waiting on it fails with that reason, and its launcher is stopped.
 Lines that are not the protocol (a login banner, bad types, a line too long) are named
-with what the node sent, and never taken for the agent's exit.
+with what the node sent, and never taken for the agent's exit: before ``ready`` they are
+kept to quote if the start fails; after it they make the node lost at once.
 """
 
 from __future__ import annotations
@@ -289,7 +290,20 @@ class AgentClient:
             if len(self.stray_lines) < KEPT_STRAY_LINES:
                 self.stray_lines.append(line[:1000])
             return
-        log.warning("node %s sent %s: %s", self.host, problem, quote_line(line))
+        self._refuse(problem, line)
+
+    def _refuse(self, problem: str, line: bytes) -> None:
+        """After ``ready`` only the agent writes to the node's channel (`node.agent` keeps
+        its stdout for the protocol), so a line that is not the protocol means something
+        else answers there: nothing more the node says is trusted, and the node is lost
+        at once, quoting the line, where a spawn would have waited out its deadline."""
+        if self.lost or self.stopping:
+            return
+        self._lose(
+            f"node {self.host!r}: after its agent was ready, it sent {problem}: "
+            f"{quote_line(line)}; the agent never writes that (another program writes to "
+            "the node's channel, or it is not this notebook's agent), so the node was given up"
+        )
 
     async def _exit_summary(self) -> str:
         """Why the agent's stream ended, in a line: what the launcher knows (the link was

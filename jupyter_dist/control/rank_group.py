@@ -343,12 +343,15 @@ class RankGroup:
             if self.spec.launcher not in ("ray", "k8s")
             else ""
         )
+        kept = (
+            f"{ranks_label(alive)} kept {'its' if len(alive) == 1 else 'their'} state "
+            "(`%dist pull`, `%dist stacks` and `%dist status` work). "
+            if alive
+            else "No rank is left. "
+        )
         return (
-            f"session {self.name!r} is degraded: {faults or self.broken_reason}. "
-            f"{ranks_label(alive) if alive else 'no rank'} kept "
-            f"{'its' if len(alive) == 1 else 'their'} state (`%dist pull`, `%dist stacks` "
-            f"and `%dist status` work). {heal}`%dist restart --session {self.name}` starts "
-            "every rank afresh"
+            f"session {self.name!r} is degraded: {faults or self.broken_reason}. {kept}"
+            f"{heal}`%dist restart --session {self.name}` starts every rank afresh"
         )
 
     def _survivors(self, ranks: Sequence[int] | None) -> list[int]:

@@ -312,19 +312,37 @@ def test_lines_are_bounded_and_a_long_one_is_cut_not_split() -> None:
     assert lines[2:] == [b"after\n", b"last"]
 
 
-def test_a_line_over_the_limit_after_ready_is_named_not_taken_for_an_exit(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (b"y" * (5 * 1024 * 1024) + b"\n", "a line over 4194304 bytes: b'yyyy"),
+        (b"Welcome to node0!\n", "a line that is not a JSON message (Expecting value"),
+        (b'{"seq": 1}\n', "a JSON line with no 'event': b'{\"seq\": 1}'"),
+        (b'{"event": "spawned", "rank": 0}\n', "a malformed 'spawned' event (KeyError"),
+    ],
+)
+def test_a_line_that_is_not_the_protocol_after_ready_loses_the_node_at_once(
+    line: bytes, problem: str
 ) -> None:
+    """After ``ready`` the agent alone writes to its stdout: anything else there fails
+    what waits on the node at once, quoting it, and is not taken for an exit."""
+
     async def main() -> AgentClient:
         launcher = FedLauncher(ready_line())
-        node = AgentClient(launcher, 0, on_exit=lambda *_: None)
+        lost: list[AgentClient] = []
+        node = AgentClient(launcher, 0, on_exit=lambda *_: None, on_lost=lost.append)
         await node.start("s", {}, 5.0)
-        launcher.out.feed_data(b"y" * (5 * 1024 * 1024) + b"\n")
-        launcher.out.feed_data(json.dumps({"event": "pong", "seq": 1}).encode() + b"\n")
-        await asyncio.sleep(0.2)
-        assert not node.lost
+        launcher.out.feed_data(json.dumps({"event": "newer-kind", "x": 1}).encode() + b"\n")
+        spawn = asyncio.ensure_future(node.spawn(0, 0, {}, "key", "/", timeout=30))
+        await asyncio.sleep(0.05)
+        assert not node.lost  # an event kind of a newer agent is left alone
+        launcher.out.feed_data(line)
+        with pytest.raises(AgentError):
+            await asyncio.wait_for(spawn, 5)
+        assert lost == [node]
         await node.stop()
         return node
 
-    run(main())
-    assert any("sent a line over 4194304 bytes: b'yyyy" in r.getMessage() for r in caplog.records)
+    node = run(main())
+    assert node.lost_reason.startswith("node 'fed': after its agent was ready, it sent "), node
+    assert problem in node.lost_reason and "exited" not in node.lost_reason, node.lost_reason
