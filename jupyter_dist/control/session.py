@@ -125,6 +125,8 @@ class Session(RankGroup):
         #: hosts that may take a lost node's place (``%dist heal --spares``), unused ones
         self.spares: tuple[HostSpec, ...] = ()
         self._healing = asyncio.Lock()
+        #: a heal or resize got as far as the survivors leaving their group (`_regroup`)
+        self._joining = False
         #: the notebook that started it (under a server), its path now ("" if none did)
         self.notebook = ""
         #: that notebook's file id, which its renames keep ("" if the server has none)
@@ -531,7 +533,12 @@ class Session(RankGroup):
             if rec.client is not None:
                 await rec.client.close()
                 rec.client = None
-        alive = [r for r in replace if self.ranks[r].state != RankState.DEAD]
+        # one with no process (its spawn failed in a heal or resize) has nothing to stop
+        alive = [
+            r
+            for r in replace
+            if self.ranks[r].state != RankState.DEAD and self.ranks[r].pid is not None
+        ]
         await self._kill_ranks(alive)
         for node in lost_nodes:
             await self._restart_node(node, say)
@@ -576,12 +583,22 @@ class Session(RankGroup):
             say(f"asking {cluster} for {len(added_nodes)} more node(s)")
             await placement.resize(new_spec, say, self.timeouts.start)
         self.move(SessionState.HEALING)
+        before = (self.spec, len(self.nodes), self.spares, self.rank_vars.get(GENERATION_VAR))
+        self._joining = False
         try:
             await asyncio.wait_for(
                 self._resize(new_spec, removed, added, added_nodes, say), self.timeouts.restart
             )
         except BaseException as err:
             why = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            if added and not self._joining and isinstance(err, Exception):
+                # no survivor left its group: the grow is undone, nothing was lost
+                await self._undo_grow(before, added, say)
+                raise SessionError(
+                    f"session {self.name!r}: adding {ranks_label(added)} failed, so the resize "
+                    f"was undone: {why}. Its {self.spec.world_size} ranks are as they were, "
+                    f"with their variables; `%dist resize` tries again"
+                ) from err
             self.broken_reason = f"a resize that failed: {why}"
             self.state = SessionState.BROKEN
             raise
@@ -593,6 +610,49 @@ class Session(RankGroup):
         text = resize_report(added, removed, new_spec.world_size, self.generation)
         log.info("session %s resized: %s", self.name, text)
         return text
+
+    async def _undo_grow(
+        self,
+        before: tuple[SessionSpec, int, tuple[HostSpec, ...], str | None],
+        added: list[int],
+        say: Progress,
+    ) -> None:
+        """A grow that failed before any survivor left its group: its ranks and nodes go,
+        and the session is as it was (``before``: its spec, node count, spares and
+        generation variable then)."""
+        spec, node_count, spares, generation_var = before
+        for r in added:
+            rec = self.ranks.get(r)
+            if rec is not None and rec.client is not None:
+                await rec.client.close()
+                rec.client = None
+        started = [
+            r
+            for r in added
+            if r in self.ranks
+            and self.ranks[r].pid is not None
+            and self.ranks[r].state != RankState.DEAD
+        ]
+        try:
+            await self._kill_ranks(started)
+        except Exception as err:  # the agent is stopped below if its node was added
+            log.warning("session %s: undoing a resize: %s", self.name, err)
+        for r in added:
+            self.ranks.pop(r, None)
+        for node in self.nodes[node_count:]:
+            with contextlib.suppress(Exception):
+                await node.stop()
+        grown = self.spec.nodes
+        self.nodes, self.spec, self.spares = self.nodes[:node_count], spec, spares
+        if generation_var is not None:
+            self.rank_vars[GENERATION_VAR] = generation_var
+        if self.placement is not None and grown != spec.nodes:
+            try:  # the added nodes' machines go back to the cluster
+                await self.placement.resize(spec, say, self.timeouts.start)
+            except Exception as err:  # held until the session stops, which gives all back
+                log.warning("session %s: giving back added nodes: %s", self.name, err)
+        self.move(SessionState.READY)
+        self._changed()
 
     async def _resize(
         self,
@@ -775,6 +835,7 @@ class Session(RankGroup):
                 raise RanksFailed(self.name, self.spec.world_size, hosted.failures)
             await check_reachable(self.spec, self.nodes, rdzv)
         say(f"{ranks_label(sorted(self.ranks))} joining a new process group")
+        self._joining = True  # from here on the survivors leave their group
         init = self.spec.init_process_group
         outputs: queue.SimpleQueue[CellEvent] = queue.SimpleQueue()
         joined = await self._run_cell(  # new ranks bootstrap, survivors regroup

@@ -139,6 +139,16 @@ _DIR_NAME = re.compile(r"jd-([0-9]{1,10})-.+")
 LOCK_NAME = "agent.lock"
 
 
+class SpawnRefused(Exception):
+    """A spawn the node cannot carry out, said in words a user can act on (its error event
+    carries the message alone, not the exception's type)."""
+
+
+def described(err: Exception) -> str:
+    """``err`` for an error event: a `SpawnRefused`'s words, else its type and message."""
+    return str(err) if isinstance(err, SpawnRefused) else f"{type(err).__name__}: {err}"
+
+
 @contextlib.contextmanager
 def _environment(values: dict[str, str]) -> Iterator[None]:
     """``values`` in ``os.environ`` for the block (a variable already set is left alone),
@@ -453,8 +463,7 @@ class Agent:
             named = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
             error: AgentErrorEvent = {
                 "event": "error",
-                "message": f"{'' if named is None else f'rank {named}: '}"
-                f"{type(err).__name__}: {err}",
+                "message": f"{'' if named is None else f'rank {named}: '}{described(err)}",
                 "rank": named,
             }
             if isinstance(data.get("id"), str):  # the request waiting for a reply fails
@@ -507,7 +516,7 @@ class Agent:
             try:
                 self._fork_rank(cmd)
             except Exception as err:
-                message = f"rank {rank}: {type(err).__name__}: {err}"
+                message = f"rank {rank}: {described(err)}"
                 self.emit({"event": "error", "message": message, "rank": rank})
 
     def _fork_rank(self, cmd: SpawnCommand) -> None:
@@ -523,14 +532,21 @@ class Agent:
         remove_parts(output_base)  # a rank started again starts a new output log
         # Unix sockets in the agent's private (0700) folder: no TCP port is opened, and
         # only this user can connect (messages are HMAC-signed on top)
-        _, cfg = write_connection_file(
-            conn_path,
-            ip=os.path.join(self.dir, f"rank-{rank}"),
-            key=str(cmd["key"]).encode(),
-            transport="ipc",
-            signature_scheme="hmac-sha256",
-            kernel_name="jupyter-dist-rank",
-        )
+        try:
+            _, cfg = write_connection_file(
+                conn_path,
+                ip=os.path.join(self.dir, f"rank-{rank}"),
+                key=str(cmd["key"]).encode(),
+                transport="ipc",
+                signature_scheme="hmac-sha256",
+                kernel_name="jupyter-dist-rank",
+            )
+        except OSError as err:  # a full temporary folder: said as such, with the folder
+            with contextlib.suppress(OSError):
+                os.unlink(conn_path)
+            raise SpawnRefused(
+                f"cannot write its connection file: {unwritable(self.dir, err)}"
+            ) from None
         env = {**self.base_env, **cmd.get("env", {}), "JPY_PARENT_PID": str(self.pid)}
         cwd = str(cmd.get("cwd") or os.getcwd())
         world = env.get("WORLD_SIZE", "")

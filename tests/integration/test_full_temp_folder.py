@@ -140,6 +140,28 @@ def test_a_full_disk_costs_the_logs_not_the_output(full_later: Path, run: Run) -
     assert last.read_text() == "logged again\n"
 
 
+def test_a_full_disk_at_spawn_names_the_node_and_the_folder(full_later: Path, run: Run) -> None:
+    """The agent's folder was made while there was room; a resize then writes the new
+    rank's connection file there: on a full disk it fails at once, naming the node and
+    the folder, and is undone (the ranks keep their variables); once space is freed the
+    next resize works."""
+    assert run(f"%%distributed --session {SESSION}\nkept = os.environ['RANK']").ok
+    fill(full_later)
+    out = run(f"%dist resize --procs 3 --session {SESSION}")
+    text = strip_ansi(out.stdout + out.stderr + str(out.error))
+    assert not out.ok, text
+    assert "rank 2: cannot write its connection file: no space left on device in " in text, text
+    assert f"in {full_later}/jd-" in text and "free space there or point" in text, text
+    assert "node '" in text and "Errno" not in text, text
+    assert "the resize was undone" in text and "`%dist resize` tries again" in text, text
+    (full_later / "fill").unlink()
+    grown = run(f"%dist resize --procs 3 --session {SESSION}")
+    assert grown.ok, grown.stdout + grown.stderr
+    out = run(f"%%distributed --session {SESSION}\nprint('kept', globals().get('kept'))")
+    assert out.ok, out.stdout + out.stderr
+    assert "[rank 1] kept 1" in out.stdout and "[rank 2] kept None" in out.stdout, out.stdout
+
+
 NOTEBOOK = """
 import os
 from IPython.testing.globalipapp import start_ipython

@@ -820,6 +820,60 @@ def test_a_cluster_kinds_resize_holds_new_machines_first_and_gives_removed_ones_
     assert "rank 2 added" in said[0] and "rank 2 removed" in said[1], said
 
 
+def test_a_grow_whose_new_rank_cannot_start_is_undone_and_tried_again(kernels: KernelStub) -> None:
+    """The new rank's spawn fails before any survivor left its group: the resize is undone
+    (its node stopped, its machine given back) and says so; the next one works."""
+    cluster = FakeCluster(remote=True)
+    placement = ResizingPlacement(cluster)
+    full = "rank 2: cannot write its connection file: no space left on device in /tmp/jd-1"
+
+    async def main() -> tuple[str, list[Any], str]:
+        session = cluster_session(cluster, placement)
+        await session.start()
+        cluster.script(2).spawn_errors = {2: full}
+        with pytest.raises(SessionError) as failed:
+            await session.resize([1, 1, 1])
+        undone = [session.state, len(session.nodes), sorted(session.ranks), session.generation]
+        cluster.script(2).spawn_errors = {}
+        said = await session.resize([1, 1, 1])
+        await session.shutdown()
+        return str(failed.value), undone, said
+
+    failed, undone, said = run(main())
+    assert failed.startswith("session 'fake': adding rank 2 failed, so the resize was undone: ")
+    assert full in failed and "Its 2 ranks are as they were" in failed, failed
+    assert undone == [SessionState.READY, 2, [0, 1], 0], undone
+    assert cluster.agents_of(2)[0].exited and "rank 2 added" in said, said
+    assert placement.calls[1:4] == [
+        "resize 3 with agents on [0, 1]",
+        "resize 2 with agents on [0, 1]",  # the added machine given back
+        "resize 3 with agents on [0, 1]",
+    ], placement.calls
+
+
+def test_a_heal_whose_spawn_failed_can_be_tried_again(kernels: KernelStub) -> None:
+    """The rank a failed heal could not start has no process: the next heal does not wait
+    for it to exit, it starts it."""
+    cluster = FakeCluster(remote=True)
+
+    async def main() -> tuple[str, SessionState, str]:
+        session = await started(cluster, two_nodes())
+        cluster.agents_of(1)[0].exit_rank(3, -9)
+        await cluster.settle()
+        cluster.script(1).spawn_errors = {3: "rank 3: cannot write its connection file"}
+        with pytest.raises(AgentError) as failed:
+            await session.heal()
+        state = session.state
+        cluster.script(1).spawn_errors = {}
+        said = await asyncio.wait_for(session.heal(), 5)
+        await session.shutdown()
+        return str(failed.value), state, said
+
+    failed, state, said = run(main())
+    assert "rank 3: cannot write its connection file" in failed and state == SessionState.BROKEN
+    assert "rank 3 replaced by a fresh rank kernel" in said, said
+
+
 def test_a_resize_the_cluster_cannot_hold_changes_nothing_and_a_kind_that_cannot_is_named(
     kernels: KernelStub,
 ) -> None:
