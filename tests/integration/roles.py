@@ -1,6 +1,6 @@
 """An authorizer for tests' servers (``--ServerApp.authorizer_class``): the token's user may
-do everything, except that a request marked ``X-Test-Role: reader`` may not execute, as a
-user given read permission only."""
+do everything, except that a request marked ``X-Test-Role: reader`` may only read, as a
+user given read permission only (no ``write``, no ``execute``)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ READER = {"X-Test-Role": "reader"}
 
 
 class ReaderByHeader(Authorizer):
-    """No ``execute`` for a request with the `READER` header; everything else allowed."""
+    """Only ``read`` for a request with the `READER` header; everything else allowed."""
 
     def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
         reader = handler.request.headers.get("X-Test-Role") == "reader"
-        return not (reader and action == "execute")
+        return not reader or action == "read"
 
 
 AUTHORIZER = f"{__name__}.{ReaderByHeader.__name__}"

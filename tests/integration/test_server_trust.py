@@ -23,7 +23,7 @@ from jupyter_dist.server.rank_consoles import FOLDER_PREFIX
 
 from .roles import AUTHORIZER, READER
 from .server_process import API, Server, kill_server, start_server, start_server_in, stop_server
-from .test_security import execute_on_ranks
+from .test_security import every_route, execute_on_ranks
 from .test_server import run_on_kernel
 
 pytestmark = pytest.mark.slow
@@ -244,6 +244,79 @@ def test_a_reader_sees_no_rank_logs_nor_exit_tails(server: Server) -> None:
         assert status == 200 and "SECRET-IN-THE-LOG" in json.dumps(snapshot)
     finally:
         assert server.call("DELETE", f"{API}/sessions/told")[0] == 204
+
+
+def login_cookie(server: Server) -> str:
+    """The login cookie a browser holds after it signed in with the token (the server sets
+    it on any request the token authenticates)."""
+    _, _, reply, _ = send(server, "GET", "/api/status")
+    cookies = [c.split(";", 1)[0] for c in reply.headers.get_all("Set-Cookie") or []]
+    (cookie,) = [c for c in cookies if c.startswith("username-")]
+    return cookie
+
+
+def test_no_change_from_a_read_only_user_nor_a_page_without_the_xsrf_token(
+    server: Server,
+) -> None:
+    """Every route that changes something (each POST and DELETE of ours, and the rank
+    consoles' Kernel > Interrupt and Restart): 403 for a user with read permission only,
+    and for a browser's request that has the login cookie but not the XSRF token (what a
+    page of another site could send); nothing changed. The cookie with the token gets
+    through, so the 403s were the XSRF check's."""
+    status, created = server.call("POST", f"{API}/sessions", {"name": "kept", **BARE})
+    assert status == 201, created
+    try:
+        status, console = server.call("POST", f"{API}/sessions/kept/ranks/0/kernel")
+        assert status == 201, console
+        routes = [(m, p) for m, p in every_route("kept") if m not in ("GET", "HEAD")]
+        routes += [("POST", f"/api/kernels/{console['id']}/{a}") for a in ("interrupt", "restart")]
+        assert {p.rsplit("/", 1)[-1] for _, p in routes} >= {
+            "sessions", "kept", "stacks", "interrupt", "restart", "heal", "resize", "free",
+            "turns", "end", "kernel",
+        }  # fmt: skip
+        cookie = f"{login_cookie(server)}; _xsrf=0123456789abcdef"
+        sent_by = {"a read-only user": READER, "a page without the XSRF token": {}}
+        for who, headers in sent_by.items():
+            token = None if headers is not READER else server.token
+            for method, path in routes:
+                body = json.dumps({"name": "intruder", **BARE, "counts": [2]}).encode()
+                got, reply, _, _ = send_as(server, method, path, body, headers, token, cookie)
+                assert got == 403, (who, method, path, got, reply)
+                if token is None:
+                    assert b"_xsrf" in reply, (method, path, reply)
+        status, listed = server.call("GET", f"{API}/sessions")
+        assert [(s["name"], s["state"]) for s in listed] == [("kept", "ready")], listed
+        assert listed[0]["ranks"][0]["pid"] == created["ranks"][0]["pid"]  # not restarted
+        assert listed[0]["queue"] == [] and listed[0]["spec"]["procs_per_node"] == 1
+        assert console["id"] in kernel_ids(server)
+        xsrf = {"X-XSRFToken": "0123456789abcdef"}
+        got, reply, _, _ = send_as(
+            server, "POST", f"{API}/sessions/kept/interrupt", b"{}", xsrf, None, cookie
+        )
+        assert got == 204, reply
+    finally:
+        assert server.call("DELETE", f"{API}/sessions/kept")[0] == 204
+
+
+def send_as(
+    server: Server,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    token: str | None,
+    cookie: str,
+) -> tuple[int, bytes, http.client.HTTPResponse, http.client.HTTPConnection]:
+    """One request with ``token`` (None: the browser's ``cookie`` instead) and ``headers``."""
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    auth = {"Authorization": f"token {token}"} if token else {"Cookie": cookie}
+    try:
+        conn.request(method, path, body=body, headers={**auth, **headers})
+        reply = conn.getresponse()
+        return reply.status, reply.read(), reply, conn
+    finally:
+        conn.close()
 
 
 # -- bodies --------------------------------------------------------------------------------------
