@@ -99,7 +99,9 @@ def chips_html(statuses: list[RankStatus], now: float | None = None) -> str:
 # while the cell runs); in a finished cell's snapshot it opens the rank's block. Where a
 # sanitizer drops the handler (an untrusted notebook, a viewer) the chip is only a label.
 # Keyboard users have the selector itself, which keeps its focus; the chips are redrawn
-# every tick and would lose it, so they stay out of the tab order.
+# every tick and would lose it, so they stay out of the tab order. The chip acts as it is
+# pressed (pointerdown), not on click: a click fires only where press and release landed
+# on the same element, and a redraw between the two (each tick) would swallow it.
 _CHIP_CLICK = (
     "var v=this.closest('.jd-cell-view');if(!v)return;"
     "var d=v.querySelector('details[data-rank=\"RANK\"]');"
@@ -121,7 +123,7 @@ def _chip(status: RankStatus, now: float, slowest: float, index: int) -> str:
     return (
         f'<button type="button" tabindex="-1" class="jd-chip" data-rank="{status.rank}" '
         f'data-state="{status.state}" title="{html.escape(title)}" '
-        f'aria-label="{html.escape(title)}" onclick="{html.escape(click)}">'
+        f'aria-label="{html.escape(title)}" onpointerdown="{html.escape(click)}">'
         f"<span>{status.rank} · {status.state} {seconds:.1f}s</span>"
         f'<span class="jd-bar" style="width:{width:.0f}%"></span>'
         + (f'<span class="jd-proc">{html.escape(proc)}</span>' if proc else "")
