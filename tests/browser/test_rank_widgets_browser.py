@@ -31,9 +31,13 @@ def cells(sampled: Path) -> list[str]:
         "from tqdm.auto import tqdm\n"
         f"bar = ipywidgets.IntProgress(min=0, max={STEPS}, description='steps')\n"
         "display(bar)\n"
+        # tqdm's bar is displayed before rich's live display starts: rich's refresh thread
+        # captures every output of the cell while it redraws (its Output widget's msg_id, in
+        # a browser as here), and a display made then would go into rich's widget
+        f"epochs = tqdm(range({STEPS}), desc='epoch')\n"
         "with Progress() as progress:\n"
         f"    task = progress.add_task('rich', total={STEPS})\n"
-        f"    for i in tqdm(range({STEPS}), desc='epoch'):\n"
+        "    for i in epochs:\n"
         "        bar.value = i + 1\n"
         "        progress.advance(task)\n"
         f"        if os.path.exists({str(sampled)!r}):\n"
