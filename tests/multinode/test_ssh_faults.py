@@ -1,8 +1,10 @@
 """Faults across two real sshd nodes: interrupts, a rank failing while the others wait in a
-collective, and a Jupyter server that stops while its sessions run on both nodes."""
+collective, and a Jupyter server that stops, or a notebook kernel that is killed, while
+its sessions run on both nodes."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,10 +12,11 @@ from typing import Any
 
 import psutil
 import pytest
+from jupyter_client import KernelManager
 
 from jupyter_dist.errors import CellTimeout, RanksFailed
-from jupyter_dist.settings import ABORT_AFTER_VAR, INTERRUPT_ACK_VAR
-from tests.conftest import CellOutput, session_status
+from jupyter_dist.settings import ABORT_AFTER_VAR, INTERRUPT_ACK_VAR, OUTPUT_VAR
+from tests.conftest import CellOutput, kernel_process, ready_client, session_status
 from tests.integration.server_process import API, start_server, stop_server
 
 from .test_ssh_sessions import flags, netns_pids
@@ -115,3 +118,46 @@ def test_stopping_the_server_leaves_nothing_on_any_node(cluster: Any, tmp_path: 
     while any(ours_on(cluster, n) for n in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not ours_on(cluster, 0) and not ours_on(cluster, 1)
+
+
+def test_a_killed_notebook_kernel_leaves_nothing_on_any_node(
+    cluster: Any, kernel_name: str, tmp_path: Path
+) -> None:
+    """The notebook kernel that owns a session is killed (SIGKILL, no cleanup of its own)
+    while a cell runs on both nodes: its SSH connections drop, and each node's agent stops
+    its relay and ranks and exits."""
+    km = KernelManager(kernel_name=kernel_name)
+    km.start_kernel(cwd=str(tmp_path), env={**os.environ, OUTPUT_VAR: "text"})
+    try:
+        kc = ready_client(km)
+        texts: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] in ("stream", "error"):
+                texts.append(str(msg["content"].get("text", msg["content"].get("evalue"))))
+
+        for cell in (
+            "%load_ext jupyter_dist",
+            f"%%distributed --session doomed {flags(cluster)} --procs 1\nimport os, time",
+        ):
+            reply = kc.execute_interactive(cell, output_hook=hook, timeout=180)
+            assert reply["content"]["status"] == "ok", "".join(texts)
+        assert all(len(ours_on(cluster, n)) == 3 for n in (0, 1))  # agent, relay, rank
+        mark = tmp_path / "running"
+        kc.execute(
+            "%%distributed --session doomed\n"
+            f"open({str(mark)!r} + os.environ['RANK'], 'w').close()\ntime.sleep(600)"
+        )
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{mark}{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline, "the cell did not start on both nodes"
+            time.sleep(0.05)
+        kc.stop_channels()
+    finally:
+        kernel_process(km).kill()
+        km.cleanup_resources()
+    deadline = time.monotonic() + 60
+    while any(ours_on(cluster, n) for n in (0, 1)):
+        left = {n: [p.pid for p in ours_on(cluster, n)] for n in (0, 1)}
+        assert time.monotonic() < deadline, f"left on the nodes after 60 s: {left}"
+        time.sleep(0.2)
