@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any, cast
 
 from jupyter_dist.common.payloads import K8sSpecJSON
+from jupyter_dist.common.pod_template import MAX_TEMPLATE_BYTES, read_pod_template
 from jupyter_dist.errors import SpecError
 
 #: the longest a session may wait for its pods to be scheduled and started (a day)
@@ -33,8 +33,19 @@ DEFAULT_GRACE_S = 60.0
 MAX_GRACE_S = 3600.0
 #: the most node selectors or tolerations one session may give
 MAX_SELECTORS = 64
-#: the largest pod template file read
-MAX_TEMPLATE_BYTES = 256 * 1024
+#: what ``--cpus`` and ``--memory`` may ask of one pod (its machine must hold it): from a
+#: thousandth of a CPU to 4096 CPUs, from 1 MiB to 64 TiB
+QUANTITY_BOUNDS = {
+    "--cpus": (Decimal("0.001"), Decimal(4096), "0.001 (1m) to 4096"),
+    "--memory": (Decimal(2**20), Decimal(2**46), "1Mi to 64Ti"),
+}
+#: the longest quantity read (``4096``, ``0.125``, ``65536Gi``)
+MAX_QUANTITY_CHARS = 24
+_SUFFIXES: dict[str, Decimal | int] = {
+    "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 _QUANTITY = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
@@ -148,60 +159,6 @@ class K8sSpec:
         return cls(**fields)
 
 
-def read_pod_template(path: str) -> dict[str, Any]:
-    """``--pod-template FILE``: a Pod, a PodTemplateSpec (``metadata``/``spec``) or a bare
-    pod spec, YAML or JSON, at most `MAX_TEMPLATE_BYTES`; returned as a PodTemplateSpec."""
-    import yaml
-
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer (the server reads it)
-        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as err:
-        raise SpecError(f"--pod-template {path!r}: {err.strerror or err}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SpecError(f"--pod-template {path!r}: not a regular file; expected a pod template")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(MAX_TEMPLATE_BYTES + 1)
-    except OSError as err:
-        raise SpecError(f"--pod-template {path!r}: {err.strerror or err}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_TEMPLATE_BYTES:
-        raise SpecError(
-            f"--pod-template {path!r}: larger than {MAX_TEMPLATE_BYTES // 1024} KiB; expected a "
-            "pod template"
-        )
-    try:
-        data = yaml.safe_load(raw.decode())
-    except (UnicodeDecodeError, yaml.YAMLError) as err:
-        raise SpecError(f"--pod-template {path!r}: not YAML or JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise SpecError(
-            f"--pod-template {path!r}: expected a mapping (a Pod, a pod template or a pod "
-            f"spec), got {type(data).__name__}"
-        )
-    if data.get("kind") not in (None, "Pod", "PodTemplate"):
-        raise SpecError(
-            f"--pod-template {path!r}: kind {data.get('kind')!r}; expected Pod or PodTemplate"
-        )
-    if data.get("kind") == "PodTemplate":
-        data = data.get("template") or {}
-    if "spec" not in data and "metadata" not in data:
-        data = {"spec": data}
-    spec, metadata = data.get("spec") or {}, data.get("metadata") or {}
-    if not isinstance(spec, dict) or not isinstance(metadata, dict):
-        raise SpecError(f"--pod-template {path!r}: spec and metadata must be mappings")
-    containers = spec.get("containers", [])
-    if not isinstance(containers, list) or len(containers) > 1:
-        raise SpecError(
-            f"--pod-template {path!r}: {len(containers) if isinstance(containers, list) else '?'}"
-            " containers; expected at most one (its fields are merged into the node's "
-            "container; add sidecars as initContainers with restartPolicy Always)"
-        )
-    return {"metadata": metadata, "spec": spec}
-
-
 def _check_seconds(flag: str, value: object, most: float, optional: bool = False) -> None:
     if value is None and optional:
         return
@@ -224,16 +181,35 @@ def check_namespace(value: str) -> str:
 
 
 def check_quantity(flag: str, value: str) -> str:
-    """A Kubernetes resource quantity: ``8``, ``0.5``, ``500m``, ``32Gi``."""
-    if (
-        not isinstance(value, str)
-        or not _QUANTITY.fullmatch(value)
-        or float(re.sub(r"[A-Za-z]+$", "", value) or "0") <= 0
-    ):
+    """A Kubernetes resource quantity (``8``, ``0.5``, ``500m``, ``32Gi``) within
+    `QUANTITY_BOUNDS` of ``flag`` (more than 0 for a flag it does not name)."""
+    low, high, words = QUANTITY_BOUNDS.get(flag, (Decimal(0), None, "more than 0"))
+    shown = (
+        repr(value)
+        if not isinstance(value, str) or len(value) <= 40
+        else (f"{value[:24]!r}... ({len(value)} characters)")
+    )
+    amount = _quantity(value)
+    if amount is None:
         raise SpecError(
-            f"{flag} {value!r}: expected a Kubernetes quantity more than 0, such as 8, 500m, 16Gi"
+            f"{flag} {shown}: expected a Kubernetes quantity, {words}, such as 8, 500m, 16Gi"
         )
+    if not (amount >= low and amount > 0) or (high is not None and amount > high):
+        raise SpecError(f"{flag} {shown}: expected {words} (a Kubernetes quantity)")
     return value
+
+
+def _quantity(value: object) -> Decimal | None:
+    """``value``'s amount (CPUs, bytes), or None where it is no quantity we take."""
+    if not isinstance(value, str) or len(value) > MAX_QUANTITY_CHARS:
+        return None
+    if not _QUANTITY.fullmatch(value):
+        return None
+    number = value.rstrip("mkMGTPEi")
+    try:
+        return Decimal(number) * Decimal(_SUFFIXES[value[len(number) :]])
+    except (InvalidOperation, KeyError):
+        return None
 
 
 def check_label_key(flag: str, key: str) -> str:
@@ -296,6 +272,7 @@ __all__ = [
     "DEFAULT_DEADLINE_S",
     "DEFAULT_GRACE_S",
     "MAX_TEMPLATE_BYTES",
+    "QUANTITY_BOUNDS",
     "K8sSpec",
     "check_callback",
     "check_namespace",

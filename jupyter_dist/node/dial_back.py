@@ -23,9 +23,11 @@ With ``--watch-stdin`` the credentials are stdin's first line, and the end of st
 ends the node: its connection closes, its agents stop their ranks, and it exits.
 
 The credentials (JSON: ``node``, ``host_key``, the private key in OpenSSH form, and
-``client_key``, the public key it accepts) are secret: they come in a file of this user's
-that no one else may read (mode 0600), or on stdin with ``--credentials -``; never on the
-command line or in the environment.
+``client_key``, the public key it accepts) are secret, and one node's alone: they come in
+a file of this user's that no one else may read (mode 0600), or on stdin with
+``--credentials -``; never on the command line or in the environment. With
+``--remove-credentials`` the file is removed once read, before anything is started (a
+Kubernetes pod's, which its init container left in a memory-backed folder).
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ import asyncssh
 from jupyter_dist.common.private_files import read_private_file
 from jupyter_dist.common.process_tree import unblock_signals
 from jupyter_dist.node.agent import DIR_PREFIX
-from jupyter_dist.settings import NODE_CREDENTIALS_VAR
 
 log = logging.getLogger(__name__)
 #: the agent this process runs for the owner (``control.launchers.base.AGENT_MODULE``)
@@ -91,27 +92,20 @@ class Credentials:
 
 
 def parse_credentials(text: str, node: int | None = None) -> Credentials:
-    """The credentials' JSON; errors name the field, never its value. A list holds every
-    node's (a Kubernetes session's Secret): ``node`` picks this one's."""
+    """One node's credentials' JSON (node ``node``'s, when given); errors name the field,
+    never its value."""
     try:
         data = json.loads(text)
     except ValueError:
         raise ValueError("credentials: not JSON (expected node, host_key, client_key)") from None
-    if isinstance(data, list):
-        if node is None:
-            raise ValueError("credentials: a list of nodes' credentials; expected --node N")
-        mine = [d for d in data if isinstance(d, dict) and d.get("node") == node]
-        if len(mine) != 1:
-            raise ValueError(
-                f"credentials: node {node}: expected one entry for it among {len(data)}"
-            )
-        data = mine[0]
-    elif node is not None and isinstance(data, dict) and data.get("node") != node:
-        raise ValueError(f"credentials: they are node {data.get('node')!r}'s, not node {node}'s")
     if not isinstance(data, dict):
-        raise ValueError("credentials: expected a JSON object with node, host_key, client_key")
+        raise ValueError(
+            "credentials: expected one node's, a JSON object with node, host_key, client_key"
+        )
+    if node is not None and data.get("node") != node:
+        raise ValueError(f"credentials: they are node {data.get('node')!r}'s, not node {node}'s")
     node = data.get("node")
-    if not isinstance(node, int) or node < 0:
+    if not isinstance(node, int) or isinstance(node, bool) or node < 0:
         raise ValueError(f"credentials: node {node!r}: expected a node index (0, 1, ...)")
     keys: dict[str, asyncssh.SSHKey] = {}
     for field, load in (
@@ -125,26 +119,23 @@ def parse_credentials(text: str, node: int | None = None) -> Credentials:
     return Credentials(node, keys["host_key"], keys["client_key"])
 
 
-def read_credentials(source: str, first_line: bool = False, node: int | None = None) -> Credentials:
-    """From stdin (``-``: all of it, or its ``first_line``), from the environment (``env``:
-    `NODE_CREDENTIALS_VAR`, then removed so that the agent and ranks do not inherit it), or
-    a file of this user's that others cannot read."""
+def read_credentials(
+    source: str, first_line: bool = False, node: int | None = None, remove: bool = False
+) -> Credentials:
+    """From stdin (``-``: all of it, or its ``first_line``) or a file of this user's that
+    others cannot read, removed once read when ``remove`` says so (before what it holds
+    is checked: it is read once, good or not)."""
     if source == "-":
         if first_line:
             return parse_credentials(sys.stdin.readline(CREDENTIALS_MAX_BYTES), node)
         return parse_credentials(sys.stdin.read(CREDENTIALS_MAX_BYTES), node)
-    if source == "env":
-        text = os.environ.pop(NODE_CREDENTIALS_VAR, None)
-        if not text:
-            raise ValueError(f"credentials: {NODE_CREDENTIALS_VAR} is not set (--credentials env)")
-        if len(text) > CREDENTIALS_MAX_BYTES * 64:
-            raise ValueError(f"credentials: {NODE_CREDENTIALS_VAR} is larger than expected")
-        return parse_credentials(text, node)
     try:
         mode = os.lstat(source).st_mode
         if stat.S_IMODE(mode) & 0o077:
             raise ValueError(f"mode {stat.S_IMODE(mode):o}, expected 600 (chmod 600 {source})")
         text = read_private_file(source, CREDENTIALS_MAX_BYTES).decode()  # type: ignore[arg-type]
+        if remove:
+            os.unlink(source)
     except (OSError, ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"credentials file {source!r}: {err}") from None
     return parse_credentials(text, node)
@@ -397,14 +388,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--credentials",
         required=True,
-        help="a file of mode 0600 holding the node's credentials, - to read them on stdin, "
-        "or env to read them from the environment",
+        help="a file of mode 0600 holding the node's credentials, or - to read them on stdin",
+    )
+    parser.add_argument(
+        "--remove-credentials",
+        action="store_true",
+        help="remove the credentials file once read, before anything is started",
     )
     parser.add_argument(
         "--node",
         type=int,
         default=None,
-        help="which node this is, where the credentials are every node's (a list)",
+        help="which node this is: credentials of another node are refused",
     )
     parser.add_argument(
         "--watch-stdin",
@@ -424,7 +419,11 @@ def main(argv: list[str] | None = None) -> int:
         host, port = parse_address(args.address)
         if args.watch_stdin and args.credentials != "-":
             raise ValueError("--watch-stdin: expected --credentials - (they come on stdin)")
-        credentials = read_credentials(args.credentials, args.watch_stdin, args.node)
+        if args.remove_credentials and args.credentials == "-":
+            raise ValueError("--remove-credentials: expected --credentials FILE")
+        credentials = read_credentials(
+            args.credentials, args.watch_stdin, args.node, args.remove_credentials
+        )
         if not 0 < args.retry <= 86400:
             raise ValueError(f"--retry {args.retry}: expected seconds, more than 0, at most 86400")
     except ValueError as err:

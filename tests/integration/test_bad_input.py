@@ -97,6 +97,7 @@ def nothing_left(server: Server, before: set[int]) -> None:
         ),
         ({**K8S, "k8s": {"namespce": "ml"}}, "k8s: unknown field 'namespce'; expected callback"),
         ({**K8S, "k8s": {"cpus": 8}}, "k8s.cpus: '8' is not a str"),
+        ({**K8S, "k8s": {"cpus": "9" * 5000}}, "(5000 characters): expected a Kubernetes quantity"),
         ({**K8S, "hosts": "a,b", "k8s": {}}, "--k8s and --hosts/--hostfile: give one"),
         ({"procs": 1, "k8s": {"namespace": "ml"}}, "k8s options without --k8s"),
         ({**K8S, "k8s": {"pod_template": "/dev/zero"}}, "k8s: --pod-template '/dev/zero': not a"),
@@ -112,6 +113,43 @@ def test_bad_bodies_are_400s_naming_the_value(
     )
     assert status == 400, reply
     assert reply["reason"] == "SpecError" and fragment in reply["message"], reply
+    nothing_left(server, before)
+
+
+#: five levels of aliases, each naming the one before ten times
+ALIASES = (("a", "b"), ("b", "c"), ("c", "d"), ("d", "e"))
+#: pod templates refused before anything is made, and the bound each names
+POD_TEMPLATES = {
+    "alias-bomb": (
+        "metadata:\n  annotations:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+        + "".join(f"    {n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n" for p, n in ALIASES)
+        + "spec: {}\n",
+        "expands to more than 50000 values",
+    ),
+    "deep": ("spec: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested deeper than 32 levels"),
+    "self": ("spec: &s\n  containers:\n  - env: [*s]\n", "refers to itself"),
+    "command": (
+        "spec:\n  containers:\n  - command: [sh, -c, env]\n",
+        "spec.containers[0].command: the node's container runs",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POD_TEMPLATES))
+def test_a_pod_template_past_a_bound_is_a_400_naming_it(
+    server: Server, tmp_path: Path, case: str
+) -> None:
+    """Read in a thread of the server: a deep one was a RecursionError, an HTTP 500; an
+    alias bomb and a template that refers to itself passed."""
+    text, fragment = POD_TEMPLATES[case]
+    path = tmp_path / "pod.yaml"
+    path.write_text(text)
+    before = {p.pid for p in server.descendants()}
+    body = {"name": "bad", **K8S, "k8s": {"pod_template": str(path)}}
+    status, reply = while_answering(server, lambda: server.call("POST", f"{API}/sessions", body))
+    assert status == 400, reply
+    assert reply["message"].startswith(f"k8s: --pod-template {str(path)!r}: "), reply
+    assert fragment in reply["message"], reply
     nothing_left(server, before)
 
 

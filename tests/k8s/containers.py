@@ -51,6 +51,8 @@ class PodProcess:
     started: str
     kill_at: float | None = None
     descendants: list[psutil.Process] = dataclasses.field(default_factory=list)
+    container: str = ""
+    init: bool = False  # an init container: the pod's next container follows its end
 
 
 def build_pod_network(workdir: Path) -> Path | None:
@@ -81,13 +83,18 @@ class Containers:
         self.record: dict[str, dict[str, Any]] = {}
 
     def add(self, pod: PodProcess, pod_ip: str) -> None:
+        """A pod's container process started (the one after its init containers, if any:
+        the record keeps what was seen under those)."""
         self.running[pod.uid] = pod
+        seen = self.record.get(pod.uid, {}).get("descendants", [])
         self.record[pod.uid] = {
             "namespace": pod.namespace,
             "name": pod.name,
             "pid": pod.process.pid,
             "pod_ip": pod_ip,
             "running": True,
+            "container": pod.container,
+            "descendants": seen,
         }
         self.write_record()  # before the API says Running: whoever sees that finds the pid
 
@@ -148,10 +155,13 @@ class Containers:
                 self.kill_group(pod)
                 self.forget(pod)
 
-    def forget(self, pod: PodProcess) -> None:
+    def forget(self, pod: PodProcess, keep_sandbox: bool = False) -> None:
+        """The process is gone; so is the pod's sandbox unless the pod goes on (an init
+        container ended well: the volumes stay for the next container)."""
         self.running.pop(pod.uid, None)
         self.record[pod.uid]["running"] = False
-        shutil.rmtree(pod.sandbox, ignore_errors=True)
+        if not keep_sandbox:
+            shutil.rmtree(pod.sandbox, ignore_errors=True)
         self.write_record()
 
     def note_descendants(self) -> None:

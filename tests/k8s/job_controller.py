@@ -6,13 +6,14 @@ finished: one pod per index not yet succeeded and with no live pod, named
 ``batch.kubernetes.io/job-name``, ``job-name``, ``batch.kubernetes.io/controller-uid``,
 ``controller-uid`` and ``batch.kubernetes.io/job-completion-index``, annotated with the
 index, owned by the Job (``controller: true``), ``JOB_COMPLETION_INDEX`` in every
-container's env (a fieldRef on that annotation, as Kubernetes writes it), ``hostname``
-``<job>-<index>`` where the template names a ``subdomain``. A pod that failed, or vanished
-before it succeeded, counts as a failure and its index gets a new pod until ``failed``
-passes ``backoffLimit`` (default 6): then the Job fails (BackoffLimitExceeded) and its live
-pods are deleted; the same once ``activeDeadlineSeconds`` have passed since ``startTime``
-(DeadlineExceeded). Status: ``active``, ``ready``, ``succeeded``, ``failed``,
-``completedIndexes``, ``startTime``, ``completionTime`` and a Complete or Failed condition.
+container's and init container's env (a fieldRef on that annotation, as Kubernetes writes
+it), ``hostname`` ``<job>-<index>`` where the template names a ``subdomain``. A pod that
+failed, or vanished before it succeeded, counts as a failure and its index gets a new pod
+until ``failed`` passes ``backoffLimit`` (default 6): then the Job fails
+(BackoffLimitExceeded) and its live pods are deleted; the same once
+``activeDeadlineSeconds`` have passed since ``startTime`` (DeadlineExceeded). Status:
+``active``, ``ready``, ``succeeded``, ``failed``, ``completedIndexes``, ``startTime``,
+``completionTime`` and a Complete or Failed condition.
 ``ttlSecondsAfterFinished``: the finished Job is deleted that long after it finished.
 
 An Indexed Job scaled (completions and parallelism patched together, Kubernetes' elastic
@@ -308,7 +309,8 @@ class JobController:
         }
         annotations = {**(pod_meta.get("annotations") or {}), INDEX_KEY: str(index)}
         spec = template.get("spec") or {}
-        for container in spec.get("containers") or []:
+        # as Kubernetes does, in init containers too
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
             container["env"] = [
                 *(container.get("env") or []),
                 {

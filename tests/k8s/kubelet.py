@@ -4,11 +4,15 @@ One asyncio task polls the API server every ``POLL_SECONDS`` with its own token 
 the emulator's memory) and plays, in turn: the garbage collector and the Job controller
 (``job_controller.py``), the scheduler (``scheduler.py``: binds a pod by patching
 ``spec.nodeName``, or marks it Unschedulable and writes a FailedScheduling Event) and the
-kubelet: a bound pod's container starts as a local process (``pod_runner.py``), its status
-becomes Running (``CONTAINER_CREATING_SECONDS`` after it was bound) with its own loopback
-``podIP`` (127.0.0.2, 127.0.0.3, ...), ``hostIP`` of its node (127.1.0.N), Ready
-conditions and a running containerStatus; when the process
-exits, Succeeded or Failed with the terminated state (exitCode; 128 + signal when killed).
+kubelet: ``CONTAINER_CREATING_SECONDS`` after a pod was bound, its volumes are made and
+its own loopback ``podIP`` (127.0.0.2, 127.0.0.3, ...) and ``hostIP`` of its node
+(127.1.0.N) given; its init containers run as local processes (``pod_runner.py``) one
+after another, the pod Pending with their statuses (``pod_status.py``); then its container,
+the pod Running with Ready conditions and a running containerStatus. When that process
+exits, Succeeded or Failed with the terminated state (exitCode; 128 + signal when killed);
+an init container that fails fails the pod (restarts are not played). A failed
+container's message is the end of its log where ``terminationMessagePolicy`` is
+``FallbackToLogsOnError``; an init container's log is ``<pod log>.<container>.log``.
 When a pod leaves the API (deleted, or collected with its Job), its container ends
 (``containers.py``: SIGTERM, SIGKILL after ``terminationGracePeriodSeconds`` capped at
 ``MAX_GRACE_SECONDS``, everything of it as its cgroup would go); so does the rest of a
@@ -40,7 +44,15 @@ from tests.k8s.containers import (
 )
 from tests.k8s.job_controller import JobController, collect_garbage, iso
 from tests.k8s.kube_client import ApiClient, ApiError
-from tests.k8s.pod_runner import ConfigError, plan_launch, start
+from tests.k8s.pod_runner import (
+    ConfigError,
+    PodSandbox,
+    plan_container,
+    prepare,
+    run_order,
+    start,
+)
+from tests.k8s.pod_status import container_status, fallback_message, pod_status
 from tests.k8s.scheduler import NodeShape, Scheduler
 
 __all__ = ["MAX_GRACE_SECONDS", "POLL_SECONDS", "Kubelet", "NodeShape"]
@@ -84,6 +96,7 @@ class Kubelet:
         self._task: asyncio.Task[None] | None = None
         self._pod_network: Path | None = None
         self._bound_at: dict[str, float] = {}  # pod uid -> when this kubelet first saw it bound
+        self._runs: dict[str, PodRun] = {}  # pod uid -> its sandbox and containers, while run
 
     async def __aenter__(self) -> Kubelet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -158,12 +171,16 @@ class Kubelet:
                 )
                 self.containers.terminate(gone, gone.grace)
         self.containers.reap_killed()
+        for uid in [u for u in self._runs if u not in present]:
+            if uid not in self.containers.running:  # deleted between two containers
+                shutil.rmtree(self._runs.pop(uid).sandbox.path, ignore_errors=True)
         for pod in pods:
             meta, phase = pod["metadata"], pod.get("status", {}).get("phase", "Pending")
             if (
                 pod.get("spec", {}).get("nodeName")
                 and phase == "Pending"
                 and meta["uid"] not in self.started
+                and meta["uid"] not in self.containers.running
             ):
                 # the pod's sandbox and image take a while on a real node
                 seen = self._bound_at.setdefault(meta["uid"], time.monotonic())
@@ -177,54 +194,42 @@ class Kubelet:
         self.containers.write_record()
 
     async def _start(self, pod: dict[str, Any]) -> None:
+        """The pod's next container: its first init container once its sandbox and
+        volumes are made, the next after one ended well, its container after the last."""
         meta, spec = pod["metadata"], pod["spec"]
-        ips = {"podIP": next(self._ips), "hostIP": self.node_ips.get(spec["nodeName"], "127.1.0.1")}
-        container = (spec.get("containers") or [{}])[0]
+        uid = meta["uid"]
+        run = self._runs.get(uid)
+        if run is None:
+            try:
+                steps = run_order(pod)
+                sandbox = await prepare(self.client, pod, self.sandboxes)
+            except ConfigError as e:
+                await self._report(pod, None, (spec.get("containers") or [{}])[0], e)
+                return
+            ips = {
+                "podIP": next(self._ips),
+                "hostIP": self.node_ips.get(spec["nodeName"], "127.1.0.1"),
+            }
+            run = self._runs[uid] = PodRun(sandbox, ips, steps)
+        container, init = run.steps[run.next]
         now = iso(time.time())
         try:
-            plan = await plan_launch(self.client, pod, self.sandboxes, ips, self.api_port)
+            plan = await plan_container(
+                self.client, pod, container, run.sandbox, run.ips, self.api_port, init
+            )
         except ConfigError as e:
-            if self._reported.get(meta["uid"]) != e.message:
-                self._reported[meta["uid"]] = e.message
-                log.info(
-                    "kubelet: %s/%s cannot start: %s %s",
-                    meta["namespace"],
-                    meta["name"],
-                    e.reason,
-                    e.message,
-                )
-                await self.client.patch(
-                    "pods",
-                    meta["name"],
-                    meta["namespace"],
-                    {
-                        "status": {
-                            "containerStatuses": [
-                                {
-                                    "name": container.get("name", ""),
-                                    "ready": False,
-                                    "restartCount": 0,
-                                    "image": container.get("image", ""),
-                                    "state": {
-                                        "waiting": {"reason": e.reason, "message": e.message}
-                                    },
-                                }
-                            ],
-                        }
-                    },
-                    status=True,
-                )
+            await self._report(pod, run, container, e)
             return
-        self.started.add(meta["uid"])
-        self._bound_at.pop(meta["uid"], None)
-        log_file = self.log_dir / f"{meta['namespace']}_{meta['name']}.log"
+        self._bound_at.pop(uid, None)
+        if not init:
+            self.started.add(uid)
         if self._pod_network is not None:
             preload = " ".join(p for p in (str(self._pod_network), plan.env.get("LD_PRELOAD")) if p)
             plan = dataclasses.replace(
-                plan, env={**plan.env, "LD_PRELOAD": preload, POD_IP_VAR: ips["podIP"]}
+                plan, env={**plan.env, "LD_PRELOAD": preload, POD_IP_VAR: run.ips["podIP"]}
             )
         try:
-            process = start(plan, log_file)
+            process = start(plan, self._log_file(meta, container, init))
         except OSError as e:
             log.info(
                 "kubelet: %s/%s failed to start %s: %s",
@@ -233,63 +238,82 @@ class Kubelet:
                 plan.argv[0],
                 e,
             )
-            await self._set_terminated(pod, container, 128, "StartError", now, str(e))
+            self.started.add(uid)
+            self._runs.pop(uid, None)
+            await self._set_terminated(pod, run, container, init, 128, "StartError", now, str(e))
             shutil.rmtree(plan.sandbox, ignore_errors=True)
             return
         grace = min(float(spec.get("terminationGracePeriodSeconds", 30)), MAX_GRACE_SECONDS)
         running = PodProcess(
-            meta["namespace"], meta["name"], meta["uid"], process, plan.sandbox, grace, now
-        )
-        self.containers.add(running, ips["podIP"])
+            meta["namespace"], meta["name"], uid, process, plan.sandbox, grace, now,
+            container=plan.container, init=init,
+        )  # fmt: skip
+        self.containers.add(running, run.ips["podIP"])
         log.info(
-            "kubelet: started %s/%s on %s as pid %d at %s: %s",
+            "kubelet: started %s%s/%s on %s as pid %d at %s: %s",
+            f"init container {plan.container} of " if init else "",
             meta["namespace"],
             meta["name"],
             spec["nodeName"],
             process.pid,
-            ips["podIP"],
+            run.ips["podIP"],
             plan.argv,
         )
+        state = {"running": {"startedAt": now}}
+        if init:
+            waiting = {"waiting": {"reason": "PodInitializing"}}
+            status = pod_status(
+                "Pending", now, run.inits, run.next, state, run.main, waiting, run.ips
+            )
+        else:
+            status = pod_status(
+                "Running", now, run.inits, len(run.inits), None, container, state, run.ips,
+                process.pid,
+            )  # fmt: skip
         await self.client.patch(
-            "pods",
-            meta["name"],
-            meta["namespace"],
-            {
-                "status": {
-                    "phase": "Running",
-                    "podIP": ips["podIP"],
-                    "podIPs": [{"ip": ips["podIP"]}],
-                    "hostIP": ips["hostIP"],
-                    "hostIPs": [{"ip": ips["hostIP"]}],
-                    "startTime": now,
-                    "conditions": [
-                        {"type": t, "status": "True", "lastTransitionTime": now}
-                        for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-                    ],
-                    "containerStatuses": [
-                        {
-                            "name": container.get("name", ""),
-                            "ready": True,
-                            "started": True,
-                            "restartCount": 0,
-                            "image": container.get("image", ""),
-                            "imageID": "",
-                            "containerID": f"emulated://{process.pid}",
-                            "state": {"running": {"startedAt": now}},
-                        }
-                    ],
-                }
-            },
-            status=True,
+            "pods", meta["name"], meta["namespace"], {"status": status}, status=True
         )
-        await self.client.event(
-            pod, "Normal", "Started", f"Started container {container.get('name', '')}", "kubelet"
+        if not init:
+            await self.client.event(
+                pod, "Normal", "Started", f"Started container {container.get('name', '')}",
+                "kubelet",
+            )  # fmt: skip
+
+    def _log_file(self, meta: dict[str, Any], container: dict[str, Any], init: bool) -> Path:
+        """The pod's log (its container's), or an init container's own."""
+        tail = f".{container.get('name', '')}" if init else ""
+        return self.log_dir / f"{meta['namespace']}_{meta['name']}{tail}.log"
+
+    async def _report(
+        self, pod: dict[str, Any], run: PodRun | None, container: dict[str, Any], e: ConfigError
+    ) -> None:
+        """A container that cannot be made yet waits, its reason in the pod's status."""
+        meta = pod["metadata"]
+        if self._reported.get(meta["uid"]) == e.message:
+            return
+        self._reported[meta["uid"]] = e.message
+        log.info(
+            "kubelet: %s/%s cannot start: %s %s", meta["namespace"], meta["name"], e.reason,
+            e.message,
+        )  # fmt: skip
+        waiting = {"waiting": {"reason": e.reason, "message": e.message}}
+        if run is not None and run.next < len(run.inits):
+            initializing = {"waiting": {"reason": "PodInitializing"}}
+            status = pod_status(
+                "Pending", iso(time.time()), run.inits, run.next, waiting, run.main, initializing
+            )
+        else:
+            status = {"containerStatuses": [container_status(container, waiting)]}
+        await self.client.patch(
+            "pods", meta["name"], meta["namespace"], {"status": status}, status=True
         )
 
     async def _set_terminated(
         self,
         pod: dict[str, Any],
+        run: PodRun,
         container: dict[str, Any],
+        init: bool,
         code: int,
         reason: str,
         started: str,
@@ -306,36 +330,19 @@ class Kubelet:
         if message:
             terminated["message"] = message
         phase = "Succeeded" if code == 0 else "Failed"
+        if init:
+            status = pod_status(
+                phase, now, run.inits, run.next, {"terminated": terminated}, run.main,
+                {"waiting": {"reason": "PodInitializing"}},
+            )  # fmt: skip
+        else:
+            status = pod_status(
+                phase, now, run.inits, len(run.inits), None, container,
+                {"terminated": terminated},
+            )  # fmt: skip
         try:
             await self.client.patch(
-                "pods",
-                meta["name"],
-                meta["namespace"],
-                {
-                    "status": {
-                        "phase": phase,
-                        "conditions": [
-                            {
-                                "type": t,
-                                "status": "False" if t in ("Ready", "ContainersReady") else "True",
-                                "reason": "PodCompleted",
-                                "lastTransitionTime": now,
-                            }
-                            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-                        ],
-                        "containerStatuses": [
-                            {
-                                "name": container.get("name", ""),
-                                "ready": False,
-                                "started": False,
-                                "restartCount": 0,
-                                "image": container.get("image", ""),
-                                "state": {"terminated": terminated},
-                            }
-                        ],
-                    }
-                },
-                status=True,
+                "pods", meta["name"], meta["namespace"], {"status": status}, status=True
             )
         except ApiError as e:
             if e.status != 404:  # deleted meanwhile: nobody to tell
@@ -344,12 +351,48 @@ class Kubelet:
     async def _exited(self, running: PodProcess, code: int) -> None:
         exit_code = 128 - code if code < 0 else code  # a signal -N is exit code 128+N
         reason = "Completed" if exit_code == 0 else "Error"
+        what = f"init container {running.container} of " if running.init else ""
         log.info(
-            "kubelet: %s/%s exited with %d (%s)", running.namespace, running.name, exit_code, reason
-        )
+            "kubelet: %s%s/%s exited with %d (%s)", what, running.namespace, running.name,
+            exit_code, reason,
+        )  # fmt: skip
         self.containers.kill_group(running)
+        run = self._runs.get(running.uid)
+        if running.init and exit_code == 0 and run is not None:
+            self.containers.forget(running, keep_sandbox=True)
+            run.next += 1
+            with contextlib.suppress(ApiError):  # a pod deleted meanwhile starts no more
+                await self._start(await self.client.get("pods", running.name, running.namespace))
+            return
         self.containers.forget(running)
+        self._runs.pop(running.uid, None)
+        self.started.add(running.uid)
         with contextlib.suppress(ApiError):
             pod = await self.client.get("pods", running.name, running.namespace)
-            container = (pod.get("spec", {}).get("containers") or [{}])[0]
-            await self._set_terminated(pod, container, exit_code, reason, running.started)
+            if run is None:  # not ours to tell in detail
+                run = PodRun(PodSandbox(running.sandbox, {}), {}, run_order(pod))
+            container = run.steps[run.next][0]
+            log_file = self._log_file(pod["metadata"], container, running.init)
+            message = fallback_message(container, log_file) if exit_code else ""
+            await self._set_terminated(
+                pod, run, container, running.init, exit_code, reason, running.started, message
+            )
+
+
+@dataclasses.dataclass
+class PodRun:
+    """A pod this kubelet runs: its sandbox and volumes, its addresses, its containers in
+    order (init containers first) and which of them is next or running."""
+
+    sandbox: PodSandbox
+    ips: dict[str, str]
+    steps: list[tuple[dict[str, Any], bool]]
+    next: int = 0
+
+    @property
+    def inits(self) -> list[dict[str, Any]]:
+        return [c for c, init in self.steps if init]
+
+    @property
+    def main(self) -> dict[str, Any]:
+        return self.steps[-1][0]

@@ -1,4 +1,4 @@
-"""The container runtime of the emulated kubelet: a pod's one container as a local process.
+"""The container runtime of the emulated kubelet: a pod's containers as local processes.
 
 What a pod's process gets, as a kubelet would give it:
 
@@ -12,17 +12,24 @@ What a pod's process gets, as a kubelet would give it:
   the vars before), ``fieldRef`` (metadata.name / namespace / uid, labels['k'],
   annotations['k'], spec.nodeName, spec.serviceAccountName, status.podIP, status.hostIP),
   ``secretKeyRef`` and ``configMapKeyRef`` (read through the API);
-* volumes: ``secret`` and ``configMap`` written to a fresh private (0700) directory per pod
-  (file modes ``defaultMode`` or the item's ``mode``, default 0644; ``items`` honoured),
-  ``emptyDir`` an empty one; the bind mount is played by replacing every occurrence of a
-  ``mountPath`` (with ``subPath`` appended) in argv, env values and ``workingDir`` by that
-  directory. Other volume types are ignored;
+* volumes, made once per pod (`prepare`) and shared by its containers: ``secret`` and
+  ``configMap`` written to a fresh private (0700) directory per pod (file modes
+  ``defaultMode`` or the item's ``mode``, default 0644; ``items`` honoured), ``emptyDir``
+  an empty one; the bind mount is played by replacing every occurrence of a container's
+  own ``mountPath`` (with ``subPath`` appended) in its argv, env values and
+  ``workingDir`` by that directory. Other volume types are ignored;
 * cwd: ``workingDir`` where it exists here, else the kubelet's own cwd;
-* a new session (its own process group); stdout and stderr to the pod's log file.
+* a new session (its own process group); stdout and stderr to the container's log file.
 
-Not played: images, more than one container, init containers, restarts, probes, resource
-limits, the service-account token mount, network isolation (the kubelet preloads
-``pod_network.c`` so the process leaves from its pod IP; nothing else separates pods).
+The order (`run_order`): the init containers, one after another, each to its end, then
+the pod's one container.
+
+Not played: images, more than one container, sidecar init containers (``restartPolicy:
+Always``: skipped), restarts, probes, resource limits, the service-account token mount,
+isolation between a pod's containers (a container's mounts are what its argv, env and
+cwd name; nothing hides the pod's other volumes from it) and network isolation (the
+kubelet preloads ``pod_network.c`` so the process leaves from its pod IP; nothing else
+separates pods).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import base64
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,7 +48,16 @@ from typing import Any
 
 from tests.k8s.kube_client import ApiClient, ApiError
 
-__all__ = ["ConfigError", "LaunchPlan", "expand", "plan_launch", "start"]
+__all__ = [
+    "ConfigError",
+    "LaunchPlan",
+    "PodSandbox",
+    "expand",
+    "plan_container",
+    "prepare",
+    "run_order",
+    "start",
+]
 
 _PYTHON = re.compile(r"python(3(\.\d+)?)?")
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -58,13 +75,23 @@ class ConfigError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class PodSandbox:
+    """A pod's private directory and its volumes' directories in it, by volume name."""
+
+    path: Path
+    volumes: dict[str, Path]
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchPlan:
-    """What to run for one pod, and where its private directories are."""
+    """What to run for one container of a pod, and where the pod's private directories are."""
 
     argv: list[str]
     env: dict[str, str]
     cwd: str
     sandbox: Path
+    container: str = ""
+    init: bool = False
 
 
 def expand(text: str, env: Mapping[str, str]) -> str:
@@ -249,24 +276,43 @@ def _mounted(text: str, mounts: list[tuple[re.Pattern[str], str]]) -> str:
     return text
 
 
-async def plan_launch(
-    client: ApiClient,
-    pod: Mapping[str, Any],
-    sandbox_root: Path,
-    ips: Mapping[str, str],
-    api_port: int,
-) -> LaunchPlan:
-    """Resolve env, volumes and argv of ``pod``'s container; ConfigError if it cannot be yet."""
-    containers = pod.get("spec", {}).get("containers") or []
+def run_order(pod: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]:
+    """The containers ``pod`` runs, in order, each with whether it is an init container:
+    its init containers (not the sidecars) and then its one container; ConfigError when
+    it has not exactly one."""
+    spec = pod.get("spec", {})
+    containers = spec.get("containers") or []
     if len(containers) != 1:
         raise ConfigError(
             "CreateContainerConfigError",
             f"{len(containers)} containers: the emulated kubelet runs exactly one",
         )
-    container = containers[0]
+    inits = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") != "Always"]
+    return [*((c, True) for c in inits), (containers[0], False)]
+
+
+async def prepare(client: ApiClient, pod: Mapping[str, Any], sandbox_root: Path) -> PodSandbox:
+    """The pod's private directory and its volumes; ConfigError (nothing left) if a volume
+    cannot be made yet."""
     sandbox = Path(tempfile.mkdtemp(prefix=f"{pod['metadata']['name']}-", dir=sandbox_root))
-    dirs = await _volumes(client, pod, sandbox)
-    mounts = _mounts(container, dirs)
+    try:
+        return PodSandbox(sandbox, await _volumes(client, pod, sandbox))
+    except BaseException:
+        shutil.rmtree(sandbox, ignore_errors=True)
+        raise
+
+
+async def plan_container(
+    client: ApiClient,
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    sandbox: PodSandbox,
+    ips: Mapping[str, str],
+    api_port: int,
+    init: bool = False,
+) -> LaunchPlan:
+    """Resolve env, mounts and argv of ``container``; ConfigError if it cannot be yet."""
+    mounts = _mounts(container, sandbox.volumes)
     declared = {
         k: _mounted(v, mounts)
         for k, v in (await _environment(client, pod, container, ips, api_port)).items()
@@ -282,7 +328,14 @@ async def plan_launch(
         argv[0] = sys.executable
     workdir = _mounted(container.get("workingDir") or "", mounts)
     cwd = workdir if workdir and os.path.isdir(workdir) else os.getcwd()
-    return LaunchPlan(argv=argv, env={**os.environ, **declared}, cwd=cwd, sandbox=sandbox)
+    return LaunchPlan(
+        argv=argv,
+        env={**os.environ, **declared},
+        cwd=cwd,
+        sandbox=sandbox.path,
+        container=str(container.get("name", "")),
+        init=init,
+    )
 
 
 def start(plan: LaunchPlan, log_file: Path) -> subprocess.Popen[bytes]:

@@ -91,7 +91,18 @@ def job_condition(cluster: K8sCluster, job: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c["status"] == "True"), None)
 
 
+#: an init container: the Secret's file, behind this pod's index, into a file of its own
+HAND_OVER = (
+    "import os, sys\n"
+    "fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n"
+    "os.write(fd, (os.environ['JOB_COMPLETION_INDEX'] + ':' + open(sys.argv[1]).read()).encode())\n"
+)
+
+
 def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sCluster) -> None:
+    """Each pod's env (its index, its IP, a Secret's key), and its volumes: the Secret's,
+    mounted in its init container, which writes into an emptyDir that the container, run
+    after it, reads (``$(VAR)`` and the mount paths in argv as the kubelet gives them)."""
     cluster = k8s_cluster
     cluster.create(
         "secrets",
@@ -103,7 +114,7 @@ def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sC
     body = job_body("show", SHOW_AND_WAIT, completions=2)
     pod_spec = body["spec"]["template"]["spec"]
     container = pod_spec["containers"][0]
-    container["args"] = ["/etc/dist-secret/file.txt", "--node=$(JOB_COMPLETION_INDEX)", "$$(KEPT)"]
+    container["args"] = ["/handed/note", "--node=$(JOB_COMPLETION_INDEX)", "$$(KEPT)"]
     container["env"] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {
@@ -111,11 +122,21 @@ def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sC
             "valueFrom": {"secretKeyRef": {"name": "session-secret", "key": "key"}},
         },
     ]
-    container["volumeMounts"] = [
-        {"name": "secret", "mountPath": "/etc/dist-secret", "readOnly": True}
+    container["volumeMounts"] = [{"name": "handed", "mountPath": "/handed"}]
+    pod_spec["initContainers"] = [
+        {
+            "name": "hand-over",
+            "image": "ignored:latest",
+            "command": ["python", "-c", HAND_OVER, "/etc/dist-secret/file.txt", "/handed/note"],
+            "volumeMounts": [
+                {"name": "secret", "mountPath": "/etc/dist-secret", "readOnly": True},
+                {"name": "handed", "mountPath": "/handed"},
+            ],
+        }
     ]
     pod_spec["volumes"] = [
-        {"name": "secret", "secret": {"secretName": "session-secret", "defaultMode": 0o600}}
+        {"name": "secret", "secret": {"secretName": "session-secret", "defaultMode": 0o600}},
+        {"name": "handed", "emptyDir": {"medium": "Memory"}},
     ]
     pod_spec["affinity"] = {
         "podAntiAffinity": {
@@ -159,9 +180,12 @@ def test_indexed_job_pods_run_with_their_env_secret_and_volume(k8s_cluster: K8sC
             f"pod {index} printed its environment", functools.partial(shown, pod)
         )
         assert line == (  # it leaves from its own address, as from a pod's eth0
-            f"{pod['status']['podIP']} {pod['status']['podIP']} {index} s3cr3t from-the-volume"
-            f" 0o600 --node={index} $(KEPT)"
+            f"{pod['status']['podIP']} {pod['status']['podIP']} {index} s3cr3t"
+            f" {index}:from-the-volume 0o600 --node={index} $(KEPT)"
         )
+        [init] = cluster.get("pods", pod["metadata"]["name"])["status"]["initContainerStatuses"]
+        assert init["name"] == "hand-over"
+        assert (init["state"]["terminated"]["exitCode"], init["ready"]) == (0, False)
 
     processes = cluster.pod_processes()
     assert sorted(processes) == sorted(p["metadata"]["name"] for p in pods)
@@ -195,9 +219,22 @@ def test_job_completes_then_its_ttl_removes_it(k8s_cluster: K8sCluster) -> None:
     cluster.wait_for("its pods collected", lambda: not pods_of(cluster, "done"))
 
 
-def test_failing_pod_fails_the_job(k8s_cluster: K8sCluster) -> None:
+def test_failing_pod_fails_the_job(k8s_cluster: K8sCluster, tmp_path: Path) -> None:
+    """A container that fails, or an init container (then the container never runs, and
+    the end of the init container's log is its message, as its policy asks)."""
     cluster = k8s_cluster
     cluster.create("jobs", job_body("fails", "raise SystemExit(3)", completions=1))
+    ran = tmp_path / "ran"
+    body = job_body("initfails", f"open({str(ran)!r}, 'w')", completions=1)
+    body["spec"]["template"]["spec"]["initContainers"] = [
+        {
+            "name": "keys",
+            "image": "ignored:latest",
+            "command": ["python", "-c", "import sys; sys.exit('no keys for node 0')"],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+    ]
+    cluster.create("jobs", body)
     condition = cluster.wait_for("job fails Failed", lambda: job_condition(cluster, "fails"))
     assert (condition["type"], condition["reason"]) == ("Failed", "BackoffLimitExceeded")
     [pod] = pods_of(cluster, "fails")
@@ -208,6 +245,17 @@ def test_failing_pod_fails_the_job(k8s_cluster: K8sCluster) -> None:
         "Error",
     )
     cluster.delete("jobs", "fails")
+    condition = cluster.wait_for("initfails Failed", lambda: job_condition(cluster, "initfails"))
+    assert (condition["type"], condition["reason"]) == ("Failed", "BackoffLimitExceeded")
+    [pod] = pods_of(cluster, "initfails")
+    [init] = pod["status"]["initContainerStatuses"]
+    terminated = init["state"]["terminated"]
+    assert (pod["status"]["phase"], terminated["exitCode"]) == ("Failed", 1)
+    assert terminated["message"] == "no keys for node 0", terminated
+    [main] = pod["status"]["containerStatuses"]
+    assert main["state"] == {"waiting": {"reason": "PodInitializing"}}
+    assert not ran.exists()
+    cluster.delete("jobs", "initfails")
 
 
 def test_a_failed_pod_is_replaced_by_one_of_its_index_and_counted_once(

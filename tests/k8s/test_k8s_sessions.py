@@ -13,6 +13,7 @@ re-run, two sessions at once.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import psutil
 import pytest
 from jupyter_client.manager import KernelManager
 
+from jupyter_dist.common import pod_template as pt
 from jupyter_dist.common.ports import free_port
 from jupyter_dist.control.launchers import k8s_manifests as m
 from jupyter_dist.settings import INTERRUPT_ACK_VAR, K8S_POD_VAR, OUTPUT_VAR
@@ -74,6 +76,41 @@ def secret_keys(cluster: K8sCluster, name: str) -> dict[int, bytes]:
         c["node"]: asyncssh.import_private_key(c["host_key"]).export_public_key()
         for c in json.loads(data)
     }
+
+
+def keys_are_handed_over_and_gone(
+    cluster: K8sCluster, job: dict[str, Any], pods: dict[int, dict[str, Any]]
+) -> None:
+    """No key in any container's environment: only our init container mounts the Secret
+    (every node's keys) and hands each pod's node its own, in a file of a memory-backed
+    emptyDir that the node read and removed before it started anything; no process of a
+    pod (the node, its agent, its ranks) has a key in its environment or arguments."""
+    spec = job["spec"]["template"]["spec"]
+    for container in [*spec["initContainers"], *spec["containers"]]:
+        assert "envFrom" not in container and not any(
+            "valueFrom" in var and var["name"] != "JOB_COMPLETION_INDEX"
+            for var in container.get("env", [])
+        ), container
+    mounting = [
+        c["name"]
+        for c in [*spec["initContainers"], *spec["containers"]]
+        if any(v["name"] == pt.CREDENTIALS_VOLUME for v in c.get("volumeMounts", []))
+    ]
+    assert mounting == [pt.KEYS_CONTAINER]
+    running = cluster.pod_processes()
+    for index, pod in pods.items():
+        name = pod["metadata"]["name"]
+        [init] = pod["status"]["initContainerStatuses"]
+        assert (init["name"], init["state"]["terminated"]["exitCode"]) == (pt.KEYS_CONTAINER, 0)
+        (handed,) = (cluster.workdir / "pods").glob(f"{name}-*/volumes/{pt.NODE_KEY_VOLUME}")
+        assert not any(handed.iterdir()), f"pod {name} left {list(handed.iterdir())}"
+        pids = [running[name], *cluster.pod_descendants(name)]
+        assert len(pids) > 2, pids  # the node, its agent, its ranks
+        for pid in pids:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                seen = Path(f"/proc/{pid}/environ").read_bytes()
+                seen += Path(f"/proc/{pid}/cmdline").read_bytes()
+                assert b"PRIVATE KEY" not in seen and b"host_key" not in seen, (index, pid)
 
 
 def wait_state(name: str, state: str, within: float = 60) -> None:
@@ -149,6 +186,7 @@ def test_a_session_runs_as_pods_with_state_and_gloo_and_stop_deletes_everything(
         for rank, words in seen.items():
             pod = pods[rank // 2]["metadata"]["name"]
             assert descends_from(int(words[1]), running[pod]), (rank, pod, running)
+        keys_are_handed_over_and_gone(cluster, job, pods)
         # the next cell runs in the same ranks
         nxt = run("%%distributed --session kone\nprint('again', os.getpid())")
         assert nxt.result.success, nxt.stdout

@@ -283,7 +283,15 @@ def test_timeouts_must_be_finite_and_positive(value: float) -> None:
         ({"k8s": {"namespace": 7}}, "k8s.namespace: '7' is not a str"),
         ({"k8s": {"cpus": 8}}, "k8s.cpus: '8' is not a str"),
         ({"k8s": {"memory": "64GB"}}, "k8s: --memory '64GB': expected a Kubernetes quantity"),
-        ({"k8s": {"cpus": "0"}}, "k8s: --cpus '0': expected a Kubernetes quantity more than 0"),
+        ({"k8s": {"cpus": "0"}}, "k8s: --cpus '0': expected 0.001 (1m) to 4096"),
+        ({"k8s": {"cpus": "5000"}}, "k8s: --cpus '5000': expected 0.001 (1m) to 4096"),
+        (
+            {"k8s": {"cpus": "9" * 5000}},
+            "k8s: --cpus '999999999999999999999999'... (5000 characters): expected a Kubernetes"
+            " quantity, 0.001 (1m) to 4096",
+        ),
+        ({"k8s": {"cpus": "0.0001"}}, "k8s: --cpus '0.0001': expected 0.001 (1m) to 4096"),
+        ({"k8s": {"memory": "100Ei"}}, "k8s: --memory '100Ei': expected 1Mi to 64Ti"),
         ({"k8s": {"image": "my image"}}, "k8s: --image 'my image': expected an image reference"),
         ({"k8s": {"node_selector": "a=b"}}, "k8s.node_selector: 'a=b' is not a list"),
         ({"k8s": {"node_selector": [1]}}, "k8s.node_selector: '[1]': expected a list of strings"),

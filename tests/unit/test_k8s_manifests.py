@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from jupyter_dist.common import pod_template as pt
 from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
 from jupyter_dist.control.launchers import k8s_manifests as m
 from jupyter_dist.errors import SpecError
-from jupyter_dist.settings import NODE_CREDENTIALS_VAR
 
 GOLDEN = Path(__file__).parent.parent / "k8s" / "golden"
 #: the Kubernetes versions the README says the manifests are for
@@ -138,19 +138,77 @@ def test_the_job_is_indexed_bounded_spread_and_mounts_no_token() -> None:
     assert container["resources"]["limits"] == {m.GPU_RESOURCE: "4"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
-    assert container["args"][:5] == ["10.0.3.7:7077", "--credentials", "env", "--node",
+    assert container["args"][:6] == ["10.0.3.7:7077", "--credentials", m.NODE_KEY_FILE,
+                                     "--remove-credentials", "--node",
                                      "$(JOB_COMPLETION_INDEX)"]  # fmt: skip
 
 
-def test_the_keys_are_in_the_secret_alone() -> None:
+def test_the_keys_are_in_the_secret_alone_and_only_our_init_container_mounts_it() -> None:
+    """No container has a key in its environment; the Secret (every node's) is mounted by
+    our init container alone, whose command is ours, and which hands this pod's node its
+    own credentials in a memory-backed folder that the node's container mounts."""
     made = manifests(K8sSpec())
     job_text = json.dumps(made["job"])
     assert not any(word in job_text for word in SECRET_WORDS)
-    env = made["job"]["spec"]["template"]["spec"]["containers"][0]["env"]
-    (creds,) = [e for e in env if e["name"] == NODE_CREDENTIALS_VAR]
-    assert creds["valueFrom"]["secretKeyRef"]["name"] == made["secret"]["metadata"]["name"]
+    pod = made["job"]["spec"]["template"]["spec"]
+    name = made["secret"]["metadata"]["name"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume == {"name": pt.CREDENTIALS_VOLUME,
+                      "secret": {"secretName": name, "defaultMode": 0o444}}  # fmt: skip
+    assert {"name": pt.NODE_KEY_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in (
+        pod["volumes"]
+    )
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        assert "envFrom" not in container
+        for var in container.get("env", []):
+            assert "valueFrom" not in var and name not in json.dumps(var), var
+    (keys,) = pod["initContainers"]
+    (node,) = pod["containers"]
+    mounts = {c["name"]: {v["name"] for v in c["volumeMounts"]} for c in (keys, node)}
+    assert mounts == {
+        pt.KEYS_CONTAINER: {pt.CREDENTIALS_VOLUME, pt.NODE_KEY_VOLUME},
+        m.CONTAINER: {"dshm", pt.NODE_KEY_VOLUME},
+    }
+    assert keys["command"] == ["python", "-m", m.KEYS_MODULE]
+    assert keys["args"] == [f"{pt.CREDENTIALS_PATH}/{m.SECRET_KEY}", "--node",
+                            "$(JOB_COMPLETION_INDEX)", "--to", m.NODE_KEY_FILE]  # fmt: skip
+    assert m.NODE_KEY_FILE.startswith(pt.NODE_KEY_PATH + "/")
     nodes = json.loads(made["secret"]["stringData"][m.SECRET_KEY])
     assert [n["node"] for n in nodes] == [0, 1]
+
+
+def test_the_keys_container_runs_as_the_node_does() -> None:
+    """The node may read and remove what it writes (its user), and a quota that asks every
+    container for limits finds them; a template's command is not the node's."""
+    template = {
+        "spec": {
+            "securityContext": {"fsGroup": 100},
+            "initContainers": [{"name": "setup", "image": "busybox", "command": ["true"]}],
+            "containers": [
+                {
+                    "command": ["sh", "-c", "env"],  # refused when read; ours alone here
+                    "imagePullPolicy": "Always",
+                    "securityContext": {
+                        "runAsUser": 1000,
+                        "runAsGroup": 100,
+                        "capabilities": {"add": ["IPC_LOCK"]},
+                    },
+                }
+            ],
+        }
+    }
+    job = manifests(K8sSpec(cpus="8", memory="64Gi"), template=template)["job"]
+    pod = job["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["setup", pt.KEYS_CONTAINER]  # ours last
+    keys, (node,) = pod["initContainers"][1], pod["containers"]
+    assert node["command"] == ["python", "-m", "jupyter_dist.node.dial_back"]
+    assert node["args"][0] == "10.0.3.7:7077"
+    assert keys["securityContext"] == {"runAsUser": 1000, "runAsGroup": 100}
+    assert keys["imagePullPolicy"] == "Always"
+    assert keys["resources"] == {"requests": m.KEYS_RESOURCES, "limits": m.KEYS_RESOURCES}
+    import kubernetes_validate
+
+    kubernetes_validate.validate(job, VERSIONS[-1], strict=True)
 
 
 def test_the_owner_pod_owns_both_and_labels_name_session_and_owner() -> None:
@@ -199,7 +257,9 @@ def test_a_pod_template_fills_in_what_the_flags_leave(tmp_path: Path) -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "trainer"
     assert pod["automountServiceAccountToken"] is False  # ours wins
-    assert [v["name"] for v in pod["volumes"]] == ["data", "dshm"]
+    assert [v["name"] for v in pod["volumes"]] == [
+        "data", "dshm", pt.CREDENTIALS_VOLUME, pt.NODE_KEY_VOLUME
+    ]  # fmt: skip
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     (container,) = pod["containers"]
     assert container["name"] == m.CONTAINER

@@ -6,18 +6,25 @@ The Job needs no operator or CRD. Node N is the pod of completion index N. Each 
   memory-backed ``/dev/shm``;
 * goes to a machine of its own (a required pod anti-affinity on the hostname);
 * mounts no service-account token and runs one container,
-  ``python -m jupyter_dist.node.dial_back CALLBACK --credentials env --node INDEX``.
-  Its keys come from the Secret through an environment variable, never in the spec or args.
+  ``python -m jupyter_dist.node.dial_back CALLBACK --credentials FILE --node INDEX``.
+
+Each pod proves its own node's identity only, and no key is ever in a container's
+environment or arguments. The Secret holds every node's credentials; only our init
+container `KEYS_CONTAINER` (``python -m jupyter_dist.node.pod_credentials``, never a
+template's command) mounts it, and copies this pod's node's (its completion index) into
+a memory-backed emptyDir, mode 0600, where the node's container finds them: the node
+process reads them and removes them before it starts anything. The node's container does
+not mount the Secret; a template's containers may mount neither volume
+(`common.pod_template`).
 
 The Job has a deadline (``activeDeadlineSeconds``) and a TTL after it finishes. A pod that
 fails or goes (deleted, evicted, its machine lost) is a lost node, not the end of the
 session: the Job tolerates `POD_FAILURES_PER_NODE` failures per node (``backoffLimit``) and
 its controller starts a new pod of the same index, which `K8sPlacement.replace_node`
-hands fresh keys (the Secret is not immutable: a heal rewrites the node's keys in it).
-Everything
-carries the labels `session_labels` names (the session and its owner ``user@host/pid``),
-by which a later server finds a dead owner's leftovers. A ``--pod-template`` is merged
-under what the flags set.
+hands fresh keys (the Secret is not immutable: a heal rewrites the node's keys in it, and
+the new pod's init container reads them). Everything carries the labels `session_labels`
+names (the session and its owner ``user@host/pid``), by which a later server finds a dead
+owner's leftovers. A ``--pod-template`` is merged under what the flags set.
 
 Nothing here talks to a cluster (`control.launchers.k8s` does); the tests check these
 manifests against golden files and the Kubernetes schemas.
@@ -26,7 +33,6 @@ manifests against golden files and the Kubernetes schemas.
 from __future__ import annotations
 
 import base64
-import copy
 import hashlib
 import re
 import secrets
@@ -35,8 +41,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_dist.common.k8s_options import K8sSpec
+from jupyter_dist.common.pod_template import (
+    CREDENTIALS_PATH,
+    CREDENTIALS_VOLUME,
+    KEYS_CONTAINER,
+    NODE_KEY_PATH,
+    NODE_KEY_VOLUME,
+)
 from jupyter_dist.control.launchers.dial_back import NODE_MODULE
-from jupyter_dist.settings import NODE_CREDENTIALS_VAR
+from jupyter_dist.control.launchers.k8s_merge import merge_template
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "jupyter-dist"
@@ -51,6 +64,15 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "node"
 SECRET_KEY = "credentials"
+#: the module of `KEYS_CONTAINER`, and the file it leaves in the node's emptyDir
+KEYS_MODULE = "jupyter_dist.node.pod_credentials"
+NODE_KEY_FILE = f"{NODE_KEY_PATH}/credentials"
+#: what `KEYS_CONTAINER` asks of the machine (a pod's request is the larger of an init
+#: container's and the sum of its containers': the node's is larger)
+KEYS_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
+#: the fields of the node container's securityContext that `KEYS_CONTAINER` shares, so
+#: that the file it writes belongs to the node's user
+SHARED_SECURITY = ("runAsUser", "runAsGroup", "runAsNonRoot")
 #: seconds a finished Job (and through it its pods and Secret) is kept for a look
 TTL_AFTER_FINISHED_S = 600
 #: seconds a deleted pod's processes get before they are killed
@@ -141,9 +163,9 @@ def _metadata(name: str, namespace: str, labels: Mapping[str, str], owner: Owner
 def secret_manifest(
     name: str, namespace: str, labels: Mapping[str, str], owner: Owner, credentials: Sequence[str]
 ) -> dict[str, Any]:
-    """The Secret holding every node's dial-back credentials (a JSON list; a node picks its
-    own by index). Not immutable: a heal gives a lost node's new pod fresh keys
-    (`secret_patch`)."""
+    """The Secret holding every node's dial-back credentials (a JSON list; each pod's init
+    container takes its own node's by index). Not immutable: a heal gives a lost node's new
+    pod fresh keys (`secret_patch`)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -201,6 +223,7 @@ def job_manifest(
 ) -> dict[str, Any]:
     """The session's Indexed Job: ``nodes`` pods of ``gpus`` GPUs each (0: none asked)."""
     pod_labels = {**labels, JOB_LABEL: name}
+    index = "$(JOB_COMPLETION_INDEX)"
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -208,20 +231,30 @@ def job_manifest(
         "args": [
             callback,
             "--credentials",
-            "env",
+            NODE_KEY_FILE,
+            "--remove-credentials",
             "--node",
-            "$(JOB_COMPLETION_INDEX)",
+            index,
             "--retry",
             f"{k8s.grace:g}",
         ],
-        "env": [
-            {
-                "name": NODE_CREDENTIALS_VAR,
-                "valueFrom": {"secretKeyRef": {"name": name, "key": SECRET_KEY}},
-            },
-            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": NODE_KEY_VOLUME, "mountPath": NODE_KEY_PATH},
         ],
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    keys: dict[str, Any] = {
+        "name": KEYS_CONTAINER,
+        "image": image,
+        "command": [python, "-m", KEYS_MODULE],
+        "args": [f"{CREDENTIALS_PATH}/{SECRET_KEY}", "--node", index, "--to", NODE_KEY_FILE],
+        "volumeMounts": [
+            {"name": CREDENTIALS_VOLUME, "mountPath": CREDENTIALS_PATH, "readOnly": True},
+            {"name": NODE_KEY_VOLUME, "mountPath": NODE_KEY_PATH},
+        ],
+        # its error (a missing entry, a full folder) in the pod's status, where it is shown
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     resources = _resources(k8s, gpus)
     if resources:
@@ -231,8 +264,15 @@ def job_manifest(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "initContainers": [keys],
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            # readable by whoever mounts it (a non-root user has no other way in, and no
+            # fsGroup is asked for): only the init container does
+            {"name": CREDENTIALS_VOLUME, "secret": {"secretName": name, "defaultMode": 0o444}},
+            {"name": NODE_KEY_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        ],
         "affinity": {
             "podAntiAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -251,6 +291,7 @@ def job_manifest(
     pod_meta: dict[str, Any] = {"labels": pod_labels}
     if template:
         pod_meta, pod_spec = merge_template(template, pod_meta, pod_spec)
+    _keys_like_node(pod_spec)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -267,6 +308,29 @@ def job_manifest(
     }
 
 
+def _keys_like_node(pod_spec: dict[str, Any]) -> None:
+    """`KEYS_CONTAINER` as the node's container runs (once a template is merged): its
+    user, so that the node may read and remove the file it writes, its image pull policy,
+    and small requests and limits of the kinds the node's has (a quota that asks for
+    limits asks them of every container)."""
+    node = pod_spec["containers"][0]
+    keys = next(c for c in pod_spec["initContainers"] if c.get("name") == KEYS_CONTAINER)
+    security = node.get("securityContext") or {}
+    shared = {k: security[k] for k in SHARED_SECURITY if k in security}
+    if shared:
+        keys["securityContext"] = shared
+    if "imagePullPolicy" in node:
+        keys["imagePullPolicy"] = node["imagePullPolicy"]
+    resources: dict[str, dict[str, str]] = {}
+    for kind in ("requests", "limits"):
+        asked = (node.get("resources") or {}).get(kind) or {}
+        mine = {k: v for k, v in KEYS_RESOURCES.items() if k in asked}
+        if mine:
+            resources[kind] = mine
+    if resources:
+        keys["resources"] = resources
+
+
 def job_size_patch(nodes: int) -> dict[str, Any]:
     """A merge patch scaling the session's Job to ``nodes`` pods: an Indexed Job's
     completions may change together with its parallelism (Kubernetes' elastic Indexed
@@ -279,64 +343,6 @@ def job_size_patch(nodes: int) -> dict[str, Any]:
             "backoffLimit": POD_FAILURES_PER_NODE * nodes,
         }
     }
-
-
-def merge_template(
-    template: Mapping[str, Any], meta: dict[str, Any], spec: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``template`` (a PodTemplateSpec, `common.k8s_options.read_pod_template`) under what
-    the flags set: its fields fill in what ours leave out; lists of named things (volumes,
-    env, mounts, tolerations) are joined, ours winning a name both have; its one container,
-    if any, is merged into the node's."""
-    out_meta = copy.deepcopy(dict(template.get("metadata") or {}))
-    for key in ("labels", "annotations"):
-        merged = {**(out_meta.get(key) or {}), **(meta.get(key) or {})}
-        if merged:
-            out_meta[key] = merged
-    theirs = copy.deepcopy(dict(template.get("spec") or {}))
-    their_containers = theirs.pop("containers", None) or []
-    out_spec = {**theirs}
-    for key, value in spec.items():
-        if key == "containers":
-            continue
-        if isinstance(value, list) and isinstance(out_spec.get(key), list):
-            out_spec[key] = _join_named(out_spec[key], value)
-        else:
-            out_spec[key] = value
-    ours = copy.deepcopy(spec["containers"][0])
-    if their_containers:
-        base = dict(their_containers[0])
-        for key, value in ours.items():
-            if isinstance(value, list) and isinstance(base.get(key), list):
-                base[key] = _join_named(base[key], value)
-            elif isinstance(value, dict) and isinstance(base.get(key), dict):
-                base[key] = _deep_merge(base[key], value)
-            else:
-                base[key] = value
-        ours = base
-    out_spec["containers"] = [ours]
-    return out_meta, out_spec
-
-
-def _join_named(theirs: list[Any], ours: list[Any]) -> list[Any]:
-    """Both lists; an entry of theirs whose ``name`` (or ``key``) one of ours has is
-    dropped."""
-
-    def ident(item: Any) -> Any:
-        return item.get("name", item.get("key")) if isinstance(item, dict) else None
-
-    taken = {ident(x) for x in ours} - {None}
-    return [x for x in theirs if ident(x) not in taken] + list(ours)
-
-
-def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 __all__ = [
