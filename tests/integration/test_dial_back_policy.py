@@ -153,7 +153,7 @@ async def test_renewed_credentials_let_in_the_new_node_alone() -> None:
 async def test_a_resized_listener_lets_in_a_new_node_and_refuses_a_removed_one() -> None:
     """A session that grows gives its new node keys of its own, by which it is known; one
     that shrinks forgets the removed node's keys: that node, dialling again, is refused,
-    and node 0 is let in as before."""
+    even once its index is a node's again, and node 0 keeps its connection."""
     async with dialled() as (listener, conn):
         first = listener.host_keys[0].public_data
         listener.resize(2)
@@ -163,7 +163,9 @@ async def test_a_resized_listener_lets_in_a_new_node_and_refuses_a_removed_one()
             key = taken.get_server_host_key()
             assert key is not None and key.public_data == listener.host_keys[1].public_data
             listener.resize(1)
-            taken.close()  # node 1 dials again at once, with the keys forgotten
+            assert not listener.listening  # node 0 has its connection: none is awaited
+            listener.resize(2)  # node 1 again, with new keys: the listener listens for them
+            taken.close()  # the removed node dials again at once, with the keys forgotten
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 60
             while not listener.refused:
@@ -172,6 +174,8 @@ async def test_a_resized_listener_lets_in_a_new_node_and_refuses_a_removed_one()
         finally:
             node1.kill()
             node1.wait()
+        assert "a host key that is not the session's" in listener.refused[-1]
+        listener.resize(1)
         assert listener.host_keys[0].public_data == first and listener.nodes == 1
         with pytest.raises(AgentError, match="dial-back node 1: expected 0 to 0"):
             listener.credentials(1)
