@@ -102,8 +102,9 @@ def notebook_kernel(
         yield kernel
     finally:
         if kernel is not None:
-            with contextlib.suppress(Exception):
-                kernel.run("%dist shutdown --all", timeout=60)
+            if km.is_alive():  # a killed one would be waited for until the timeout
+                with contextlib.suppress(Exception):
+                    kernel.run("%dist shutdown --all", timeout=60)
             kernel.close()
         elif km.is_alive():
             km.shutdown_kernel(now=True)

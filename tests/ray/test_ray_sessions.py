@@ -304,11 +304,19 @@ def test_what_crosses_the_network_between_nodes_is_not_plain_text(
 def test_the_notebook_kernel_killed_leaves_nothing_on_the_cluster(
     ray_nodes: RayCluster, tmp_path: Path
 ) -> None:
+    """Killed (SIGKILL) while a cell runs on both nodes: the driver, the actors, their
+    agents and ranks go, and the placement group with them."""
     with notebook_kernel(ray_nodes, tmp_path) as doomed:
         assert doomed.run("%load_ext jupyter_dist").ok
         reply = doomed.run("%%distributed --ray --nodes 2 --procs 1 --ray-gpus 1\nx = 1")
         assert reply.ok, reply.text
         assert session_processes(ray_nodes)
+        mark = tmp_path / "running"
+        doomed.kc.execute("%%distributed\n" + RUNNING.format(mark=str(mark)))
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{mark}-{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline, "the cell did not start on both nodes"
+            time.sleep(0.05)
         doomed.kill()
         assert not nothing_left(ray_nodes, 30), nothing_left(ray_nodes, 0)
 
