@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 from collections.abc import Iterator
 
 
@@ -22,3 +23,29 @@ def silent_port(host: str = "127.0.0.1") -> Iterator[int]:
         sock.bind((host, 0))
         sock.listen(16)
         yield sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def silent_peer(host: str = "") -> Iterator[tuple[int, threading.Event]]:
+    """A port that takes connections and never says a word, and an event set once one was
+    taken: a client connecting there is inside its connect, for as long as it waits."""
+    taken = threading.Event()
+    held: list[socket.socket] = []
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        sock.listen(16)
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):  # closed: the block ended
+                while True:
+                    held.append(sock.accept()[0])
+                    taken.set()
+
+        threading.Thread(target=accept, name="silent-peer", daemon=True).start()
+        try:
+            yield sock.getsockname()[1], taken
+        finally:
+            for conn in held:
+                conn.close()
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread

@@ -2,6 +2,11 @@
 
 Runs wherever the control plane runs: inside the notebook kernel (the embedded default)
 or inside the Jupyter server (the server extension). It imports nothing of IPython or tornado.
+
+A start runs as a task of its own (`SessionManager._starts`), so that stopping every
+session (`SessionManager.shutdown_all`, and `SessionManager.close` when the owner stops)
+stops those still starting too: the start is cancelled, which undoes what it made (the
+session's agents, a Ray driver, a dial-back listener), and its caller is told why.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from jupyter_dist.control.session import (
     SessionState,
     SessionTimeouts,
 )
-from jupyter_dist.errors import SpecError, UnknownSession
+from jupyter_dist.errors import SessionError, SpecError, UnknownSession
 from jupyter_dist.settings import max_ranks_per_node
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,12 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         #: sessions between their `check_room` and the end of their start, by name
         self.starting: dict[str, SessionSpec] = {}
+        #: the start of each session in ``starting`` that got as far as starting
+        self._starts: dict[str, asyncio.Task[None]] = {}
+        #: why starts are refused and stopped now ("": they are not): `close`
+        self._closing = ""
+        #: why the starts `shutdown_all` or `close` stopped were stopped, for their callers
+        self._stopped_starts: dict[asyncio.Task[None], str] = {}
         self.timeouts = timeouts or SessionTimeouts()
         self._locks: dict[str, asyncio.Lock] = {}
         self._watchers: set[asyncio.Queue[ManagerEvent]] = set()
@@ -203,6 +214,7 @@ class SessionManager:
             knobs[PORTS_VAR] = self.defaults.master_ports
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
+            self._check_open(name)
             session = self.sessions.get(name)
             if session is not None and session.state != SessionState.STOPPED:
                 check_same_shape(session.spec, request)
@@ -233,11 +245,33 @@ class SessionManager:
                     session.notebook, session.notebook_id = notebook.path, notebook.file_id
                     self.paths.lost.pop(notebook.notebook, None)  # its successor: said
                 progress(f"starting session {name!r}: {spec.describe()}")
-                await session.start(progress)
+                await self._start(session, progress)
                 self.sessions[name] = session
             finally:
                 del self.starting[name]
             return session, True
+
+    def _check_open(self, name: str) -> None:
+        if self._closing:
+            raise SessionError(f"session {name!r} cannot start: {self._closing}")
+
+    async def _start(self, session: Session, progress: Progress) -> None:
+        """``session.start`` as a task `shutdown_all` can stop; a start it stopped raises
+        `SessionError` saying why (one whose caller was cancelled stays cancelled)."""
+        start = asyncio.ensure_future(session.start(progress))
+        self._starts[session.name] = start
+        try:
+            await start  # a cancelled caller cancels the start with it
+        except asyncio.CancelledError:
+            why = self._stopped_starts.pop(start, None)
+            if why is None:  # the caller was cancelled, not the start alone
+                raise
+            raise SessionError(
+                f"session {session.name!r} did not start: {why}; nothing of it is left"
+            ) from None
+        finally:
+            self._starts.pop(session.name, None)
+            self._stopped_starts.pop(start, None)
 
     async def interrupt(self, name: str, ranks: Sequence[int] | None = None) -> None:
         await self.get(name).interrupt(ranks)
@@ -299,11 +333,35 @@ class SessionManager:
             self._publish({"type": "removed", "name": name})
 
     async def shutdown_all(self) -> None:
+        """Stop every session, those still starting too."""
+        await self._stop_all("every session was shut down")
+
+    async def _stop_all(self, why: str) -> list[str]:
+        """Stop every session, those still starting too (their starts are cancelled, which
+        undoes what they made; their callers hear ``why``); the names of the starts
+        stopped."""
+        starts = [(name, start) for name, start in self._starts.items() if not start.done()]
+        for name, start in starts:
+            log.info("session %s: its start is stopped: %s", name, why)
+            self._stopped_starts[start] = why
+            start.cancel()
         sessions = list(self.sessions.values())
         self.sessions.clear()
         for session in sessions:
             self._publish({"type": "removed", "name": session.name})
-        await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
+        await asyncio.gather(
+            *(start for _, start in starts),
+            *(s.shutdown() for s in sessions),
+            return_exceptions=True,
+        )
+        return [name for name, _ in starts]
+
+    async def close(self, why: str) -> list[str]:
+        """The owner stops: every session stops, those starting too, and none starts
+        from now on (a start asked meanwhile is refused saying ``why``); the names of the
+        starts stopped."""
+        self._closing = why
+        return await self._stop_all(why)
 
     # -- who uses the sessions (notebook kernels attached under a server) --------------
     def attach(self, name: str, sender: Sender) -> None:

@@ -2,7 +2,7 @@
 
 Enabled on install (``jupyter_server_config.d/jupyter_dist.json``). It runs the same
 `SessionManager` the magic runs in-process, on the server's event loop, and stops every
-session when the server stops.
+session when the server stops, those still starting too (`SessionManager.close`).
 
 It keeps a record of its sessions' processes in the Jupyter runtime folder
 (`server.process_records`), and on start stops what a dead predecessor's sessions left running,
@@ -253,9 +253,19 @@ class DistServerApp(ExtensionApp):
             self.serverapp.event_logger.remove_listener(
                 schema_id=CONTENTS_EVENTS, listener=self._contents_event
             )
-        self.log.info("jupyter_dist: stopping %d session(s)", len(self.manager.sessions))
-        try:
-            await self.manager.shutdown_all()
+        self.log.info(
+            "jupyter_dist: stopping %d session(s), %d of them starting",
+            len(self.manager.sessions) + len(self.manager.starting),
+            len(self.manager.starting),
+        )
+        try:  # those starting too: their Ray drivers, listeners and agents
+            stopped = await self.manager.close("the Jupyter server is stopping")
+            if stopped:
+                self.log.info(
+                    "jupyter_dist: stopped the start of session(s) %s: what they had started "
+                    "is gone",
+                    ", ".join(map(repr, stopped)),
+                )
         finally:
             self.records.remove()
             self.consoles.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from jupyter_dist.control.launchers import ray_reach
 from jupyter_dist.control.launchers.ray_reach import (
     CONNECT_BOUNDS,
+    auto_found,
     bound_environment,
     connecting_text,
     failure_text,
@@ -77,3 +78,33 @@ def test_the_drivers_bounds_are_rays_own_settings_and_the_users_come_first() -> 
         <= ray_reach.CONNECT_S
     )
     assert CONNECT_BOUNDS["RAY_gcs_server_port_wait_time_s"] == "1"
+
+
+def test_auto_says_which_cluster_it_found_and_how_as_ray_looks() -> None:
+    """Ray's order: the address file the last ``ray start`` here wrote, else a raylet
+    running here; the file and the other clusters running here are named."""
+    file = "/scratch/ray/ray_current_cluster"
+    assert auto_found("10.0.0.1:6379", [], file) == (
+        "10.0.0.1:6379",
+        f"the cluster last started on this machine with `ray start`, as Ray's {file} says",
+    )
+    address, how = auto_found("10.0.0.1:6379", ["10.0.0.1:6379", "10.0.0.9:6380"], file)
+    assert address == "10.0.0.1:6379"
+    assert how.endswith(f"as Ray's {file} says; 1 other Ray cluster runs here: 10.0.0.9:6380")
+    assert auto_found(None, ["10.0.0.9:6380", "10.0.0.2:6379"], file) == (
+        "10.0.0.9:6380",
+        "a Ray cluster running on this machine (the first of 2: 10.0.0.9:6380, 10.0.0.2:6379)",
+    )
+    assert auto_found(None, [], file) == (None, "")
+    # what a session says once it joined: the cluster, and where its address came from
+    found = {"address": "10.0.0.1:6379", "found": auto_found("10.0.0.1:6379", [], file)[1]}
+    assert joined_text(found, "auto", "auto") == (
+        "joined the Ray cluster at 10.0.0.1:6379 (found by `auto`: the cluster last started "
+        f"on this machine with `ray start`, as Ray's {file} says; --ray-address or "
+        "RAY_ADDRESS name another cluster)"
+    )
+    # RAY_ADDRESS=auto: the variable, and what auto found
+    assert joined_text(found, "auto", "RAY_ADDRESS").startswith(
+        "joined the Ray cluster at 10.0.0.1:6379 (found by `auto` (from the RAY_ADDRESS "
+        "environment variable): the cluster last started on this machine"
+    )

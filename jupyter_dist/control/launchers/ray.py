@@ -10,10 +10,12 @@ ones Ray gave the actor (``CUDA_VISIBLE_DEVICES``), node 0's address as Ray know
 ``MASTER_ADDR``.
 
 Ray is spoken to by a child process, the session's driver (``ray_driver``), never in this
-process: `RayPlacement` starts it, relays its progress, and stops it with the session. The
-driver ends with its stdin, so a notebook kernel or server that dies takes its sessions'
-actors and placement groups with it (Ray removes a driver's), and the actors' ends end the
-nodes' dial-back processes, agents and ranks.
+process: `RayPlacement` starts it, relays its progress, and stops it with the session,
+whatever state the session is in (a start that is cancelled releases it too). The driver
+ends with its stdin and with its owner (``--owner-pid``: the kernel kills it when this
+process ends, even while it connects), so a notebook kernel or server that dies takes its
+sessions' actors and placement groups with it (Ray removes a driver's), and the actors'
+ends end the nodes' dial-back processes, agents and ranks.
 
 A node whose Ray node was lost is placed again by a heal (`RayPlacement.replace_node`): Ray
 reschedules a dead node's bundles on its own, the driver waits for the node's bundle and
@@ -123,6 +125,8 @@ class RayPlacement(Placement):
             sys.executable,
             "-m",
             DRIVER_MODULE,
+            "--owner-pid",
+            str(os.getpid()),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -151,6 +155,10 @@ class RayPlacement(Placement):
         )
         connected = await self._next("connected", progress, min(timeout, CONNECTED_WAIT_S))
         progress(joined_text(connected, self.address, self.origin))
+        if self.address == "auto" and connected.get("address"):
+            # what `auto` found: the session's record and status name that cluster (a
+            # sweep after a dead server must reach it, not what `auto` finds then)
+            self.address = str(connected["address"])
         ip = str(connected["ip"])
         self.listener = DialBackListener(
             self.spec.nodes, host=ip, advertise=ip, connect_timeout=timeout

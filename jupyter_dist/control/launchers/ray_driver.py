@@ -4,7 +4,8 @@ The ``ray`` launcher (``ray.py``) runs this as a child process of the session's 
 that Ray's client, its threads and its logging stay out of the notebook kernel and the
 Jupyter server, and so that whatever this session holds on the cluster is tied to one
 process: Ray removes a driver's actors and placement groups when the driver ends, and this
-driver ends when its stdin does (its owner exited, or was killed).
+driver ends when its stdin does (its owner stopped it), and with its owner (``--owner-pid``:
+the kernel kills it when its owner ends, in every state, connecting included).
 
 A node whose Ray node was lost is placed again on request: Ray reschedules the bundles of a
 dead node on its own (a placement group's bundles on a node that dies are reserved again
@@ -56,6 +57,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from jupyter_dist._version import __version__
+from jupyter_dist.common.parent_death import die_with_parent
 from jupyter_dist.control.launchers import ray_reach
 
 log = logging.getLogger(__name__)
@@ -786,7 +788,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jupyter_dist.control.launchers.ray_driver")
     parser.add_argument("--sweep", default=None, help="remove what this owner prefix left")
     parser.add_argument("--address", default="auto", help="with --sweep: the cluster")
+    parser.add_argument(
+        "--owner-pid", type=int, default=None, help="end with this process (this one's parent)"
+    )
     args = parser.parse_args(argv)
+    if args.owner_pid is not None:
+        # in every state, connecting included (blocked inside Ray, where no thread of ours
+        # runs): Ray removes what a driver that ended held
+        die_with_parent(args.owner_pid)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     ray_reach.bound_environment(os.environ)  # before Ray is imported: it reads them once
     if args.sweep is not None:

@@ -4,7 +4,10 @@ Ray's own ``ray.init`` retries an address where nothing answers for minutes, log
 goes. The driver (``ray_driver``) bounds it with Ray's own settings (`CONNECT_BOUNDS`, set
 in its environment before it imports Ray, each only where the user did not set it): a
 first try of about `CONNECT_S` seconds. ``auto`` is looked up here as Ray looks it up
-(`find_auto`), so the session can say which cluster it joined and how it was found.
+(`find_auto`), so the session can say which cluster it joined and how it was found: the
+cluster the last ``ray start`` on this machine wrote into Ray's address file, naming the
+file and any other cluster running here, so that joining "whatever cluster was started
+last" is said where the start's progress is.
 
 The owner's side (``ray.RayPlacement``) turns what the driver said into words that name
 the address and where it came from (`joined_text`, `failure_text`): ``--ray-address``,
@@ -17,10 +20,11 @@ Ray is imported only inside the driver's functions, as in ``ray_driver``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from jupyter_dist.common.ray_options import RAY_ADDRESS_ENV, origin_text
@@ -51,9 +55,9 @@ def bound_environment(environ: MutableMapping[str, str]) -> None:
 
 
 def find_auto() -> tuple[str | None, str]:
-    """What Ray's ``auto`` finds on this machine, looked up as Ray does: the address and
-    how it was found, or None and "" when no cluster runs here. (Ray's own helpers; with a
-    Ray that lacks them ``auto`` is left to ``ray.init``.)"""
+    """What Ray's ``auto`` finds on this machine, looked up as Ray does (`auto_found`):
+    the address and how it was found, or None and "" when no cluster runs here. (Ray's
+    own helpers; with a Ray that lacks them ``auto`` is left to ``ray.init``.)"""
     try:
         from ray._private import services
 
@@ -61,14 +65,41 @@ def find_auto() -> tuple[str | None, str]:
         running = sorted(services.find_gcs_addresses())  # type: ignore[no-untyped-call]
     except Exception:  # another Ray's insides: let ray.init look
         return "auto", "a Ray cluster on this machine"
+    return auto_found(latest, running, address_file())
+
+
+def auto_found(latest: str | None, running: Sequence[str], file: str) -> tuple[str | None, str]:
+    """``ray.init``'s own order: the cluster the last ``ray start`` here wrote into Ray's
+    address file ``file`` (``latest``), else one whose raylet runs here (``running``): its
+    address and how it was found, naming the file and the other clusters running here;
+    None and "" for none."""
     if latest:
-        return str(latest), "the cluster last started on this machine with `ray start`"
+        others = [a for a in running if a != latest]
+        also = (
+            f"; {len(others)} other Ray cluster{'s' if len(others) != 1 else ''} run"
+            f"{'s' if len(others) == 1 else ''} here: {', '.join(others[:4])}"
+            if others
+            else ""
+        )
+        return str(latest), (
+            f"the cluster last started on this machine with `ray start`, as Ray's {file} says{also}"
+        )
     if running:
         many = (
             f" (the first of {len(running)}: {', '.join(running[:4])})" if len(running) > 1 else ""
         )
         return str(running[0]), f"a Ray cluster running on this machine{many}"
     return None, ""
+
+
+def address_file() -> str:
+    """The file where ``ray start`` leaves its cluster's address for ``auto``:
+    ``ray_current_cluster`` in Ray's temporary folder (under RAY_TMPDIR, else TMPDIR)."""
+    for module in ("ray._common.utils", "ray._private.utils"):  # newer Ray, then older
+        with contextlib.suppress(Exception):
+            found = importlib.import_module(module).get_ray_address_file(None)
+            return str(found)
+    return "ray_current_cluster"
 
 
 def connect(address: str, namespace: str) -> dict[str, Any]:
@@ -124,10 +155,14 @@ def connect(address: str, namespace: str) -> dict[str, Any]:
 
 # -- said on the owner's side --------------------------------------------------------------
 def origin_words(origin: str, found: str = "") -> str:
-    """Where the address came from, with how ``auto`` found it."""
-    if origin == "auto":
+    """Where the address came from, with how ``auto`` found it (``auto`` given by
+    --ray-address, left to be, or the value of RAY_ADDRESS)."""
+    if origin == "auto" or found:
         how = f": {found}" if found else ""
-        return f"found by `auto`{how}; --ray-address or {RAY_ADDRESS_ENV} name another cluster"
+        asked = "" if origin == "auto" else f" ({origin_text(origin)})"
+        return (
+            f"found by `auto`{asked}{how}; --ray-address or {RAY_ADDRESS_ENV} name another cluster"
+        )
     return origin_text(origin)
 
 
@@ -177,6 +212,8 @@ __all__ = [
     "CONNECTED_WAIT_S",
     "CONNECT_BOUNDS",
     "CONNECT_S",
+    "address_file",
+    "auto_found",
     "bound_environment",
     "connect",
     "connecting_text",
