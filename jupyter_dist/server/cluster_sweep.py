@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from jupyter_dist.control.launchers.ray import DRIVER_MODULE
-from jupyter_dist.control.launchers.ray_driver import owner_prefix
+from jupyter_dist.control.launchers.ray_cluster import owner_prefix
 from jupyter_dist.server.process_records import ClusterRecord, ServerRecord
 
 #: the Kubernetes sweep, run as ``python -m`` this module

@@ -10,17 +10,16 @@ import pytest
 
 from jupyter_dist.common.ray_options import RaySpec
 from jupyter_dist.common.spec import SessionSpec, ShapeRequest, check_same_shape, resolve_shape
-from jupyter_dist.control.launchers import placement_for, ray_driver
+from jupyter_dist.control.launchers import placement_for, ray_driver_changes
 from jupyter_dist.control.launchers.ray import RayPlacement, bundles
-from jupyter_dist.control.launchers.ray_driver import (
-    Driver,
-    PlacementError,
+from jupyter_dist.control.launchers.ray_cluster import (
     ask_text,
     cluster_text,
-    explain,
     group_name,
     infeasible,
 )
+from jupyter_dist.control.launchers.ray_driver_changes import Driver
+from jupyter_dist.control.launchers.ray_driver_nodes import PlacementError, explain
 from jupyter_dist.errors import ShapeMismatchError, SpecError
 
 
@@ -161,10 +160,10 @@ def lost_bundle_driver(
     )  # fmt: skip
     driver.placed = [{"node_id": "10.0.0.2"}, {"node_id": "10.0.0.3"}]
     monkeypatch.setattr(driver, "bundle_home", lambda _i: (next(homes), "RESCHEDULING"))
-    monkeypatch.setattr(ray_driver, "cluster_nodes", lambda: nodes)
-    monkeypatch.setattr(ray_driver, "free_nodes", lambda _b, _n: 0)
-    monkeypatch.setattr(ray_driver, "REPLACE_POLL_S", 0.0)
-    monkeypatch.setattr(ray_driver, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(ray_driver_changes, "cluster_nodes", lambda: nodes)
+    monkeypatch.setattr(ray_driver_changes, "free_nodes", lambda _b, _n: 0)
+    monkeypatch.setattr(ray_driver_changes, "REPLACE_POLL_S", 0.0)
+    monkeypatch.setattr(ray_driver_changes, "PROGRESS_EVERY_S", 0.0)
     return driver
 
 
@@ -217,7 +216,7 @@ def test_a_grow_that_cannot_be_placed_apart_from_the_sessions_machines_names_the
     driver.group = object()
     held = {"bundles_to_node_id": {0: "10.0.0.2", 1: "10.0.0.3"}}
     monkeypatch.setattr(ray.util, "placement_group_table", lambda _group: held)
-    monkeypatch.setattr(ray_driver, "cluster_nodes", lambda: CLUSTER)
+    monkeypatch.setattr(ray_driver_changes, "cluster_nodes", lambda: CLUSTER)
     with pytest.raises(PlacementError) as failed:
         driver._place_more([{"CPU": 1.0}] * 2, 2, timeout=5)
     assert str(failed.value) == (

@@ -14,7 +14,7 @@ the address and where it came from (`joined_text`, `failure_text`): ``--ray-addr
 ``RAY_ADDRESS`` or ``auto``. A failure to reach the cluster begins with "Ray address", the
 name of the new-session form's field it is about.
 
-Ray is imported only inside the driver's functions, as in ``ray_driver``.
+Ray is imported only inside the driver's functions, as in ``ray_driver`` and its parts.
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ def connect(address: str, namespace: str) -> dict[str, Any]:
     """
     import ray
 
-    from jupyter_dist.control.launchers.ray_driver import explain, node_ip
+    from jupyter_dist.control.launchers.ray_cluster import node_ip
+    from jupyter_dist.control.launchers.ray_driver_nodes import explain
 
     found = ""
     if address == "auto":
