@@ -3,8 +3,9 @@
 ``%%distributed --k8s --nodes 2 --gpus 4`` makes one Secret and one Indexed ``batch/v1``
 Job (`k8s_manifests`); node N is the pod of completion index N. Its one process,
 ``jupyter_dist.node.dial_back``, connects to this side's `DialBackListener` over SSH
-(encrypted, both ends proven by the session's fresh keys, which reach the pod through the
-Secret) and runs the node's agent exactly as on SSH nodes. ``MASTER_ADDR`` is node 0's
+(encrypted, both ends proven by the session's fresh keys: the Secret holds every node's,
+and each pod's init container hands its node its own, in a file the node removes once
+read) and runs the node's agent exactly as on SSH nodes. ``MASTER_ADDR`` is node 0's
 pod IP as the API reports it: an address, never a DNS name that may not resolve yet.
 
 Where the pods dial: ``--k8s-callback HOST:PORT``, else (in a pod) this pod's IP. A
@@ -82,13 +83,30 @@ def pod_index(pod: Mapping[str, Any]) -> int | None:
 
 def pod_state(pod: Mapping[str, Any]) -> tuple[str, str]:
     """A pod's phase and, where it is not plainly running, why: the scheduler's message,
-    the container's waiting or terminated reason."""
+    an init container's waiting reason or failure (the one that hands the node its
+    credentials, a template's), the container's waiting or terminated reason."""
     status = pod.get("status") or {}
     phase = str(status.get("phase") or "Pending")
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             why = f"{cond.get('reason') or 'not scheduled'}: {cond.get('message') or ''}"
             return phase, why.strip(": ")
+    for cs in status.get("initContainerStatuses") or []:
+        state, name = cs.get("state") or {}, cs.get("name")
+        if "waiting" in state:
+            w = state["waiting"] or {}
+            reason = str(w.get("reason") or "waiting")
+            if reason != "PodInitializing":
+                message = f": {w['message']}" if w.get("message") else ""
+                return phase, f"{reason}: init container {name}{message}"
+        elif "terminated" in state and (state["terminated"] or {}).get("exitCode"):
+            t = state["terminated"] or {}
+            return phase, (
+                f"{t.get('reason') or 'terminated'}, exit code {t.get('exitCode')} (init "
+                f"container {name}){': ' + t['message'].strip() if t.get('message') else ''}"
+            )
+        elif "running" in state and phase == "Pending":
+            return phase, f"Initializing: init container {name} runs"
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if "waiting" in state:
