@@ -185,8 +185,7 @@ def _check_json(value: Any, where: str) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TemplateLimit(
-                    f"{where or 'the top'}: key {key!r} is not text; expected text keys "
-                    "(quote it)"
+                    f"{where or 'the top'}: key {key!r} is not text; expected text keys (quote it)"
                 )
             _check_json(item, f"{where}.{key}" if where else key)
     elif isinstance(value, list):

@@ -73,7 +73,10 @@ def nothing_started(call: Call, cluster: FakeCluster) -> None:
         ({"hosts": [{"name": "a", "port": 0}], "procs": 1}, "port 0 of 'a'"),
         ({"hosts": [{"name": "a", "slots": -3}]}, "slots -3 of 'a'"),
         ({"hosts": [{"name": "a", "user": "-oX"}], "procs": 1}, "user '-oX' starts with '-'"),
-        ({"hosts": [{"name": "a", "slots": 10**12}]}, "ranks may run on a node (node a)"),
+        (
+            {"hosts": [{"name": "a", "slots": 10**12}]},
+            "slots 1000000000000 of 'a': expected a whole number of at least 1 and at most 65536",
+        ),
         ({"hosts": "a", "python": "--version", "procs": 1}, "starts with '-'"),
         ({"procs": 1, "python": "-c"}, "python '-c' starts with '-'"),
         ({"procs": 1, "cwd": "/no/such/folder"}, "cwd '/no/such/folder': no such folder"),
