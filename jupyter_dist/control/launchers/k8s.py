@@ -234,11 +234,13 @@ class K8sPlacement(Placement):
 
     def _callback(self, own_pod: Mapping[str, Any] | None) -> tuple[str, int, str]:
         """Where to listen (host, port) and the address the pods are told to dial: with
-        ``--k8s-callback``, its port on every interface (the address may be a NAT's or a
-        Service's); in-cluster, a free port on the pod's IP."""
+        ``--k8s-callback HOST:PORT``, PORT on HOST when HOST is an address of this machine
+        (or a name of one); when it is not (a NAT's, a Service's, which forwards to an
+        address of this machine this side cannot know), on every interface of HOST's
+        family (`DialBackListener`, `Door.bind`); in-cluster, a free port on the pod's IP."""
         if self.k8s.callback:
             host, port = check_callback(self.k8s.callback)
-            return "", port, host
+            return host, port, host
         ip = ((own_pod or {}).get("status") or {}).get("podIP")
         if ip:
             return str(ip), 0, str(ip)
