@@ -26,9 +26,12 @@ def silent_port(host: str = "127.0.0.1") -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def silent_peer(host: str = "") -> Iterator[tuple[int, threading.Event]]:
-    """A port that takes connections and never says a word, and an event set once one was
-    taken: a client connecting there is inside its connect, for as long as it waits."""
+def silent_peer(
+    host: str = "", greeting: bytes = b"", taken_count: int = 1
+) -> Iterator[tuple[int, threading.Event]]:
+    """A port that takes connections and never says a word (but ``greeting``, sent on
+    each as it is taken), and an event set once ``taken_count`` were taken: a client
+    connecting there is inside its connect, for as long as it waits."""
     taken = threading.Event()
     held: list[socket.socket] = []
     with socket.socket() as sock:
@@ -38,8 +41,12 @@ def silent_peer(host: str = "") -> Iterator[tuple[int, threading.Event]]:
         def accept() -> None:
             with contextlib.suppress(OSError):  # closed: the block ended
                 while True:
-                    held.append(sock.accept()[0])
-                    taken.set()
+                    conn = sock.accept()[0]
+                    held.append(conn)
+                    if greeting:
+                        conn.sendall(greeting)
+                    if len(held) >= taken_count:
+                        taken.set()
 
         threading.Thread(target=accept, name="silent-peer", daemon=True).start()
         try:

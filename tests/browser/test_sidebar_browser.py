@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 
 import pytest
+
+from tests import dead_ports
 
 from .lab import RENDER_TIMEOUT_MS, NotebookPage, OpenNotebook
 from .test_dark_theme_browser import set_theme
@@ -278,14 +279,6 @@ def test_form_use_here_interrupt_and_shut_down(open_lab_notebook: OpenNotebook) 
     nb.screenshot("sidebar-after-shutdown")
 
 
-def closed_port() -> int:
-    """A port of this machine nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
     open_lab_notebook: OpenNotebook,
 ) -> None:
@@ -356,34 +349,35 @@ def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
     nb.screenshot("form-ray-cpus")
 
     # a start where no Ray cluster answers: said while it runs, then under "Ray address"
-    port = closed_port()
-    form.locator('input[name="rayCpus"]').fill("1")
-    form.locator('input[name="rayAddress"]').fill(f"127.0.0.1:{port}")
-    dialog.get_by_role("button", name="Start").click()
-    progress = form.locator(".jp-DistForm-progress")
-    expect(progress).to_have_text(
-        f'Starting session on-ray: Ray cluster 127.0.0.1:{port} (given by the "Ray address" '
-        "field): connecting",
-        timeout=RENDER_TIMEOUT_MS,
-    )
-    expect(dialog.get_by_role("button", name="Start")).to_be_disabled()
-    cards = nb.page.locator('#jupyter-dist-sidebar .jp-DistSession[data-session="on-ray"]')
-    expect(cards.locator("button.jp-DistButton")).to_have_count(0)  # nothing to act on yet
-    nb.screenshot("form-ray-starting")
-    error = form.locator("#jp-DistForm-error-rayAddress")
-    expect(error).to_contain_text(
-        f"'127.0.0.1:{port}': no Ray cluster answered there within", timeout=RENDER_TIMEOUT_MS
-    )
-    expect(error).to_contain_text("Expected the GCS address of a running cluster's head")
-    expect(error).not_to_contain_text("--ray-address")
-    assert not re.search(r"\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] ", error.inner_text())
-    expect(form.locator('input[name="rayAddress"]')).to_have_attribute("aria-invalid", "true")
-    expect(progress).to_be_hidden()
-    expect(dialog.get_by_role("button", name="Start")).to_be_enabled()
-    expect(cards).to_have_count(0)  # the failed start left no session card
-    expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()
-    expect(count).to_have_value("1")  # what was typed stays
-    nb.screenshot("form-ray-unreachable")
+    # (it takes the connection and says nothing: the start says so at its bound, 5 s)
+    with dead_ports.silent_port("") as port:
+        form.locator('input[name="rayCpus"]').fill("1")
+        form.locator('input[name="rayAddress"]').fill(f"127.0.0.1:{port}")
+        dialog.get_by_role("button", name="Start").click()
+        progress = form.locator(".jp-DistForm-progress")
+        expect(progress).to_have_text(
+            f'Starting session on-ray: Ray cluster 127.0.0.1:{port} (given by the "Ray address" '
+            "field): connecting",
+            timeout=RENDER_TIMEOUT_MS,
+        )
+        expect(dialog.get_by_role("button", name="Start")).to_be_disabled()
+        cards = nb.page.locator('#jupyter-dist-sidebar .jp-DistSession[data-session="on-ray"]')
+        expect(cards.locator("button.jp-DistButton")).to_have_count(0)  # nothing to act on yet
+        nb.screenshot("form-ray-starting")
+        error = form.locator("#jp-DistForm-error-rayAddress")
+        expect(error).to_contain_text(
+            f"'127.0.0.1:{port}': no Ray cluster answered there within", timeout=RENDER_TIMEOUT_MS
+        )
+        expect(error).to_contain_text("Expected the GCS address of a running cluster's head")
+        expect(error).not_to_contain_text("--ray-address")
+        assert not re.search(r"\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] ", error.inner_text())
+        expect(form.locator('input[name="rayAddress"]')).to_have_attribute("aria-invalid", "true")
+        expect(progress).to_be_hidden()
+        expect(dialog.get_by_role("button", name="Start")).to_be_enabled()
+        expect(cards).to_have_count(0)  # the failed start left no session card
+        expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()
+        expect(count).to_have_value("1")  # what was typed stays
+        nb.screenshot("form-ray-unreachable")
     dialog.get_by_role("button", name="Cancel").click()
     expect(dialog).to_have_count(0)
     expect(nb.page.locator("#jupyter-dist-sidebar .jp-DistPanel-empty")).to_be_visible()

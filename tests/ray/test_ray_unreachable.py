@@ -80,8 +80,10 @@ def test_a_port_with_nothing_listening_fails_within_seconds_naming_the_flag(
     assert f"Ray cluster 127.0.0.1:{port} (given by --ray-address): connecting" in text, text
     assert (
         f"AgentError: Ray address 127.0.0.1:{port} (given by --ray-address): no Ray cluster "
-        "answered there within"
+        "answered there: the connection was refused (nothing listens on that port)"
     ) in text, text
+    # asked before any driver was started (it would import Ray, then try for seconds)
+    assert "ray_driver" not in text, text
     assert "`ray start --head` prints it; port 6379 unless" in text, text
     assert not RAY_LOG.search(text), text
     assert "gcs_client" not in text and "rpc_client" not in text, text
@@ -140,7 +142,10 @@ def test_a_server_stopped_while_its_ray_driver_connects_leaves_no_driver(tmp_pat
             answers.append(err)
 
     try:
-        with dead_ports.silent_peer() as (port, connecting):
+        # it answers the owner's probe as a gRPC server its client's preface (its
+        # settings), then nothing: the second connection is the driver's, inside ray.init
+        settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+        with dead_ports.silent_peer(greeting=settings, taken_count=2) as (port, connecting):
             # Ray's own bounds raised (the first try waits for minutes), as they may be
             body = {
                 "name": "rstopped",

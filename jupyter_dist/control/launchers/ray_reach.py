@@ -195,9 +195,10 @@ def failure_text(event: Mapping[str, Any], address: str, origin: str) -> str | N
     seconds = float(event.get("seconds") or CONNECT_S)
     where = origin_words(origin, str(event.get("found") or ""))
     shown = tried if address == "auto" else address
+    how = str(event.get("how") or f" within {seconds:.0f} s")  # `ray_probe.probe`'s words
     return (
-        f"Ray address {shown} ({where}): no Ray cluster answered there within "
-        f"{seconds:.0f} s. Expected the GCS address of a running cluster's head, HOST:PORT "
+        f"Ray address {shown} ({where}): no Ray cluster answered there{how}. "
+        "Expected the GCS address of a running cluster's head, HOST:PORT "
         f"(`ray start --head` prints it; port {DEFAULT_GCS_PORT} unless it was given "
         "another --port), reachable from this machine"
     )
