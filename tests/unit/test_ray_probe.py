@@ -9,8 +9,15 @@ import contextlib
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
-from jupyter_dist.control.launchers.ray_probe import HTTP2_PREFACE, probe, split_address
+from jupyter_dist.control.launchers.ray_probe import (
+    HTTP2_PREFACE,
+    auto_from_file,
+    probe,
+    ray_address_file,
+    split_address,
+)
 from jupyter_dist.control.launchers.ray_reach import failure_text
 from tests import dead_ports
 
@@ -69,3 +76,37 @@ def test_addresses_split_as_ray_options_let_them_through() -> None:
     assert split_address("10.0.0.1:6379") == ("10.0.0.1", 6379)
     assert split_address("[::1]:6379") == ("::1", 6379)
     assert split_address("head.example:6380") == ("head.example", 6380)
+
+
+def test_auto_reads_rays_address_file_where_ray_keeps_it(tmp_path: Path) -> None:
+    file = tmp_path / "ray" / "ray_current_cluster"
+    assert ray_address_file({"RAY_TMPDIR": str(tmp_path), "TMPDIR": "/x"}) == str(file)
+    assert ray_address_file({"TMPDIR": str(tmp_path)}) == str(file)  # on Linux, as Ray
+    assert ray_address_file({}) == "/tmp/ray/ray_current_cluster"
+    env = {"RAY_TMPDIR": str(tmp_path)}
+    assert auto_from_file(env) is None  # no file: the driver looks at what runs here
+    file.parent.mkdir()
+    file.write_text("10.0.0.7:6379\n")
+    assert auto_from_file(env) == (
+        "10.0.0.7:6379",
+        f"the cluster last started on this machine with `ray start`, as Ray's {file} says",
+    )
+    for junk in ("-x:1", "not an address", "auto", "\xff", "1" * 2000):
+        file.write_bytes(junk.encode("latin-1"))
+        assert auto_from_file(env) is None, junk  # left to the driver, which says why
+
+
+def test_auto_whose_file_names_a_dead_cluster_fails_before_a_driver(tmp_path: Path) -> None:
+    port = dead_ports.closed_port()
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{port}")
+    found = auto_from_file({"RAY_TMPDIR": str(tmp_path)})
+    assert found is not None
+    how = asyncio.run(probe(found[0], timeout=5.0))
+    event = {"unreachable": True, "how": how, "address": found[0], "found": found[1]}
+    said = failure_text(event, "auto", "auto")
+    assert said is not None and said.startswith(
+        f"Ray address 127.0.0.1:{port} (found by `auto`: the cluster last started on this "
+        "machine with `ray start`"
+    )
+    assert "no Ray cluster answered there: the connection was refused" in said

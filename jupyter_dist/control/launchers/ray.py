@@ -43,7 +43,7 @@ from jupyter_dist.common.ray_options import RaySpec, address_origin, resolve_ray
 from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.launchers.base import Launcher, Placement
 from jupyter_dist.control.launchers.dial_back import DialBackLauncher, DialBackListener
-from jupyter_dist.control.launchers.ray_probe import probe
+from jupyter_dist.control.launchers.ray_probe import auto_from_file, probe
 from jupyter_dist.control.launchers.ray_reach import (
     CONNECTED_WAIT_S,
     connecting_text,
@@ -122,11 +122,15 @@ class RayPlacement(Placement):
     # -- place ---------------------------------------------------------------------------
     async def place(self, progress: Callable[[str], None], timeout: float) -> None:
         progress(connecting_text(self.address, self.origin))
-        if self.address != "auto":  # asked before a driver is started (`ray_probe`)
-            how = await probe(self.address)
-            if how is not None:
-                event = {"unreachable": True, "how": how}
-                raise AgentError(failure_text(event, self.address, self.origin) or how)
+        # asked before a driver is started (`ray_probe`); `auto`: the address of Ray's
+        # address file, as the driver's `auto` would take it
+        target, found = self.address, ""
+        if target == "auto":
+            target, found = auto_from_file({**os.environ, **self.env}) or ("", "")
+        how = await probe(target) if target else None
+        if how is not None:
+            event = {"unreachable": True, "how": how, "address": target, "found": found}
+            raise AgentError(failure_text(event, self.address, self.origin) or how)
         self.driver = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

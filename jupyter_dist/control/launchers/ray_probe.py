@@ -19,10 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
 import socket
+import sys
+import tempfile
+from collections.abc import Mapping
+
+from jupyter_dist.common.ray_options import check_ray_address
+from jupyter_dist.control.launchers.ray_reach import auto_found
+from jupyter_dist.errors import SpecError
 
 #: seconds the owner gives an address to take a connection and answer it
 PROBE_S = 5.0
+#: the most bytes of Ray's address file read (it holds one HOST:PORT)
+MAX_ADDRESS_FILE_BYTES = 1024
 #: HTTP/2's client connection preface, then an empty SETTINGS frame (RFC 9113, 3.4)
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
@@ -31,6 +41,40 @@ def split_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` or ``[IPv6]:PORT`` (as `ray_options.check_ray_address` lets through)."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def ray_address_file(env: Mapping[str, str]) -> str:
+    """Where ``ray start`` leaves its cluster's address for ``auto``, found as Ray finds it
+    (its temporary folder: RAY_TMPDIR, else TMPDIR on Linux, else /tmp) without importing
+    Ray."""
+    base = env.get("RAY_TMPDIR")
+    if base is None and sys.platform.startswith("linux"):
+        base = env.get("TMPDIR")
+    if base is None:
+        linux_or_mac = sys.platform.startswith(("linux", "darwin"))
+        base = os.path.join(os.sep, "tmp") if linux_or_mac else tempfile.gettempdir()
+    return os.path.join(base, "ray", "ray_current_cluster")
+
+
+def auto_from_file(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """What ``auto`` takes first: the address in Ray's address file and how it was found
+    (`ray_reach.auto_found`'s words), or None without a file holding one (the driver then
+    looks further, at the clusters running here)."""
+    path = ray_address_file(env)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_ADDRESS_FILE_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > MAX_ADDRESS_FILE_BYTES:
+        return None
+    try:
+        address = check_ray_address(raw.decode().strip(), path)
+    except (UnicodeDecodeError, SpecError):
+        return None
+    if address == "auto":
+        return None
+    return address, auto_found(address, [], path)[1]
 
 
 def own_address() -> str | None:
