@@ -34,7 +34,12 @@ from jupyter_dist.common.hosts import (
     parse_hosts,
     read_hostfile,
 )
-from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
+from jupyter_dist.common.k8s_options import (
+    MAX_DEADLINE_S,
+    MAX_GRACE_S,
+    K8sSpec,
+    read_pod_template,
+)
 from jupyter_dist.common.launcher_options import check_launcher_options, given_options
 from jupyter_dist.common.payloads import SessionStatus
 from jupyter_dist.common.ray_options import MAX_BUNDLE_UNITS, MAX_WAIT_S, RaySpec, check_strategy
@@ -184,9 +189,22 @@ def _k8s_spec(args: Any) -> K8sSpec | None:
         "tolerations": tuple(args.toleration or ()),
         "pod_template": args.pod_template,
         "callback": args.k8s_callback,
-        "timeout": args.k8s_timeout,
-        "deadline": args.k8s_deadline,
-        "grace": args.k8s_grace,
+        # read as text, checked against their ranges before converting (`bounded`)
+        "timeout": (
+            None
+            if args.k8s_timeout is None
+            else parse_seconds("--k8s-timeout", args.k8s_timeout, MAX_WAIT_S)
+        ),
+        "deadline": (
+            None
+            if args.k8s_deadline is None
+            else parse_whole("--k8s-deadline", args.k8s_deadline, 60, MAX_DEADLINE_S)
+        ),
+        "grace": (
+            None
+            if args.k8s_grace is None
+            else parse_seconds("--k8s-grace", args.k8s_grace, MAX_GRACE_S)
+        ),
     }
     if not args.k8s and all(v in (None, ()) for v in given.values()):
         return None
@@ -472,20 +490,17 @@ class DistMagics(Magics):
     )
     @argument(
         "--k8s-timeout",
-        type=float,
         default=None,
         help="--k8s: seconds to wait for the pods to be scheduled and connected (default: "
         "the session's start timeout)",
     )
     @argument(
         "--k8s-deadline",
-        type=int,
         default=None,
         help="--k8s: seconds the session's Job may live (default 7 days)",
     )
     @argument(
         "--k8s-grace",
-        type=float,
         default=None,
         help="--k8s: seconds a pod keeps dialling a notebook it lost before it exits (default 60)",
     )

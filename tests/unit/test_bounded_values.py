@@ -97,3 +97,29 @@ def test_a_hostfile_path_with_a_nul_is_refused_naming_it() -> None:
     assert refusal(read_hostfile, "hosts\0.txt") == (
         "--hostfile 'hosts\\x00.txt': a file's path holds no NUL character"
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("--k8s-deadline", "expected 60 to 2592000"),
+        ("--k8s-timeout", "expected seconds, more than 0, at most 86400"),
+        ("--k8s-grace", "expected seconds, more than 0, at most 3600"),
+    ],
+)
+def test_a_cells_kubernetes_seconds_with_thousands_of_digits_are_named_short(
+    flag: str, expected: str
+) -> None:
+    """Read as text and checked before converting: argparse's own int() repeated all of
+    them ('invalid int value') or gave up past Python's limit on digits."""
+    from jupyter_dist.notebook.magics import _k8s_spec
+
+    magics = DistMagics(None)
+    with pytest.raises(SpecError) as refused:
+        _k8s_spec(magics._cell_args(f"--k8s {flag} " + "9" * 5000))
+    assert str(refused.value) == f"{flag} '99999999...9999' (5000 digits): {expected}"
+    spec = _k8s_spec(magics._cell_args(f"--k8s {flag} 120"))
+    assert spec is not None
+    assert {"--k8s-deadline": spec.deadline, "--k8s-timeout": spec.timeout}.get(
+        flag, spec.grace
+    ) == 120
