@@ -19,7 +19,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from jupyter_dist.rank.console_guard import ALLOW
 
-from .server_process import API, Server, start_server, stop_server
+from .server_process import API, Server, start_server, stop_server, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -173,8 +173,13 @@ def test_interrupt_by_the_kernels_api_stops_that_rank_alone(
         c1.ws.close()
 
     asyncio.run(go())
-    ranks = server.call("GET", f"{API}/sessions/{session}")[1]["ranks"]
-    assert {r["state"] for r in ranks} == {"idle"}, ranks
+
+    def states() -> set[str]:
+        ranks = server.call("GET", f"{API}/sessions/{session}")[1]["ranks"]
+        return {r["state"] for r in ranks}
+
+    # the session hears the consoles' ends through its own channel: polled, not at once
+    wait_for(lambda: states() == {"idle"}, 30, "every rank idle again", poll=0.1)
 
 
 def test_a_ranks_restart_by_the_kernels_api_is_refused_saying_why_and_starts_nothing(
