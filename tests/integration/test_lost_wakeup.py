@@ -66,10 +66,12 @@ def test_a_reply_without_its_wakeup_is_still_received(
     kernel: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(rank_client, "RECHECK_S", 0.2)  # 1 s by default: found sooner
-    client = asyncio.run(_reply_after_lost_wakeup(kernel, 10 * rank_client.RECHECK_S))
-    # the reply came (within the wait); the recheck found it, unless, now and then on a
-    # loaded machine, the loop happened to be woken for the socket all the same
-    assert client.lost_wakeups <= 1
+    # the reply comes within the wait (a TimeoutError otherwise): the recheck found it,
+    # unless, now and then on a loaded machine, the loop was woken for the socket all the
+    # same. How many messages the checks took is not asserted: a check that runs between
+    # a message's arrival and the loop's turn for it takes that message too (on a loaded
+    # machine, a late answer to one of `connect`'s repeated requests), and that is right
+    asyncio.run(_reply_after_lost_wakeup(kernel, 10 * rank_client.RECHECK_S))
 
 
 def test_without_the_check_the_reply_would_wait_for_ever(
