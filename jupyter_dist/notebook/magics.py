@@ -65,6 +65,7 @@ from jupyter_dist.errors import DistError, SpecError
 from jupyter_dist.notebook import owners as planes
 from jupyter_dist.notebook.cell_loop import Renderer, run_cell, wait_with_notices
 from jupyter_dist.notebook.owners import SessionOwner, session_owner
+from jupyter_dist.notebook.profile_args import ProfileUse, apply_profile, in_profile_words
 from jupyter_dist.settings import OUTPUT_VAR
 from jupyter_dist.text import ranks_label
 
@@ -93,6 +94,7 @@ DIST_HELP: dict[str, str] = {
     "interrupt": "stop the cell running on the ranks, as the stop button does",
     "push NAMES": "copy notebook variables to the ranks",
     "pull NAME": "return a variable of the ranks, one value per rank",
+    "profiles": "the launcher profiles (--profile NAME) of this user's Jupyter config folder",
 }
 DIST_COMMANDS = tuple(usage.split()[0] for usage in DIST_HELP)
 #: said under a notebook server when a cell starts a session: where to look at it
@@ -378,6 +380,13 @@ class DistMagics(Magics):
     # -- %%distributed --------------------------------------------------------------------
     @magic_arguments()
     @argument(
+        "--profile",
+        default=None,
+        metavar="NAME",
+        help="start from the launcher settings of profile NAME (`%%dist profiles` lists "
+        "them); options given in the cell override the profile's",
+    )
+    @argument(
         "--nodes",
         type=_count(1, MAX_NODES, "a number of nodes"),
         default=None,
@@ -598,11 +607,14 @@ class DistMagics(Magics):
         hang.
         """
         args = self._cell_args(line)
+        use: ProfileUse | None = None
         try:
+            if args.profile is not None:
+                use = apply_profile(self.distributed.parser, args)
             self._distributed(args, cell)
         except DistError as err:
             if isinstance(err, SpecError):
-                raise UsageError(str(err)) from None
+                raise UsageError(str(in_profile_words(err, use))) from None
             raise
 
     def _cell_args(self, line: str) -> argparse.Namespace:
@@ -1025,6 +1037,35 @@ class DistMagics(Magics):
             f"[jupyter_dist] {', '.join(names)} copied from rank {source} to "
             f"{ranks_label(targets)} over the process group"
         )
+
+    def _dist_profiles(self, args: Any) -> None:
+        """Every profile: its name, launcher and fields, and the file; where the file goes
+        when there is none."""
+        from jupyter_dist.common.profiles import (
+            described,
+            example,
+            launcher_words,
+            options_of,
+            profiles_path,
+            read_profiles,
+        )
+
+        path = profiles_path()
+        profiles = read_profiles(path)
+        if not profiles:
+            print(f"[jupyter_dist] {example(path)}")
+            return
+        known = options_of(self.distributed.parser)
+        width = max(map(len, profiles))
+        print(f"[jupyter_dist] profiles in {path} (%%distributed --profile NAME):")
+        for name, profile in profiles.items():
+            try:
+                profile.check_fields(known)
+                wrong = ""
+            except SpecError as err:
+                wrong = f"  !! {str(err).removeprefix(profile.where() + ', ')}"
+            launcher = launcher_words(profile.launcher)
+            print(f"  {name:<{width}}  {launcher:<10}  {described(profile.settings)}{wrong}")
 
     def _dist_pull(self, args: Any) -> list[Any]:
         if len(args.names) != 1:

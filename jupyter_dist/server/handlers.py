@@ -89,6 +89,7 @@ REQUEST_FIELDS: dict[str, tuple[type, ...]] = {
     "cwd": (str,),  # where the ranks run (default: the server's folder)
     "env": (dict,),  # variables the ranks get on top of the server's environment
     "notebook": (str,),  # the session is named after this notebook (its path)
+    "profile": (str,),  # a profile of the server's: its fields, under the request's
 }
 #: ``ray`` field -> the JSON types it may have (`RaySpec` checks the values)
 RAY_FIELDS: dict[str, tuple[type, ...]] = {
@@ -476,9 +477,11 @@ class SessionsHandler(DistHandler):
         validate = self.get_query_argument("validate", "false")
         if validate not in ("true", "false"):
             raise SpecError(f"validate: {validate[:40]!r} is not 'true' or 'false'")
+        from jupyter_dist.server.profile_requests import with_profile
+
         if validate == "true":
             try:
-                req = shape_from_json(self.json_body())
+                req = shape_from_json(await with_profile(self.json_body()))
                 await check_files(req)
                 validate_request(req.shape)
             except SpecError as err:
@@ -486,7 +489,7 @@ class SessionsHandler(DistHandler):
                 return
             self.reply({"valid": True, "name": req.name})
             return
-        req = shape_from_json(self.json_body())
+        req = shape_from_json(await with_profile(self.json_body()))
         await check_files(req)
         sender = await self.sender()
         # the notebook that asks is the session's, if it starts now

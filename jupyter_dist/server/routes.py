@@ -7,6 +7,7 @@ from typing import Any
 
 from jupyter_dist.server.handlers import HANDLERS
 from jupyter_dist.server.notebook_handlers import NOTEBOOK_HANDLERS
+from jupyter_dist.server.profile_handlers import PROFILE_HANDLERS
 from jupyter_dist.server.sidebar_handlers import SIDEBAR_HANDLERS
 from jupyter_dist.server.turn_handlers import TURN_HANDLERS
 
@@ -15,4 +16,5 @@ API_HANDLERS: list[tuple[str, Any]] = [
     *TURN_HANDLERS,
     *SIDEBAR_HANDLERS,
     *NOTEBOOK_HANDLERS,
+    *PROFILE_HANDLERS,
 ]

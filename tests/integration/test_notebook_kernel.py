@@ -249,3 +249,35 @@ def test_output_streams_while_the_cell_runs(nbk: NotebookKernel, tmp_path: Path)
             if "early" in seen[-1]:
                 go.touch()
     assert any("early" in text for text in seen), seen  # and it came before 'late' did
+
+
+def test_a_profile_of_the_jupyter_config_folder_starts_the_ranks(
+    nbk: NotebookKernel, tmp_path: Path
+) -> None:
+    """``%%distributed --profile NAME``: the profile's settings, the cell's flags over
+    them; ``%dist profiles`` lists the file's profiles; a bad field is named in the
+    cell's error by file, profile and field."""
+    config = tmp_path / "jupyter-config"
+    config.mkdir()
+    path = config / "jupyter_dist_profiles.yaml"
+    path.write_text(
+        "cpu:\n  procs: 3\n  framework: none\n  session: from-profile\n"
+        "bad:\n  procs: 1\n  nodes: zero\n"
+    )
+    nbk.execute(f"import os\nos.environ['JUPYTER_CONFIG_DIR'] = {str(config)!r}")
+    nbk.text.clear()
+    assert nbk.execute("%dist profiles")["status"] == "ok"
+    listed = "".join(nbk.text)
+    assert f"profiles in {path}" in listed
+    assert "cpu  local       procs=3, framework=none, session=from-profile" in listed, listed
+    nbk.text.clear()
+    reply = nbk.execute("%%distributed --profile bad\npass")
+    shown = strip_ansi("".join(nbk.text))  # a UsageError: its words, on stderr
+    assert f"{path}: profile 'bad', field 'nodes': --nodes: 'zero': expected" in shown, shown
+    nbk.text.clear()
+    reply = nbk.execute(
+        "%%distributed --profile cpu --procs 2\n"
+        "import os\nprint('on', os.environ['JUPYTER_DIST_SESSION'], os.environ['WORLD_SIZE'])"
+    )
+    assert reply["status"] == "ok", reply
+    assert "[ranks 0-1] on from-profile 2" in "".join(nbk.text), nbk.text

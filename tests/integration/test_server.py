@@ -460,3 +460,62 @@ def test_a_rank_kernel_becomes_a_server_kernel_for_a_console(server: Server) -> 
         assert status == 400 and "has ranks 0-1" in reply["message"], reply
     finally:
         assert server.call("DELETE", f"{API}/sessions/consoled")[0] == 204
+
+
+def test_profiles_of_the_servers_config_folder_start_sessions_and_are_saved(
+    server: Server,
+) -> None:
+    """``GET /profiles`` lists the server's profiles with the request each makes, ``POST
+    /sessions`` takes one by name under its own fields, and ``PUT /profiles/NAME`` saves a
+    request as one."""
+    from jupyter_dist.common.profiles import PROFILES_FILE
+
+    path = server.runtime_dir.parent / "config" / PROFILES_FILE
+    status, listed = server.call("GET", f"{API}/profiles")
+    assert status == 200 and listed == {"path": str(path), "profiles": [], "error": ""}
+    path.write_text(
+        "bare:\n  procs: 2\n  framework: none\n  output: text\n"
+        "broken:\n  k8s: true\n  memory: lots\n  procs: 1\n"
+    )
+    try:
+        status, listed = server.call("GET", f"{API}/profiles")
+        assert status == 200, listed
+        bare, broken = listed["profiles"]
+        assert bare["request"] == {"procs": 2, "framework": "none"} and bare["error"] == ""
+        assert bare["unused"] == ["output"] and bare["launcher"] == "local"
+        assert broken["launcher"] == "k8s" and "--memory 'lots'" in broken["error"]
+        # the request's own fields override the profile's
+        body = {"name": "profiled", "profile": "bare", "procs": 1}
+        status, valid = server.call("POST", f"{API}/sessions?validate=true", body)
+        assert valid == {"valid": True, "name": "profiled"}, valid
+        status, created = server.call("POST", f"{API}/sessions", body)
+        try:
+            assert status == 201, created
+            assert created["shape"] == "1 CPU rank (no process group)", created
+        finally:
+            assert server.call("DELETE", f"{API}/sessions/profiled")[0] == 204
+        status, refused = server.call("POST", f"{API}/sessions", {"profile": "broken"})
+        assert status == 400 and refused["message"].startswith(
+            f"profile 'broken' ({path}): k8s: --memory 'lots'"
+        ), refused
+        status, refused = server.call("POST", f"{API}/sessions", {"profile": "bear"})
+        assert status == 400 and "has no profile 'bear'; did you mean bare?" in refused["message"]
+        # saved: the request as the options a cell gives, beside the others, mode 0600
+        k8s = {"namespace": "ml", "tolerations": ["nvidia.com/gpu:NoSchedule"]}
+        saved = {"name": "x", "launcher": "k8s", "nodes": 2, "gpus": [4, 2], "k8s": k8s}
+        status, reply = server.call("PUT", f"{API}/profiles/pods", saved)
+        assert status == 200, reply
+        assert reply["settings"] == {
+            "k8s": True,
+            "nodes": 2,
+            "gpus": [4, 2],
+            "namespace": "ml",
+            "toleration": ["nvidia.com/gpu:NoSchedule"],
+        }
+        assert reply["request"] == {key: v for key, v in saved.items() if key != "name"}
+        names = [p["name"] for p in server.call("GET", f"{API}/profiles")[1]["profiles"]]
+        assert names == ["bare", "broken", "pods"] and path.stat().st_mode & 0o777 == 0o600
+        status, refused = server.call("PUT", f"{API}/profiles/pods", {"procs": 0})
+        assert status == 400 and "--procs 0" in refused["message"], refused
+    finally:
+        path.unlink()
