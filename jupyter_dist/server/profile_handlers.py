@@ -31,7 +31,7 @@ from jupyter_dist.server.handlers import (
     maps_errors,
     shape_from_json,
 )
-from jupyter_dist.server.profile_requests import request_of, settings_of
+from jupyter_dist.server.profile_requests import request_of, settings_of, with_profile
 
 
 def listed(profile: Profile) -> dict[str, Any]:
@@ -86,8 +86,9 @@ class ProfilesHandler(DistHandler):
 
 
 class ProfileHandler(DistHandler):
-    """``PUT /profiles/NAME``: the body, a session request as ``POST /sessions`` takes it,
-    checked as a start checks it, saved as profile NAME (replacing one of that name).
+    """``PUT /profiles/NAME``: the body, a session request as ``POST /sessions`` takes it
+    (a ``profile`` in it applied, so what the form has no field for is kept), checked as a
+    start checks it, saved as profile NAME (replacing one of that name).
 
     A profile says what programs a start runs (``python``, an image): saving one needs the
     permission starting one needs, ``execute``."""
@@ -100,7 +101,8 @@ class ProfileHandler(DistHandler):
         body = self.json_body()
         if not isinstance(body, dict):
             raise SpecError("expected a JSON object: the session request to save as a profile")
-        req = shape_from_json({k: v for k, v in body.items() if k != "profile"})
+        body = await with_profile(body)  # what the form has no field for comes along
+        req = shape_from_json(body)
         await check_files(req)
         validate_request(req.shape)
         settings = settings_of(body)

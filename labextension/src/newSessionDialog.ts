@@ -26,6 +26,7 @@ export class NewSessionDialog extends Dialog<INewSession> {
       defaultButton: 1,
       focusNodeSelector: 'input'
     });
+    void form.profiles.load();
   }
 
   resolve(index?: number): void {
@@ -34,7 +35,7 @@ export class NewSessionDialog extends Dialog<INewSession> {
       super.resolve(index);
       return;
     }
-    if (this.busy) {
+    if (this.busy || this.form.profiles.takesEnter()) {
       return;
     }
     this.busy = true;

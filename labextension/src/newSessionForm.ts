@@ -13,6 +13,7 @@
 import { Widget } from '@lumino/widgets';
 
 import { countDefault, inFormWords } from './formWords';
+import { ProfilePicker } from './profilePicker';
 import { K8sField } from './k8sRequest';
 import { FormField, INewSession, RAY_STRATEGIES } from './sessionRequest';
 
@@ -202,6 +203,36 @@ export class NewSessionForm extends Widget {
     });
     i.launcher.addEventListener('change', () => this.showLauncher());
     this.showLauncher();
+    this.profiles = new ProfilePicker(this);
+    this.node.insertBefore(this.profiles.top, this.progress.nextSibling);
+    this.node.insertBefore(this.profiles.bottom, this.general);
+  }
+
+  /** The server's profiles, in the list (`ProfilePicker`). */
+  readonly profiles: ProfilePicker;
+
+  /** Fill in a profile's values: each field it has; the others empty, or their first
+   * choice (Name kept unless the profile names the session). */
+  fill(values: Partial<INewSession>): void {
+    const given = values as Record<string, string | undefined>;
+    for (const [name, element] of Object.entries(this.inputs)) {
+      if (name === 'name' && given.name === undefined) {
+        continue;
+      }
+      const value = given[name];
+      element.value =
+        value ?? (element instanceof HTMLSelectElement ? (element.options[0]?.value ?? '') : '');
+    }
+    this.countTyped = given.count !== undefined;
+    this.clear();
+    this.showLauncher();
+  }
+
+  /** Each field's name, and whether it takes one item a line. */
+  fieldKinds(): Record<string, boolean> {
+    return Object.fromEntries(
+      Object.entries(this.inputs).map(([name, element]) => [name, element instanceof HTMLTextAreaElement])
+    );
   }
 
   /** Ray's fields for the Ray launcher, Kubernetes' for Kubernetes, the hosts for the
@@ -282,7 +313,8 @@ export class NewSessionForm extends Widget {
       rayStrategy: (i.rayStrategy as HTMLSelectElement).value,
       rayCpus: (i.rayCpus as HTMLInputElement).value,
       rayGpus: (i.rayGpus as HTMLInputElement).value,
-      rayRuntimeEnv: (i.rayRuntimeEnv as HTMLInputElement).value
+      rayRuntimeEnv: (i.rayRuntimeEnv as HTMLInputElement).value,
+      profile: this.profiles.chosen
     };
   }
 

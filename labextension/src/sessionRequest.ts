@@ -20,6 +20,8 @@ export interface INewSession extends IK8sFields {
   rayGpus?: string;
   /** With launcher "ray": Ray's runtime environment, a JSON object (empty: none). */
   rayRuntimeEnv?: string;
+  /** A profile of the server's: what it sets and the form has no value for applies too. */
+  profile?: string;
 }
 
 /** The Ray placement strategies, the default first. */
@@ -83,6 +85,9 @@ export function requestOf(form: INewSession): Record<string, unknown> {
   }
   if (form.backend) {
     body.backend = form.backend;
+  }
+  if (form.profile) {
+    body.profile = form.profile;
   }
   return body;
 }
