@@ -192,3 +192,19 @@ def test_every_option_of_the_magic_is_a_field() -> None:
     known = options_of(DistMagics.distributed.parser)  # type: ignore[attr-defined]
     assert known["k8s"] == "switch" and known["toleration"] == "many"
     assert known["nodes"] == "value" and "profile" not in known and "push" not in known
+
+
+def test_every_launcher_option_is_a_field_of_the_servers_requests_and_back() -> None:
+    """A launcher's option (`launcher_options.OPTIONS`) goes into the request under its
+    launcher's object, and a request's field comes back as that option: the sidebar and
+    ``POST /sessions`` take profiles that use it with no table to keep."""
+    from jupyter_dist.common.launcher_options import OPTIONS
+    from jupyter_dist.server.profile_requests import field_of, settings_of
+
+    for launcher, options in OPTIONS.items():
+        for flag in options:
+            place = field_of(flag[2:])
+            assert place is not None and place[0] == launcher, (flag, place)
+            body = {"launcher": launcher, launcher: {place[1]: "x"}}
+            assert settings_of(body) == {launcher: True, flag[2:]: "x"}, flag
+    assert field_of("ssh-config") == (None, "ssh_config") and field_of("output") is None
