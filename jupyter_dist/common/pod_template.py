@@ -18,7 +18,8 @@ run in the node's place, or in front of it with its credentials at hand (a debug
 hide from the user that their command never ran; the error says what to use instead. The
 names and paths of the volumes that carry a node's credentials (`RESERVED_VOLUMES`,
 `RESERVED_PATHS`) and of the container that hands them over (`KEYS_CONTAINER`) are
-jupyter_dist's: no container of a template may mount them or take those names.
+jupyter_dist's: no container of a template may mount them or take those names. Everything
+else a template sets is merged (`control.launchers.k8s_merge`), or refused there by name.
 """
 
 from __future__ import annotations
@@ -288,7 +289,7 @@ def check_template(spec: dict[str, Any]) -> None:
             if not isinstance(container, dict):
                 raise TemplateLimit(f"spec.{kind}[{n}]: expected a mapping")
             where = f"spec.{kind}[{n}]"
-            if kind != "containers" and container.get("name") == KEYS_CONTAINER:
+            if container.get("name") == KEYS_CONTAINER:
                 raise TemplateLimit(
                     f"{where}.name {KEYS_CONTAINER!r} is jupyter_dist's; expected another name"
                 )

@@ -9,7 +9,12 @@ objects (kmock's ``KubernetesEmulator`` stores them), metadata the server owns (
 ``creationTimestamp``, ``resourceVersion``, ``generateName``), Secret ``stringData``,
 label and field selectors on lists, bearer-token authentication (401 without the token),
 RBAC denials of chosen verbs (403 with the API server's Status and wording), schema
-checks of what the notebook's user creates (422 Invalid naming the field), pod logs
+checks of what the notebook's user creates (422 Invalid naming the field), the
+PodSecurity admission of the ``restricted`` level for every pod created in a namespace
+labelled ``pod-security.kubernetes.io/enforce: restricted`` (403 naming each violation,
+``pod_security.py``; the Job controller's pods too, which it reports as a FailedCreate
+Event on the Job; namespaces are served for their labels alone: create, get, list, merge
+patch and delete, outside RBAC, as kmock cannot route them), pod logs
 (``pods/NAME/log``, the files the kubelet writes) and TokenReview (kr8s' whoami). It
 writes a kubeconfig whose user is ``system:serviceaccount:default:notebook``, then prints
 ``READY <url>`` on stdout.
@@ -19,7 +24,7 @@ process as a second client of this HTTP API with their own token, which no ``--d
 touches: they never read the emulator's memory.
 
 What it does not play: watches (kmock's deliver nothing: poll), admission beyond the
-schema (no defaulting, no semantic checks but a Job's immutable template and its
+schema and PodSecurity's restricted level (no defaulting, no semantic checks but a Job's immutable template and its
 completions, which change only with parallelism), schema checks of patches, resourceVersion
 conflicts, finalizers beyond what kmock does, strategic merge
 patches (a patch is a JSON merge patch: lists are replaced), TLS, real containers.
@@ -34,6 +39,7 @@ import datetime
 import itertools
 import json
 import logging
+import re
 import secrets
 import signal
 import sys
@@ -48,6 +54,7 @@ import kmock
 from kmock._internal import rendering  # kmock's request type; not re-exported as a module
 
 from tests.k8s.kinds import KINDS, Kind, matches_field_selector, matches_label_selector
+from tests.k8s.pod_security import ENFORCE_LABEL, forbidden_message, violations
 
 __all__ = ["NOTEBOOK_USER", "EmulatedApiServer", "main", "parse_deny", "write_kubeconfig"]
 
@@ -60,6 +67,8 @@ SCHEMA_VERSION = "1.33"
 VERBS = ("create", "get", "list", "watch", "patch", "update", "delete", "deletecollection")
 #: kmock keeps every request it served; past this many the oldest are dropped
 _KEEP_REQUESTS = 500
+#: a namespace's path, which kmock reads as the prefix of a namespaced one
+_NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/(?P<name>[^/]+))?")
 
 
 def now_iso() -> str:
@@ -174,6 +183,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
     kubelet_token: str
     denied: frozenset[tuple[str, str]] = frozenset()
     pod_log_dir: Path | None = None
+    #: the namespaces created, by name (kmock cannot route them)
+    namespaces: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _versions: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -222,6 +233,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                     if is_user:
                         _validate(kind, request.data)
                     self._fill_metadata(kind, request)
+                    if kind.plural == "pods":
+                        self._admit_pod(request.namespace or "default", request.data)
                 elif verb == "patch" and request.subresource is None:
                     if is_user and kind.plural == "jobs":
                         _check_job_patch(request.name or "", request.data)
@@ -307,6 +320,70 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         meta.setdefault("generation", 1)
         data.setdefault("apiVersion", kind.api_version)
         data.setdefault("kind", kind.kind)
+
+    def _admit_pod(self, namespace: str, pod: dict[str, Any]) -> None:
+        """PodSecurity admission: a namespace labelled to enforce ``restricted`` refuses a
+        pod that violates it (403 Forbidden, naming each violation)."""
+        labels = (self.namespaces.get(namespace) or {}).get("metadata", {}).get("labels") or {}
+        if labels.get(ENFORCE_LABEL) != "restricted":
+            return
+        found = violations(pod.get("spec") or {})
+        if found:
+            message = forbidden_message(pod, found)
+            log.info("403 %s", message)
+            raise kmock.KubernetesError(status=403, reason="Forbidden", message=message)
+
+    async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        namespace_path = _NAMESPACE_PATH.fullmatch(raw.path.rstrip("/"))
+        if namespace_path is None:
+            return await super().__call__(raw)
+        auth = raw.headers.get("Authorization", "")
+        if auth not in (f"Bearer {self.user_token}", f"Bearer {self.kubelet_token}"):
+            return aiohttp.web.json_response(
+                status_body(401, "Unauthorized", "Unauthorized"), status=401
+            )
+        body = await raw.json() if raw.can_read_body else {}
+        return self._namespace(raw.method.upper(), namespace_path["name"], body or {})
+
+    def _namespace(
+        self, method: str, name: str | None, body: dict[str, Any]
+    ) -> aiohttp.web.Response:
+        """``/api/v1/namespaces[/NAME]``: create, get, list, merge-patch (labels), delete."""
+        if name is None and method == "GET":
+            items = [self.namespaces[n] for n in sorted(self.namespaces)]
+            return aiohttp.web.json_response(
+                {"kind": "NamespaceList", "apiVersion": "v1", "metadata": {}, "items": items}
+            )
+        if name is None and method == "POST":
+            name = str((body.get("metadata") or {}).get("name") or "")
+            if name in self.namespaces or not name:
+                status = status_body(409, "AlreadyExists", f'namespaces "{name}" already exists')
+                return aiohttp.web.json_response(status, status=409)
+            meta = {**(body.get("metadata") or {}), "uid": str(uuid.uuid4())}
+            meta["creationTimestamp"] = now_iso()
+            self.namespaces[name] = {
+                "apiVersion": "v1", "kind": "Namespace", "metadata": meta,
+                "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"},
+            }  # fmt: skip
+            log.info("create namespaces %s %s", name, meta.get("labels") or {})
+            return aiohttp.web.json_response(self.namespaces[name], status=201)
+        found = self.namespaces.get(name or "")
+        if found is None:
+            status = status_body(404, "NotFound", f'namespaces "{name}" not found')
+            return aiohttp.web.json_response(status, status=404)
+        if method == "PATCH":
+            for key in ("labels", "annotations"):
+                patch = (body.get("metadata") or {}).get(key)
+                if isinstance(patch, dict):
+                    mine = found["metadata"].setdefault(key, {})
+                    mine.update(patch)
+                    for gone in [k for k, v in patch.items() if v is None]:
+                        del mine[gone]
+            log.info("patch namespaces %s", name)
+        elif method == "DELETE":
+            del self.namespaces[name or ""]
+            log.info("delete namespaces %s", name)
+        return aiohttp.web.json_response(found)
 
     def _token_review(self, review: dict[str, Any]) -> aiohttp.web.StreamResponse:
         """``authentication.k8s.io/v1`` TokenReview (what ``kr8s``' whoami asks)."""

@@ -13,7 +13,9 @@ until ``failed`` passes ``backoffLimit`` (default 6): then the Job fails
 (BackoffLimitExceeded) and its live pods are deleted; the same once
 ``activeDeadlineSeconds`` have passed since ``startTime`` (DeadlineExceeded). Status:
 ``active``, ``ready``, ``succeeded``, ``failed``, ``completedIndexes``, ``startTime``,
-``completionTime`` and a Complete or Failed condition.
+``completionTime`` and a Complete or Failed condition. A pod the API server refuses (a
+namespace's Pod Security admission) is a FailedCreate Event on the Job, as Kubernetes
+writes it, and is asked for again on the next round.
 ``ttlSecondsAfterFinished``: the finished Job is deleted that long after it finished.
 
 An Indexed Job scaled (completions and parallelism patched together, Kubernetes' elastic
@@ -137,6 +139,8 @@ class JobController:
         #: pod uids already counted as failures
         self._counted: set[str] = set()
         self._warned: set[str] = set()
+        #: (Job uid, message) of the pods the API server refused, each said once
+        self._refused: set[tuple[str, str]] = set()
 
     async def reconcile(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         now = time.time()
@@ -224,8 +228,9 @@ class JobController:
             for index in range(completions):
                 if index not in succeeded and index not in busy:
                     created = await self._create_pod(job, index)
-                    live.append(created)
-                    seen[created["metadata"]["uid"]] = index
+                    if created is not None:
+                        live.append(created)
+                        seen[created["metadata"]["uid"]] = index
         new_status: dict[str, Any] = {
             "startTime": start,
             "active": len(live),
@@ -295,7 +300,10 @@ class JobController:
             )
             await self.client.delete("jobs", meta["name"], meta["namespace"])
 
-    async def _create_pod(self, job: dict[str, Any], index: int) -> dict[str, Any]:
+    async def _create_pod(self, job: dict[str, Any], index: int) -> dict[str, Any] | None:
+        """The pod of ``index``; None when the API server refuses it (admission), which a
+        FailedCreate Event on the Job says, as Kubernetes' Job controller writes it (once
+        per message here; the real one counts repeats), and the next round tries again."""
         meta = job["metadata"]
         template = copy.deepcopy(job["spec"]["template"])
         pod_meta = template.get("metadata") or {}
@@ -344,7 +352,20 @@ class JobController:
             "spec": spec,
             "status": {"phase": "Pending"},
         }
-        created: dict[str, Any] = await self.client.create("pods", pod, meta["namespace"])
+        try:
+            created: dict[str, Any] = await self.client.create("pods", pod, meta["namespace"])
+        except ApiError as e:
+            if e.status not in (403, 422):
+                raise
+            said = (meta["uid"], e.message)
+            if said not in self._refused:
+                self._refused.add(said)
+                log.info("job %s: cannot create the pod of index %d: %s", meta["name"], index, e)
+                await self.client.event(
+                    job, "Warning", "FailedCreate", f"Error creating: {e.message}",
+                    "job-controller",
+                )  # fmt: skip
+            return None
         log.info(
             "job %s: created pod %s for index %d", meta["name"], created["metadata"]["name"], index
         )

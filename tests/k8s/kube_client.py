@@ -22,6 +22,7 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+        self.message = message
 
 
 class ApiClient:
@@ -98,7 +99,8 @@ class ApiClient:
     async def event(
         self, pod: dict[str, Any], kind: str, reason: str, message: str, component: str
     ) -> None:
-        """A v1 Event about ``pod`` from ``component``, as the scheduler and kubelet write them."""
+        """A v1 Event about ``pod`` (or another object: a Job) from ``component``, as the
+        scheduler, kubelet and Job controller write them."""
         meta = pod["metadata"]
         now = datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         await self.create(
@@ -106,8 +108,8 @@ class ApiClient:
             {
                 "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
                 "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
+                    "apiVersion": pod.get("apiVersion", "v1"),
+                    "kind": pod.get("kind", "Pod"),
                     "name": meta["name"],
                     "namespace": meta["namespace"],
                     "uid": meta["uid"],

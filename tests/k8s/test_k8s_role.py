@@ -85,8 +85,10 @@ def test_the_readme_role_is_enough_and_every_verb_in_it_is_needed(
     # each verb of the Role is used: without it the start fails naming it, or (delete) the
     # session's objects stay after it stops
     # get pods: in-cluster only; delete pods: a heal of a lost node only; patch jobs: a
-    # resize only (test_k8s_sessions)
-    for verb, resource in sorted(role - {("get", "pods"), ("delete", "pods"), ("patch", "jobs")}):
+    # resize only; list events: why a pod was refused, else the start waits as without it
+    # (test_k8s_sessions)
+    unneeded = {("get", "pods"), ("delete", "pods"), ("patch", "jobs"), ("list", "events")}
+    for verb, resource in sorted(role - unneeded):
         # the Secret goes with its Job (it is owned by it) unless the Job was never made
         orphan = (verb, resource) == ("delete", "secrets")
         also = ["create:jobs"] if orphan else []

@@ -7,7 +7,8 @@ Scenarios: start, cells and state, gloo across pods, a killed rank replaced, a l
 pod replaced by a heal (a new pod of its index, fresh keys), stop (Job, Secret and pods
 deleted), a notebook SIGKILLed (its pods exit by themselves; the notebook's pod owns what
 was made, and deleting it takes them), unschedulable, a missing RBAC verb, the same name
-re-run, two sessions at once.
+re-run, two sessions at once, a namespace that enforces the restricted Pod Security
+Standard.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tests.fault_flows import ddp_goes_on_bitwise, hang_is_freed, resize_two_thr
 from tests.integration.rank_lines import with_start
 
 from .cluster import K8sCluster
+from .pod_security import ENFORCE_LABEL
 
 pytestmark = [pytest.mark.slow, pytest.mark.k8s, pytest.mark.timeout(600)]
 
@@ -476,3 +478,48 @@ def test_a_killed_notebook_leaves_pods_that_exit_and_its_pod_owns_what_was_made(
     # the notebook's pod goes: what it owns goes with it
     cluster.delete("pods", NOTEBOOK_POD)
     nothing_left(cluster, "knb", timeout=60)
+
+
+def test_a_restricted_namespace_runs_the_pods_and_refuses_a_template_that_breaks_it_at_once(
+    k8s_env: K8sCluster, run: Callable[[str], CellOutput], tmp_path: Path
+) -> None:
+    """The pods pass the restricted Pod Security Standard as made (the emulator's admission
+    refuses any that does not, `pod_security.py`); a template that makes them fail it (a
+    privileged container) fails the start at once, naming the namespace's policy and the
+    violation, read from the Job's FailedCreate Event, and nothing is left."""
+    cluster = k8s_env
+    locked = {"metadata": {"name": "locked", "labels": {ENFORCE_LABEL: "restricted"}}}
+    cluster.request("POST", "/api/v1/namespaces", {"kind": "Namespace", **locked})
+    flags = k8s_flags("--nodes 1 --procs 2 --namespace locked --k8s-timeout 60")
+    out = run(f"%%distributed {flags} --session klocked\nprint('ran', 6 * 7)")
+    text = out.stdout + out.stderr
+    try:
+        assert out.result.success, text
+        assert sorted(with_start(text, "ran ")) == [0, 1], text
+        selector = f"{m.SESSION_LABEL}=klocked"
+        (job,) = cluster.list("jobs", label_selector=selector, namespace="locked")
+        assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    finally:
+        run("%dist shutdown --session klocked")
+    template = tmp_path / "privileged.yaml"
+    template.write_text("spec:\n  containers:\n  - securityContext: {privileged: true}\n")
+    out = run(f"%%distributed {flags} --pod-template {template} --session kpriv\nx = 1")
+    text = out.stdout + out.stderr
+    assert not out.result.success
+    assert (
+        "namespace locked enforces the Pod Security Standard 'restricted' "
+        "(label pod-security.kubernetes.io/enforce)"
+    ) in text, text
+    assert 'privileged (container "node" must not set securityContext.privileged=true)' in text
+    assert "were not all running within" not in text, text  # said at once, not at the timeout
+
+    def gone() -> bool:
+        made = [
+            o
+            for kind in ("jobs", "secrets", "pods")
+            for session in ("klocked", "kpriv")
+            for o in cluster.list(kind, f"{m.SESSION_LABEL}={session}", namespace="locked")
+        ]
+        return not made
+
+    cluster.wait_for("nothing of the sessions in namespace locked left", gone, 60)

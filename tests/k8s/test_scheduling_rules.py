@@ -6,9 +6,12 @@ from typing import Any
 
 import pytest
 
+from jupyter_dist.common.k8s_options import K8sSpec
+from jupyter_dist.control.launchers import k8s_manifests as m
 from tests.k8s.api_server import parse_deny
 from tests.k8s.kinds import matches_field_selector, matches_label_selector
 from tests.k8s.pod_runner import expand
+from tests.k8s.pod_security import violations
 from tests.k8s.scheduler import NodeShape, choose_node, parse_quantity
 
 pytestmark = pytest.mark.k8s
@@ -88,3 +91,37 @@ def test_quantities_selectors_expansion_and_deny_specs() -> None:
     assert parse_deny("patch:pods/status") == ("patch", "pods/status")
     with pytest.raises(ValueError, match="'create:widgets'"):
         parse_deny("create:widgets")
+
+
+def test_the_restricted_standard_takes_our_pods_and_names_what_one_violates() -> None:
+    job = m.job_manifest(
+        "jd-a", "ns", {}, m.Owner("a", "b", 1), K8sSpec(), nodes=2, gpus=1, image="i:1",
+        callback="h:1",
+    )  # fmt: skip
+    spec = job["spec"]["template"]["spec"]
+    assert violations(spec) == []
+    del spec["securityContext"]
+    for container in [*spec["initContainers"], *spec["containers"]]:
+        del container["securityContext"]
+    both = 'containers "jupyter-dist-keys", "node"'
+    assert violations(spec) == [
+        f"allowPrivilegeEscalation != false ({both} must set "
+        "securityContext.allowPrivilegeEscalation=false)",
+        f'unrestricted capabilities ({both} must set securityContext.capabilities.drop=["ALL"])',
+        f"runAsNonRoot != true (pod or {both} must set securityContext.runAsNonRoot=true)",
+        f"seccompProfile (pod or {both} must set securityContext.seccompProfile.type to "
+        '"RuntimeDefault" or "Localhost")',
+    ]
+    hostile = {
+        "hostNetwork": True,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 0,
+                            "seccompProfile": {"type": "Unconfined"}},
+        "volumes": [{"name": "h", "hostPath": {"path": "/"}}, {"name": "e", "emptyDir": {}}],
+        "containers": [{"name": "c", "securityContext": {
+            "privileged": True, "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN", "NET_BIND_SERVICE"]}}}],
+    }  # fmt: skip
+    assert [v.split(" (")[0] for v in violations(hostile)] == [
+        "host namespaces", "privileged", "hostPath volumes", "restricted volume types",
+        "unrestricted capabilities", "runAsUser=0", "seccompProfile",
+    ]  # fmt: skip

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from jupyter_dist.common import pod_template as pt
 from jupyter_dist.common.k8s_options import K8sSpec, read_pod_template
 from jupyter_dist.control.launchers import k8s_manifests as m
+from jupyter_dist.control.launchers import k8s_policy as policy
 from jupyter_dist.errors import SpecError
 
 GOLDEN = Path(__file__).parent.parent / "k8s" / "golden"
@@ -61,13 +63,43 @@ CASES = {
         ),
         m.Owner("alice", "jupyter-alice", 7, POD),
     ),
+    "with_template": (K8sSpec(node_selector=("pool=gpu",)), OWNER),
+}
+#: the template of a case, as `read_pod_template` returns it: a node affinity and a sized
+#: /dev/shm (both dropped once), its own init container, toleration and securityContext
+TEMPLATES: dict[str, Any] = {
+    "with_template": yaml.safe_load(
+        """
+metadata:
+  labels: {team: vision}
+  annotations: {linkerd.io/inject: enabled}
+spec:
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+        - matchExpressions: [{key: gpu.arch, operator: In, values: [hopper]}]
+    podAntiAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 10
+        podAffinityTerm:
+          topologyKey: topology.kubernetes.io/zone
+          labelSelector: {matchLabels: {team: vision}}
+  nodeSelector: {disk: nvme}
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  securityContext: {fsGroup: 100, runAsUser: 1001}
+  volumes: [{name: dshm, emptyDir: {sizeLimit: 16Gi}}]
+  initContainers: [{name: warm, image: team/warm:1, command: ["true"]}]
+  containers: [{name: trainer, env: [{name: NCCL_DEBUG, value: WARN}]}]
+"""
+    )
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_manifests_match_their_golden_files(case: str) -> None:
     spec, owner = CASES[case]
-    got = json.dumps(manifests(spec, owner), indent=2, sort_keys=True) + "\n"
+    got = json.dumps(manifests(spec, owner, TEMPLATES.get(case)), indent=2, sort_keys=True) + "\n"
     path = GOLDEN / f"{case}.json"
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(got)
@@ -80,7 +112,7 @@ def test_the_manifests_are_valid_for_each_supported_version(case: str, version: 
     import kubernetes_validate
 
     spec, owner = CASES[case]
-    for manifest in manifests(spec, owner).values():
+    for manifest in manifests(spec, owner, TEMPLATES.get(case)).values():
         kubernetes_validate.validate(manifest, version, strict=True)
 
 
@@ -203,7 +235,9 @@ def test_the_keys_container_runs_as_the_node_does() -> None:
     keys, (node,) = pod["initContainers"][1], pod["containers"]
     assert node["command"] == ["python", "-m", "jupyter_dist.node.dial_back"]
     assert node["args"][0] == "10.0.3.7:7077"
-    assert keys["securityContext"] == {"runAsUser": 1000, "runAsGroup": 100}
+    assert keys["securityContext"] == {
+        "runAsUser": 1000, "runAsGroup": 100, **policy.CONTAINER_SECURITY
+    }  # fmt: skip
     assert keys["imagePullPolicy"] == "Always"
     assert keys["resources"] == {"requests": m.KEYS_RESOURCES, "limits": m.KEYS_RESOURCES}
     import kubernetes_validate
@@ -256,16 +290,19 @@ def test_a_pod_template_fills_in_what_the_flags_leave(tmp_path: Path) -> None:
     job = manifests(K8sSpec(), template=read_pod_template(str(path)))["job"]
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "trainer"
-    assert pod["automountServiceAccountToken"] is False  # ours wins
+    assert pod["automountServiceAccountToken"] is True  # a default of ours: the template's
     assert [v["name"] for v in pod["volumes"]] == [
         "data", "dshm", pt.CREDENTIALS_VOLUME, pt.NODE_KEY_VOLUME
     ]  # fmt: skip
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     (container,) = pod["containers"]
-    assert container["name"] == m.CONTAINER
+    assert container["name"] == "main"  # kept: nothing depends on ours
     assert container["resources"]["limits"] == {"rdma/ib": "1", m.GPU_RESOURCE: "4"}
     assert {"name": "HF_HOME", "value": "/data/hf"} in container["env"]
-    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert container["securityContext"] == {
+        "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]},
+        "allowPrivilegeEscalation": False,
+    }
     import kubernetes_validate
 
     kubernetes_validate.validate(job, VERSIONS[-1], strict=True)
@@ -301,3 +338,90 @@ def test_too_many_nodes_for_one_secret_is_refused() -> None:
     creds = ["x" * 1000] * 1000
     with pytest.raises(ValueError, match="more than one Secret holds"):
         m.secret_manifest("jd-a-b", "ns", {}, OWNER, creds)
+
+
+def test_the_pods_are_restricted_and_sidecar_free_unless_the_template_says_otherwise() -> None:
+    """The restricted Pod Security Standard's fields (tests/k8s/pod_security.py checks the
+    standard itself) and no mesh sidecar, each a default the template's own value wins."""
+    job = manifests(K8sSpec())["job"]
+    meta, pod = job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"]
+    assert pod["securityContext"] == policy.POD_SECURITY
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        assert container["securityContext"] == policy.CONTAINER_SECURITY, container["name"]
+    assert meta["labels"][policy.ISTIO_INJECT] == "false"
+    assert meta["annotations"][policy.LINKERD_INJECT] == "disabled"
+    template = {
+        "metadata": {"annotations": {policy.ISTIO_INJECT: "true"}},
+        "spec": {
+            "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "seccompProfile": None},
+            "containers": [{"securityContext": {"privileged": True}}],
+        },
+    }
+    job = manifests(K8sSpec(), template=template)["job"]
+    meta, pod = job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"]
+    assert policy.ISTIO_INJECT not in meta["labels"]  # theirs decides, as an annotation
+    assert pod["securityContext"] == {"runAsUser": 0, "runAsNonRoot": False}  # null: left out
+    assert pod["containers"][0]["securityContext"]["privileged"] is True
+    assert pod["initContainers"][0]["securityContext"] == policy.CONTAINER_SECURITY
+
+
+def test_a_template_keeps_its_affinity_and_sized_shared_memory() -> None:
+    """Nothing of the template is dropped: its node affinity and preferred anti-affinity
+    beside our required one, its node selector beside ours, its /dev/shm size."""
+    job = manifests(*CASES["with_template"], template=TEMPLATES["with_template"])["job"]
+    meta, pod = job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"]
+    theirs = TEMPLATES["with_template"]["spec"]
+    assert pod["affinity"]["nodeAffinity"] == theirs["affinity"]["nodeAffinity"]
+    anti = pod["affinity"]["podAntiAffinity"]
+    assert (
+        anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        == (
+            theirs["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        )
+    )
+    (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert pod["nodeSelector"] == {"disk": "nvme", "pool": "gpu"}
+    assert [v for v in pod["volumes"] if v["name"] == "dshm"] == [
+        {"name": "dshm", "emptyDir": {"sizeLimit": "16Gi", "medium": "Memory"}}
+    ]
+    (node,) = pod["containers"]
+    assert [m_ for m_ in node["volumeMounts"] if m_["mountPath"] == "/dev/shm"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"}
+    ]
+    assert pod["securityContext"] == {**policy.POD_SECURITY, "fsGroup": 100, "runAsUser": 1001}
+    assert meta["labels"]["team"] == "vision" and meta["labels"][m.JOB_LABEL]
+    assert meta["annotations"][policy.LINKERD_INJECT] == "enabled"
+    assert [c["name"] for c in pod["initContainers"]] == ["warm", pt.KEYS_CONTAINER]
+    # a volume of the template's own mounted at /dev/shm is the node's /dev/shm
+    other = {"spec": {
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}],
+        "containers": [{"volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}],
+    }}  # fmt: skip
+    pod = manifests(K8sSpec(), template=other)["job"]["spec"]["template"]["spec"]
+    assert [v["name"] for v in pod["volumes"]] == ["shm", pt.CREDENTIALS_VOLUME, pt.NODE_KEY_VOLUME]
+    shm = [m_ for m_ in pod["containers"][0]["volumeMounts"] if m_["mountPath"] == "/dev/shm"]
+    assert shm == [{"name": "shm", "mountPath": "/dev/shm"}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ({"restartPolicy": "OnFailure"}, "spec.restartPolicy: 'OnFailure', where jupyter_dist sets "
+                                         "'Never': a lost node is healed"),
+        ({"affinity": [{"nodeAffinity": {}}]}, "spec.affinity: a list [{'nodeAffinity': {}}], "
+                                               "where jupyter_dist sets a mapping"),
+        ({"securityContext": {"runAsUser": 0}}, "spec.containers[0] (node) runs as root "
+                                                "(runAsUser 0) with runAsNonRoot true"),
+    ],
+)  # fmt: skip
+def test_a_template_field_that_cannot_be_merged_is_refused_by_name(
+    spec: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(SpecError, match=r"^--pod-template: ") as err:
+        manifests(K8sSpec(), template={"spec": spec})
+    assert said in str(err.value)
+    label = {"metadata": {"labels": {m.MANAGED_BY: "helm"}}}
+    with pytest.raises(SpecError) as err:
+        manifests(K8sSpec(), template=label)
+    assert "metadata.labels.app.kubernetes.io/managed-by: 'helm'" in str(err.value)

@@ -14,6 +14,10 @@ phases; a pod that cannot be scheduled fails the start when the timeout ends, wi
 scheduler's reason; a pod that cannot start (its image, its config) fails it at once.
 Whatever fails, what the start made is deleted.
 
+A pod the API server refuses to make (the namespace's Pod Security admission, read from
+the Job's FailedCreate Events, `k8s_refusals`) fails a start, a heal or a resize at once,
+naming the namespace's policy and what the pod violates.
+
 A lost node (its pod deleted, evicted, Failed, its machine gone) is healed with a new pod of
 the same completion index (`K8sPlacement.replace_node`): the Job tolerates lost pods and its
 controller makes the new one; the node gets fresh keys first, so the lost pod can never
@@ -47,6 +51,7 @@ from jupyter_dist.control.launchers import k8s_manifests as manifests
 from jupyter_dist.control.launchers.base import Launcher, Placement
 from jupyter_dist.control.launchers.dial_back import DialBackLauncher, DialBackListener
 from jupyter_dist.control.launchers.k8s_api import KubeClient
+from jupyter_dist.control.launchers.k8s_refusals import CreateRefusals
 from jupyter_dist.errors import AgentError, SpecError
 from jupyter_dist.settings import K8S_POD_VAR
 
@@ -170,11 +175,12 @@ class K8sPlacement(Placement):
                     f"{client.namespace}: its objects cannot be owned by the pod (they are "
                     "still deleted when the session stops)"
                 )
-        image = self.k8s.image or _image_of(own_pod)
+        image = self.k8s.image or _template_image(template) or _image_of(own_pod)
         if not image:
             raise SpecError(
-                "--k8s: no --image given, and this notebook does not run in a pod whose image "
-                "could be used; give --image with jupyter_dist installed"
+                "--k8s: no --image given, none in the pod template, and this notebook does not "
+                "run in a pod whose image could be used; give --image with jupyter_dist "
+                "installed"
             )
         listen_host, listen_port, advertise = self._callback(own_pod)
         labels = self._labels = manifests.session_labels(self.spec.name, self.owner)
@@ -271,6 +277,7 @@ class K8sPlacement(Placement):
         said = ""
         reasons: dict[int, str] = {}
         stuck_since: dict[int, float] = {}
+        refusals = self._refusals(client)
         while True:
             pods = await client.items("Pod", {manifests.JOB_NAME_LABEL: self.name})
             by_index: dict[int, dict[str, Any]] = {}
@@ -288,6 +295,10 @@ class K8sPlacement(Placement):
                     reasons[index] = why
                 if mine is not None:
                     _check_starting(index, mine, stuck_since)
+            missing = [i for i in range(self.spec.nodes) if i not in by_index]
+            refused = await refusals.check(client) if missing else ""
+            if refused:
+                reasons[missing[0]] = refused
             line = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items()))
             detail = "; ".join(f"node {i}: {w}" for i, w in sorted(reasons.items()))
             now = f"pods: {line}" + (f" ({detail})" if detail else "")
@@ -459,6 +470,7 @@ class K8sPlacement(Placement):
         began = time.monotonic()
         said = ""
         stuck_since: dict[int, float] = {}
+        refusals = self._refusals(client)
         while True:
             mine: dict[str, Any] | None = None
             for pod in await self._index_pods(client, node):
@@ -477,6 +489,8 @@ class K8sPlacement(Placement):
             if mine is None:
                 now = f"node {node}: waiting for the Job's controller to make a pod of index {node}"
                 await self._check_job(client)
+                refused = await refusals.check(client)
+                now += f" ({refused})" if refused else ""
             else:
                 _check_starting(node, mine, stuck_since)
                 phase, why = pod_state(mine)
@@ -495,6 +509,10 @@ class K8sPlacement(Placement):
                     f"{now.removeprefix(f'node {node}: ')}"
                 )
             await asyncio.sleep(POLL_S)
+
+    def _refusals(self, client: KubeClient) -> CreateRefusals:
+        """What the API server said when it refused the Job's pods (`k8s_refusals`)."""
+        return CreateRefusals(client.namespace, self.name, self.k8s.pod_template is not None)
 
     # -- nodes ---------------------------------------------------------------------------
     def launcher(self, spec: SessionSpec, node: int) -> Launcher:
@@ -584,6 +602,13 @@ def _image_of(pod: Mapping[str, Any] | None) -> str | None:
         if container.get("name") == "notebook":
             return str(container.get("image") or "") or None
     return str(containers[0].get("image") or "") or None if containers else None
+
+
+def _template_image(template: Mapping[str, Any] | None) -> str | None:
+    """The image of a pod template's container, if it names one."""
+    containers = ((template or {}).get("spec") or {}).get("containers") or []
+    image = containers[0].get("image") if containers and isinstance(containers[0], dict) else None
+    return image if isinstance(image, str) and image else None
 
 
 def _pod_info(pod: Mapping[str, Any]) -> dict[str, str]:

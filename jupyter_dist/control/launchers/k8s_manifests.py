@@ -5,8 +5,10 @@ The Job needs no operator or CRD. Node N is the pod of completion index N. Each 
 * holds ``nvidia.com/gpu`` (its ``--gpus`` count) and ``--cpus``/``--memory``, with a
   memory-backed ``/dev/shm``;
 * goes to a machine of its own (a required pod anti-affinity on the hostname);
-* mounts no service-account token and runs one container,
-  ``python -m jupyter_dist.node.dial_back CALLBACK --credentials FILE --node INDEX``.
+* runs one container,
+  ``python -m jupyter_dist.node.dial_back CALLBACK --credentials FILE --node INDEX``;
+* by default (`k8s_policy`) passes the ``restricted`` Pod Security Standard, has no mesh
+  sidecar and mounts no service-account token.
 
 Each pod proves its own node's identity only, and no key is ever in a container's
 environment or arguments. The Secret holds every node's credentials; only our init
@@ -24,7 +26,9 @@ its controller starts a new pod of the same index, which `K8sPlacement.replace_n
 hands fresh keys (the Secret is not immutable: a heal rewrites the node's keys in it, and
 the new pod's init container reads them). Everything carries the labels `session_labels`
 names (the session and its owner ``user@host/pid``), by which a later server finds a dead
-owner's leftovers. A ``--pod-template`` is merged under what the flags set.
+owner's leftovers. A ``--pod-template`` is merged with what the flags set (`k8s_merge`:
+nothing of it dropped, what cannot be merged refused by name), then the defaults are
+filled in where neither says anything.
 
 Nothing here talks to a cluster (`control.launchers.k8s` does); the tests check these
 manifests against golden files and the Kubernetes schemas.
@@ -50,6 +54,11 @@ from jupyter_dist.common.pod_template import (
 )
 from jupyter_dist.control.launchers.dial_back import NODE_MODULE
 from jupyter_dist.control.launchers.k8s_merge import merge_template
+from jupyter_dist.control.launchers.k8s_policy import (
+    CONTAINER_SECURITY,
+    apply_defaults,
+    fill,
+)
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "jupyter-dist"
@@ -75,8 +84,6 @@ KEYS_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
 SHARED_SECURITY = ("runAsUser", "runAsGroup", "runAsNonRoot")
 #: seconds a finished Job (and through it its pods and Secret) is kept for a look
 TTL_AFTER_FINISHED_S = 600
-#: seconds a deleted pod's processes get before they are killed
-TERMINATION_GRACE_S = 30
 #: pod failures the Job tolerates per node (its ``backoffLimit`` is this times the nodes):
 #: a heal of a lost node costs up to two, the lost pod and the one the Job controller made
 #: in its place before the heal, which holds the node's old keys
@@ -239,10 +246,7 @@ def job_manifest(
             f"{k8s.grace:g}",
         ],
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "volumeMounts": [
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": NODE_KEY_VOLUME, "mountPath": NODE_KEY_PATH},
-        ],
+        "volumeMounts": [{"name": NODE_KEY_VOLUME, "mountPath": NODE_KEY_PATH}],
     }
     keys: dict[str, Any] = {
         "name": KEYS_CONTAINER,
@@ -261,13 +265,9 @@ def job_manifest(
         container["resources"] = resources
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "initContainers": [keys],
         "containers": [container],
         "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             # readable by whoever mounts it (a non-root user has no other way in, and no
             # fsGroup is asked for): only the init container does
             {"name": CREDENTIALS_VOLUME, "secret": {"secretName": name, "defaultMode": 0o444}},
@@ -291,6 +291,7 @@ def job_manifest(
     pod_meta: dict[str, Any] = {"labels": pod_labels}
     if template:
         pod_meta, pod_spec = merge_template(template, pod_meta, pod_spec)
+    apply_defaults(pod_meta, pod_spec)
     _keys_like_node(pod_spec)
     return {
         "apiVersion": "batch/v1",
@@ -312,13 +313,13 @@ def _keys_like_node(pod_spec: dict[str, Any]) -> None:
     """`KEYS_CONTAINER` as the node's container runs (once a template is merged): its
     user, so that the node may read and remove the file it writes, its image pull policy,
     and small requests and limits of the kinds the node's has (a quota that asks for
-    limits asks them of every container)."""
+    limits asks them of every container); whatever the node's, the restricted standard's
+    container settings (`k8s_policy.CONTAINER_SECURITY`)."""
     node = pod_spec["containers"][0]
     keys = next(c for c in pod_spec["initContainers"] if c.get("name") == KEYS_CONTAINER)
     security = node.get("securityContext") or {}
     shared = {k: security[k] for k in SHARED_SECURITY if k in security}
-    if shared:
-        keys["securityContext"] = shared
+    keys["securityContext"] = fill(shared, CONTAINER_SECURITY)
     if "imagePullPolicy" in node:
         keys["imagePullPolicy"] = node["imagePullPolicy"]
     resources: dict[str, dict[str, str]] = {}
