@@ -29,7 +29,9 @@ Always``: skipped), restarts, probes, resource limits, the service-account token
 isolation between a pod's containers (a container's mounts are what its argv, env and
 cwd name; nothing hides the pod's other volumes from it) and network isolation (the
 kubelet preloads ``pod_network.c`` so the process leaves from its pod IP; nothing else
-separates pods).
+separates pods), and the security context: the API server checks it (the restricted Pod
+Security Standard, ``pod_security.py``), but every process runs as the kubelet's own user,
+whatever ``runAsUser`` says (the test's interpreter need not be readable by another user).
 """
 
 from __future__ import annotations
