@@ -1,7 +1,9 @@
 """The ``--k8s`` options of a session, checked: where its pods run (namespace, kubeconfig
-context, image), what each holds (CPUs, memory, GPUs come from ``--gpus``), which machines
-take them (node selector, tolerations, a pod template), the address the pods dial back to,
-and how long the session waits and may live.
+context, image), what each holds (CPUs, memory, GPUs come from ``--gpus``, of the resource
+``--k8s-gpu-resource`` names), which machines take them (node selector, tolerations, a pod
+template, priority class, scheduler), the Kueue queue that admits them, the address the
+pods dial back to, and how long the session waits (queued, its gang scheduled, started)
+and may live.
 
 Every check raises a `SpecError` naming the flag, the bad value and what was expected.
 Values are kept as the user wrote them (Kubernetes quantities, ``key=value``) and turned
@@ -31,6 +33,13 @@ DEFAULT_DEADLINE_S = 7 * 86400
 #: seconds a pod keeps dialling the notebook after its connection is lost, then exits
 DEFAULT_GRACE_S = 60.0
 MAX_GRACE_S = 3600.0
+#: a queued session waits this long for its queue to admit it (``--k8s-queue-timeout``)
+DEFAULT_QUEUE_S = 3600.0
+#: every pod must be on a machine this long after the Job is made (or admitted), else the
+#: gang is released (``--k8s-gang-timeout``)
+DEFAULT_GANG_S = 60.0
+#: the extended resource a pod's GPUs are asked as (``--k8s-gpu-resource``)
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 #: the most node selectors or tolerations one session may give
 MAX_SELECTORS = 64
 #: what ``--cpus`` and ``--memory`` may ask of one pod (its machine must hold it): from a
@@ -52,6 +61,10 @@ _QUANTITY = re.compile(r"(?:\d+(?:\.\d+)?|\.\d+)(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+#: a DNS subdomain (a PriorityClass's or scheduler's name), at most 253 characters
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+#: a LocalQueue's name that is also a label value (Kueue's label names it)
+_QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 _IMAGE = re.compile(r"[^\s\x00-\x1f\x7f]{1,1024}")
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):(?P<port>\d{1,5})")
 
@@ -69,6 +82,11 @@ class K8sSpec:
     set; ``callback``: ``HOST:PORT`` the pods dial (None: found in-cluster); ``timeout``:
     seconds to wait for the pods (None: the session's start timeout); ``deadline``:
     seconds the Job may live; ``grace``: seconds a pod keeps dialling a lost notebook.
+    ``queue``: a Kueue LocalQueue of the namespace (the Job is made suspended, with
+    Kueue's label, and waits ``queue_timeout`` seconds to be admitted); ``gang_timeout``:
+    seconds for every pod to be bound to a machine, else all are released;
+    ``priority_class``, ``scheduler``: the pods' ``priorityClassName`` and
+    ``schedulerName``; ``gpu_resource``: the extended resource ``--gpus`` asks for.
     """
 
     namespace: str | None = None
@@ -83,6 +101,12 @@ class K8sSpec:
     timeout: float | None = None
     deadline: int = DEFAULT_DEADLINE_S
     grace: float = DEFAULT_GRACE_S
+    queue: str | None = None
+    queue_timeout: float = DEFAULT_QUEUE_S
+    gang_timeout: float = DEFAULT_GANG_S
+    priority_class: str | None = None
+    scheduler: str | None = None
+    gpu_resource: str = DEFAULT_GPU_RESOURCE
 
     def __post_init__(self) -> None:
         if self.namespace is not None:
@@ -120,6 +144,17 @@ class K8sSpec:
             check_callback(self.callback)
         _check_seconds("--k8s-timeout", self.timeout, MAX_WAIT_S, optional=True)
         _check_seconds("--k8s-grace", self.grace, MAX_GRACE_S)
+        _check_seconds("--k8s-queue-timeout", self.queue_timeout, MAX_WAIT_S)
+        _check_seconds("--k8s-gang-timeout", self.gang_timeout, MAX_WAIT_S)
+        if self.queue is not None:
+            check_queue(self.queue)
+        for flag, name in (
+            ("--k8s-priority-class", self.priority_class),
+            ("--k8s-scheduler", self.scheduler),
+        ):
+            if name is not None:
+                check_object_name(flag, name)
+        check_gpu_resource(self.gpu_resource)
         if (
             isinstance(self.deadline, bool)
             or not isinstance(self.deadline, int)
@@ -176,6 +211,60 @@ def check_namespace(value: str) -> str:
         raise SpecError(
             f"--namespace {value!r}: expected a Kubernetes namespace (lower-case letters, "
             "digits and '-', at most 63, starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def _shown(value: object) -> str:
+    """``value`` as a refusal repeats it: whole, or its start and length when long."""
+    if isinstance(value, str) and len(value) > 80:
+        return f"{value[:40]!r}... ({len(value)} characters)"
+    return repr(value)
+
+
+def check_queue(value: str) -> str:
+    """``--k8s-queue NAME``: a Kueue LocalQueue's name, which Kueue's label on the Job
+    carries (so at most 63 characters)."""
+    if not isinstance(value, str) or not _QUEUE_NAME.fullmatch(value):
+        raise SpecError(
+            f"--k8s-queue {_shown(value)}: expected the name of a Kueue LocalQueue in the "
+            "session's namespace (lower-case letters, digits, '-' and '.', at most 63, "
+            "starting and ending with a letter or digit), e.g. team-gpus"
+        )
+    return value
+
+
+def check_object_name(flag: str, value: str) -> str:
+    """A PriorityClass's or a scheduler's name: a DNS subdomain."""
+    if not isinstance(value, str) or not _DNS_SUBDOMAIN.fullmatch(value):
+        raise SpecError(
+            f"{flag} {_shown(value)}: expected a Kubernetes name (lower-case letters, "
+            "digits, '-' and '.', at most 253, starting and ending with a letter or digit), "
+            "e.g. high-priority or volcano"
+        )
+    return value
+
+
+def check_gpu_resource(value: str) -> str:
+    """``--k8s-gpu-resource NAME``: an extended resource as Kubernetes takes one in a
+    container's limits: ``DOMAIN/NAME``, its domain not Kubernetes' own (``nvidia.com/gpu``,
+    ``nvidia.com/mig-1g.10gb``, ``amd.com/gpu``, ``gpu.intel.com/i915``)."""
+    prefix, slash, name = value.partition("/") if isinstance(value, str) else ("", "", "")
+    native = prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io")
+    if (
+        not slash
+        or native
+        or "." not in prefix
+        or not _DNS_SUBDOMAIN.fullmatch(prefix)
+        or not _LABEL_NAME.fullmatch(name)
+        # Kubernetes asks that "requests." + the name be a qualified name too
+        or len(name) > 63 - len("requests.")
+    ):
+        raise SpecError(
+            f"--k8s-gpu-resource {_shown(value)}: expected an extended resource name "
+            "DOMAIN/NAME as the machines' device plugin offers it, e.g. nvidia.com/gpu, "
+            "nvidia.com/mig-1g.10gb or amd.com/gpu"
+            + ("; kubernetes.io names Kubernetes' own resources" if native else "")
         )
     return value
 
@@ -270,13 +359,19 @@ def check_callback(value: str) -> tuple[str, int]:
 
 __all__ = [
     "DEFAULT_DEADLINE_S",
+    "DEFAULT_GANG_S",
+    "DEFAULT_GPU_RESOURCE",
     "DEFAULT_GRACE_S",
+    "DEFAULT_QUEUE_S",
     "MAX_TEMPLATE_BYTES",
     "QUANTITY_BOUNDS",
     "K8sSpec",
     "check_callback",
+    "check_gpu_resource",
     "check_namespace",
+    "check_object_name",
     "check_quantity",
+    "check_queue",
     "parse_selector",
     "parse_toleration",
     "read_pod_template",

@@ -52,6 +52,12 @@ OPTIONS: dict[str, dict[str, str]] = {
         "--k8s-timeout": "seconds to wait for the pods",
         "--k8s-deadline": "seconds the session's Job may live",
         "--k8s-grace": "seconds a pod keeps dialling a notebook it lost",
+        "--k8s-queue": "the Kueue queue that admits the session's pods",
+        "--k8s-queue-timeout": "seconds the session may wait in its Kueue queue",
+        "--k8s-gang-timeout": "seconds for every pod to be on a machine",
+        "--k8s-priority-class": "the pods' priority class",
+        "--k8s-scheduler": "the scheduler that places the pods",
+        "--k8s-gpu-resource": "the resource each pod's GPUs are asked as",
     },
 }
 

@@ -84,6 +84,12 @@ class K8sSpecJSON(TypedDict):
     timeout: float | None
     deadline: int
     grace: float
+    queue: str | None
+    queue_timeout: float
+    gang_timeout: float
+    priority_class: str | None
+    scheduler: str | None
+    gpu_resource: str
 
 
 class SpecJSON(TypedDict):

@@ -207,6 +207,20 @@ def _k8s_spec(args: Any) -> K8sSpec | None:
             if args.k8s_grace is None
             else parse_seconds("--k8s-grace", args.k8s_grace, MAX_GRACE_S)
         ),
+        "queue": args.k8s_queue,
+        "queue_timeout": (
+            None
+            if args.k8s_queue_timeout is None
+            else parse_seconds("--k8s-queue-timeout", args.k8s_queue_timeout, MAX_WAIT_S)
+        ),
+        "gang_timeout": (
+            None
+            if args.k8s_gang_timeout is None
+            else parse_seconds("--k8s-gang-timeout", args.k8s_gang_timeout, MAX_WAIT_S)
+        ),
+        "priority_class": args.k8s_priority_class,
+        "scheduler": args.k8s_scheduler,
+        "gpu_resource": args.k8s_gpu_resource,
     }
     if not args.k8s and all(v in (None, ()) for v in given.values()):
         return None
@@ -512,6 +526,42 @@ class DistMagics(Magics):
         "--k8s-grace",
         default=None,
         help="--k8s: seconds a pod keeps dialling a notebook it lost before it exits (default 60)",
+    )
+    @argument(
+        "--k8s-queue",
+        default=None,
+        metavar="NAME",
+        help="--k8s: a Kueue LocalQueue of the namespace; the Job waits, suspended, until Kueue "
+        "admits all its pods at once",
+    )
+    @argument(
+        "--k8s-queue-timeout",
+        default=None,
+        help="--k8s: seconds the session may wait in its queue (default 3600)",
+    )
+    @argument(
+        "--k8s-gang-timeout",
+        default=None,
+        help="--k8s: seconds for every pod to be on a machine, else all are released (default 60)",
+    )
+    @argument(
+        "--k8s-priority-class",
+        default=None,
+        metavar="NAME",
+        help="--k8s: the pods' PriorityClass",
+    )
+    @argument(
+        "--k8s-scheduler",
+        default=None,
+        metavar="NAME",
+        help="--k8s: the scheduler that places the pods (volcano, scheduler-plugins-scheduler)",
+    )
+    @argument(
+        "--k8s-gpu-resource",
+        default=None,
+        metavar="NAME",
+        help="--k8s: the resource each pod's --gpus are asked as (default nvidia.com/gpu; "
+        "nvidia.com/mig-1g.10gb, amd.com/gpu)",
     )
     @argument("--ssh-config", default=None, help="ssh config file (default: ~/.ssh/config)")
     @argument(

@@ -115,6 +115,12 @@ K8S_FIELDS: dict[str, tuple[type, ...]] = {
     "timeout": (int, float),
     "deadline": (int,),
     "grace": (int, float),
+    "queue": (str,),  # a Kueue LocalQueue: the Job waits suspended until it admits it
+    "queue_timeout": (int, float),
+    "gang_timeout": (int, float),  # seconds for every pod to be on a machine
+    "priority_class": (str,),
+    "scheduler": (str,),
+    "gpu_resource": (str,),  # "nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "amd.com/gpu"
 }
 #: the fields of a host given as an object
 HOST_FIELDS = ("name", "user", "port", "slots", "python")
@@ -455,6 +461,10 @@ def maps_errors(
 class SessionsHandler(DistHandler):
     """``/sessions``: list them, or start one."""
 
+    #: the start this request waits for, and whether its caller hung up on it
+    _starting: asyncio.Future[Any] | None = None
+    _hung_up = False
+
     @web.authenticated
     @authorized
     async def get(self) -> None:
@@ -494,10 +504,29 @@ class SessionsHandler(DistHandler):
         sender = await self.sender()
         # the notebook that asks is the session's, if it starts now
         notebook = sender if sender.kernel_id else Sender(req.notebook) if req.notebook else None
-        session, started = await self.manager.get_or_start(
-            req.name, req.shape, cwd=req.cwd, env=req.env, notebook=notebook
+        # a start whose caller hangs up (the notebook's stop button, its kernel gone) is
+        # stopped and undone, as an interrupted cell's is in the kernel: a session queued
+        # on Kubernetes would otherwise wait on for nobody
+        self._starting = starting = asyncio.ensure_future(
+            self.manager.get_or_start(
+                req.name, req.shape, cwd=req.cwd, env=req.env, notebook=notebook
+            )
         )
+        try:
+            session, started = await starting
+        except asyncio.CancelledError:
+            if not self._hung_up:
+                raise
+            self.log.info("jupyter_dist: stopped the start of %r: its caller hung up", req.name)
+            return
         self.reply(session.status(), 201 if started else 200)
+
+    def on_connection_close(self) -> None:
+        """The caller hung up: the start it waits for is stopped and undone."""
+        super().on_connection_close()
+        if self._starting is not None and not self._starting.done():
+            self._hung_up = True
+            self._starting.cancel()
 
 
 class SessionHandler(DistHandler):

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from jupyter_dist import errors
+from jupyter_dist.common.k8s_options import DEFAULT_QUEUE_S
 from jupyter_dist.common.payloads import (
     HealRequest,
     NotebookSession,
@@ -59,6 +60,15 @@ EventHandler = Callable[[str, ServerEvent], None]
 
 class ServerError(errors.DistError):
     """The server answered with an error it did not name, or could not be reached."""
+
+
+def _waits(body: Mapping[str, Any]) -> float:
+    """Seconds a start of ``body`` may wait beyond its nodes' start-up: a queued Kubernetes
+    session for its queue, then its pods (``--k8s-timeout``), a Ray session for room."""
+    k8s: Mapping[str, Any] = body.get("k8s") or {}
+    ray: Mapping[str, Any] = body.get("ray") or {}
+    queued = float(k8s.get("queue_timeout") or DEFAULT_QUEUE_S) if k8s.get("queue") else 0.0
+    return queued + float(k8s.get("timeout") or 0) + float(ray.get("timeout") or 0)
 
 
 class ServerClient:
@@ -120,13 +130,15 @@ class ServerClient:
 
     async def create(self, body: SessionRequest) -> tuple[SessionStatus, bool]:
         """Start a session, or find the running one; returns its status and whether it
-        was started now."""
+        was started now. The waits the request names (a Kubernetes queue's, the pods', the
+        Ray cluster's) come on top of the client's bound: the server stops a start whose
+        caller hung up."""
         request = HTTPRequest(
             self._url("sessions"),
             method="POST",
             headers=self._headers(),
             body=json.dumps(body),
-            request_timeout=self.request_timeout,
+            request_timeout=self.request_timeout + _waits(body),
         )
         try:
             response = await self.http.fetch(request)

@@ -61,7 +61,9 @@ const FIELD_OF_FLAG: Record<string, FormField> = {
   '--toleration': 'k8sTolerations',
   '--pod-template': 'k8sPodTemplate',
   '--k8s-callback': 'k8sCallback',
-  '--k8s-timeout': 'k8sTimeout'
+  '--k8s-timeout': 'k8sTimeout',
+  '--k8s-queue': 'k8sQueue',
+  '--k8s-gpu-resource': 'k8sGpuResource'
 };
 
 /** What Count holds when the form opens, or when its launcher changes and Count was

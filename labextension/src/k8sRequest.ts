@@ -27,6 +27,10 @@ export interface IK8sFields {
   k8sCallback?: string;
   /** Seconds to wait for the pods (empty: the session's start timeout). */
   k8sTimeout?: string;
+  /** A Kueue LocalQueue of the namespace (empty: none, the pods are made at once). */
+  k8sQueue?: string;
+  /** The resource each pod's GPUs are asked as (empty: nvidia.com/gpu). */
+  k8sGpuResource?: string;
 }
 
 export type K8sField = keyof IK8sFields;
@@ -43,6 +47,8 @@ const LABEL_PREFIX = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
 const QUANTITY = /^(?:\d+(?:\.\d+)?|\.\d+)(?:m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$/;
 const IMAGE = /^[^\s\x00-\x1f\x7f]{1,1024}$/;
 const HOST_PORT = /^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):(\d{1,5})$/;
+const QUEUE = /^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$/;
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
 
 const text = (value: string | undefined): string => (value ?? '').trim();
 
@@ -64,7 +70,9 @@ export function k8sOf(form: IK8sFields): Record<string, unknown> {
     ['k8sCpus', 'cpus'],
     ['k8sMemory', 'memory'],
     ['k8sPodTemplate', 'pod_template'],
-    ['k8sCallback', 'callback']
+    ['k8sCallback', 'callback'],
+    ['k8sQueue', 'queue'],
+    ['k8sGpuResource', 'gpu_resource']
   ];
   for (const [field, key] of strings) {
     if (text(form[field])) {
@@ -191,7 +199,30 @@ export function checkK8s(form: IK8sFields): Partial<Record<K8sField, string>> {
   if (timeout && (!/^\d+(\.\d+)?$/.test(timeout) || Number(timeout) <= 0 || Number(timeout) > MAX_WAIT_S)) {
     wrong.k8sTimeout = `'${timeout}': expected seconds, more than 0, at most ${MAX_WAIT_S}, or empty for the start timeout`;
   }
+  const queue = text(form.k8sQueue);
+  if (queue && !QUEUE.test(queue)) {
+    wrong.k8sQueue = `'${queue.slice(0, 80)}': expected the name of a Kueue LocalQueue in the namespace (lower-case letters, digits, '-' and '.', at most 63), or empty for none`;
+  }
+  const gpuResource = text(form.k8sGpuResource);
+  if (gpuResource && gpuResourceProblem(gpuResource)) {
+    wrong.k8sGpuResource = `'${gpuResource.slice(0, 80)}': expected an extended resource name DOMAIN/NAME, e.g. nvidia.com/gpu, nvidia.com/mig-1g.10gb or amd.com/gpu`;
+  }
   return wrong;
+}
+
+/** Whether ``value`` is no extended resource name, as the server checks it. */
+function gpuResourceProblem(value: string): boolean {
+  const slash = value.indexOf('/');
+  const prefix = slash >= 0 ? value.slice(0, slash) : '';
+  const name = slash >= 0 ? value.slice(slash + 1) : '';
+  const native = prefix === 'kubernetes.io' || prefix.endsWith('.kubernetes.io');
+  return (
+    native ||
+    !prefix.includes('.') ||
+    !DNS_SUBDOMAIN.test(prefix) ||
+    !LABEL_NAME.test(name) ||
+    name.length > 54
+  );
 }
 
 /** The Kubernetes field a server's message is about (``k8s: --memory '1x': ...``,
@@ -217,7 +248,11 @@ export function k8sFieldOfMessage(message: string): K8sField | 'launcher' | null
     'k8s-callback': 'k8sCallback',
     callback: 'k8sCallback',
     'k8s-timeout': 'k8sTimeout',
-    timeout: 'k8sTimeout'
+    timeout: 'k8sTimeout',
+    'k8s-queue': 'k8sQueue',
+    queue: 'k8sQueue',
+    'k8s-gpu-resource': 'k8sGpuResource',
+    gpu_resource: 'k8sGpuResource'
   };
   return (named !== undefined ? fields[named] : undefined) ?? 'launcher';
 }

@@ -82,7 +82,9 @@ const K8S_FIELDS: [K8sField, string, string, string][] = [
   ['k8sTolerations', 'Tolerations', 'nvidia.com/gpu:NoSchedule', 'taints the pods tolerate, one key[=value]:Effect a line'],
   ['k8sPodTemplate', 'Pod template', '/path/on/the/server/pod.yaml', "a YAML or JSON pod template on the server's machine, merged under these fields (volumes, service account)"],
   ['k8sCallback', 'Callback', 'HOST:PORT, else in-cluster', 'where the pods dial back to the server; empty: its pod IP, in-cluster'],
-  ['k8sTimeout', 'Timeout (s)', 'the start timeout', 'seconds to wait for the pods to be scheduled and connected']
+  ['k8sTimeout', 'Timeout (s)', 'the start timeout', 'seconds to wait for the pods to be scheduled and connected'],
+  ['k8sQueue', 'Queue', 'none', 'a Kueue LocalQueue of the namespace: the Job waits, suspended, until Kueue admits all its pods'],
+  ['k8sGpuResource', 'GPU resource', 'nvidia.com/gpu', "the resource each pod's GPUs are asked as: nvidia.com/mig-1g.10gb, amd.com/gpu"]
 ];
 
 export class NewSessionForm extends Widget {

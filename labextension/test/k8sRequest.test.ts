@@ -88,4 +88,19 @@ describe('the Kubernetes fields of the new-session form', () => {
     expect(k8sFieldOfMessage('ray: --ray-cpus 0: expected 1 to 4096')).toBeNull();
     expect(fieldOfMessage('ray: --ray-cpus 0: expected 1 to 4096')).toBe('rayCpus');
   });
+
+  it('take a Kueue queue and a GPU resource by name, checked as the flags are', () => {
+    expect(k8sOf({ k8sQueue: ' team-gpus ', k8sGpuResource: 'nvidia.com/mig-1g.10gb' })).toEqual({
+      queue: 'team-gpus', gpu_resource: 'nvidia.com/mig-1g.10gb'
+    });
+    expect(checkK8s({ k8sQueue: 'team-gpus', k8sGpuResource: 'amd.com/gpu' })).toEqual({});
+    const wrong = checkK8s({ k8sQueue: 'Team_GPUs', k8sGpuResource: 'gpu' });
+    expect(wrong.k8sQueue).toContain("'Team_GPUs': expected the name of a Kueue LocalQueue");
+    expect(wrong.k8sGpuResource).toContain("'gpu': expected an extended resource name DOMAIN/NAME");
+    for (const bad of ['kubernetes.io/gpu', 'nvidia/gpu', 'nvidia.com/', `nvidia.com/${'g'.repeat(55)}`]) {
+      expect(checkK8s({ k8sGpuResource: bad }).k8sGpuResource).toContain('expected an extended resource');
+    }
+    expect(fieldOfMessage("k8s: --k8s-queue 'Q': expected the name of a Kueue LocalQueue")).toBe('k8sQueue');
+    expect(fieldOfMessage("k8s.gpu_resource: '7' is not a str")).toBe('k8sGpuResource');
+  });
 });

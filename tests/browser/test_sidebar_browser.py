@@ -406,18 +406,18 @@ def test_the_form_offers_kubernetes_with_its_fields_checked_and_sent_as_the_k8s_
     dialog = nb.page.locator(".jp-Dialog")
     form = dialog.locator(".jp-DistForm")
     k8s_rows = form.locator(".jp-DistForm-k8s")
-    expect(k8s_rows).to_have_count(10, timeout=RENDER_TIMEOUT_MS)
-    for i in range(10):
+    expect(k8s_rows).to_have_count(12, timeout=RENDER_TIMEOUT_MS)
+    for i in range(12):
         expect(k8s_rows.nth(i)).to_be_hidden()  # local: no Kubernetes fields
     form.locator('select[name="launcher"]').select_option("k8s")
-    for i in range(10):
+    for i in range(12):
         expect(k8s_rows.nth(i)).to_be_visible()
     expect(form.locator('input[name="hosts"]')).to_be_hidden()
     expect(form.locator('input[name="rayAddress"]')).to_be_hidden()
     expect(form.locator(".jp-DistForm-k8s > span:first-child")).to_have_text(
         [
             "Namespace", "Context", "Image", "CPUs per pod", "Memory per pod", "Node selectors",
-            "Tolerations", "Pod template", "Callback", "Timeout (s)",
+            "Tolerations", "Pod template", "Callback", "Timeout (s)", "Queue", "GPU resource",
         ]
     )  # fmt: skip
 
@@ -448,6 +448,8 @@ def test_the_form_offers_kubernetes_with_its_fields_checked_and_sent_as_the_k8s_
     form.locator('input[name="k8sPodTemplate"]').fill(missing)
     form.locator('input[name="k8sCallback"]').fill("10.0.3.7:7077")
     form.locator('input[name="k8sTimeout"]').fill("600")
+    form.locator('input[name="k8sQueue"]').fill("team-gpus")
+    form.locator('input[name="k8sGpuResource"]').fill("nvidia.com/mig-1g.10gb")
     with nb.page.expect_request(lambda r: r.method == "POST" and "validate=true" in r.url) as asked:
         dialog.get_by_role("button", name="Start").click()
     assert json.loads(asked.value.post_data or "") == {
@@ -463,6 +465,8 @@ def test_the_form_offers_kubernetes_with_its_fields_checked_and_sent_as_the_k8s_
             "pod_template": missing,
             "callback": "10.0.3.7:7077",
             "timeout": 600,
+            "queue": "team-gpus",
+            "gpu_resource": "nvidia.com/mig-1g.10gb",
         },
     }
     error = form.locator("#jp-DistForm-error-k8sPodTemplate")

@@ -2,6 +2,7 @@
 
     python -m tests.k8s.api_server --port 0 --kubeconfig OUT [--deny create:jobs ...]
         [--nodes 2 --node-gpus 0 --node-cpus 4 --node-memory 16Gi] [--workdir DIR]
+        [--node-resource 1:nvidia.com/mig-1g.10gb=7 ...]
 
 What it plays: the API server's REST surface for the kinds in ``kinds.py``: discovery (so
 kr8s finds kinds), create / get / list / patch / delete of namespaced and cluster-scoped
@@ -19,15 +20,15 @@ patch and delete, outside RBAC, as kmock cannot route them), pod logs
 writes a kubeconfig whose user is ``system:serviceaccount:default:notebook``, then prints
 ``READY <url>`` on stdout.
 
-The kubelet, scheduler, Job controller and garbage collector (``kubelet.py``) run in this
-process as a second client of this HTTP API with their own token, which no ``--deny``
-touches: they never read the emulator's memory.
+The kubelet, scheduler, Job controller, queue controller (playing Kueue) and garbage
+collector (``kubelet.py``) run in this process as a second client of this HTTP API with
+their own token, which no ``--deny`` touches: they never read the emulator's memory.
 
 What it does not play: watches (kmock's deliver nothing: poll), admission beyond the
-schema and PodSecurity's restricted level (no defaulting, no semantic checks but a Job's immutable template and its
-completions, which change only with parallelism), schema checks of patches, resourceVersion
-conflicts, finalizers beyond what kmock does, strategic merge
-patches (a patch is a JSON merge patch: lists are replaced), TLS, real containers.
+schema and PodSecurity's restricted level (no defaulting, no semantic checks but a Job's
+immutable template and its completions, which change only with parallelism), schema
+checks of patches, resourceVersion conflicts, finalizers beyond what kmock does, strategic
+merge patches (a patch is a JSON merge patch: lists are replaced), TLS, real containers.
 """
 
 from __future__ import annotations
@@ -110,6 +111,18 @@ def parse_deny(spec: str) -> tuple[str, str]:
             f" and RESOURCE one of {', '.join(sorted(KINDS))} (optionally /SUBRESOURCE)"
         )
     return verb, resource
+
+
+def node_resource_arg(spec: str) -> tuple[int, str, int]:
+    """``1:nvidia.com/mig-1g.10gb=7`` -> node 1 offers 7 of that extended resource."""
+    node, colon, rest = spec.partition(":")
+    name, eq, count = rest.rpartition("=")
+    if not (colon and eq and node.isdigit() and "/" in name and count.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"--node-resource {spec!r}: expected NODE:DOMAIN/NAME=COUNT, e.g. "
+            "1:nvidia.com/mig-1g.10gb=7"
+        )
+    return int(node), name, int(count)
 
 
 def verb_of(request: rendering.Request) -> str:
@@ -496,7 +509,13 @@ async def serve(args: argparse.Namespace) -> None:
             url=url,
             token=server.kubelet_token,
             nodes=[
-                NodeShape(f"node-{i}", args.node_cpus, args.node_memory, args.node_gpus)
+                NodeShape(
+                    f"node-{i}",
+                    args.node_cpus,
+                    args.node_memory,
+                    args.node_gpus,
+                    tuple((n, c) for node, n, c in args.node_resource if node == i),
+                )
                 for i in range(args.nodes)
             ],
             workdir=workdir,
@@ -527,6 +546,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-gpus", type=int, default=0)
     parser.add_argument("--node-cpus", type=int, default=4)
     parser.add_argument("--node-memory", default="16Gi")
+    parser.add_argument(
+        "--node-resource",
+        type=node_resource_arg,
+        action="append",
+        default=[],
+        metavar="NODE:NAME=COUNT",
+        help="an extended resource node NODE offers (repeatable)",
+    )
     parser.add_argument("--workdir", default=None, help="pod logs, volumes and pods.json")
     args = parser.parse_args(argv)
     if args.nodes < 1:

@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -266,8 +266,11 @@ def start_cluster(
     node_gpus: int = 0,
     node_cpus: int = 4,
     node_memory: str = "16Gi",
+    node_resources: Mapping[int, Mapping[str, int]] | None = None,
 ) -> K8sCluster:
-    """Start an emulated cluster whose files live under ``workdir``; return once it serves."""
+    """Start an emulated cluster whose files live under ``workdir``; return once it serves.
+    ``node_resources``: node index -> extended resources it offers besides ``node_gpus``
+    of ``nvidia.com/gpu`` (``{1: {"nvidia.com/mig-1g.10gb": 7}}``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     kubeconfig = workdir / "kubeconfig"
     log_file = workdir / "cluster.log"
@@ -292,6 +295,10 @@ def start_cluster(
     ]
     for spec in deny:
         argv += ["--deny", spec]
+    for node, offered in (node_resources or {}).items():
+        argv += [
+            a for name, n in offered.items() for a in ("--node-resource", f"{node}:{name}={n}")
+        ]
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)

@@ -22,12 +22,18 @@ An Indexed Job scaled (completions and parallelism patched together, Kubernetes'
 Indexed Job): pods for the new indexes, or the pods of indexes past ``completions``
 deleted, which count as no failure.
 
+A suspended Job (``spec.suspend``: made so for a queue, or set later) has no pods: its live
+pods are deleted (no failure counted), ``startTime`` and ``active`` cleared, and a
+``Suspended`` condition True (JobSuspended); when ``suspend`` turns false the condition
+turns False (JobResumed), ``startTime`` starts afresh (so does the deadline) and the pods
+are made.
+
 Garbage collector: an object whose ownerReferences all name objects no longer served
 (checked live by name and uid; owners of kinds not served here keep it) is deleted,
 whatever propagationPolicy deleted the owner.
 
-Not played: NonIndexed Jobs, ``parallelism`` below ``completions``, ``suspend``, pod
-failure and success policies, backoff delays, ``FailureTarget``/``SuccessCriteriaMet``.
+Not played: NonIndexed Jobs, ``parallelism`` below ``completions``, pod failure and
+success policies, backoff delays, ``FailureTarget``/``SuccessCriteriaMet``.
 """
 
 from __future__ import annotations
@@ -65,6 +71,17 @@ def parse_iso(text: str) -> float:
         .replace(tzinfo=datetime.timezone.utc)
         .timestamp()
     )
+
+
+def _condition(kind: str, status: str, reason: str, message: str, now: float) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastProbeTime": iso(now),
+        "lastTransitionTime": iso(now),
+    }
 
 
 def _random_suffix() -> str:
@@ -174,8 +191,15 @@ class JobController:
         if finished:
             await self._after_finish(job, owned, finished[0], now)
             return
-        completions = int(spec.get("completions", 1))
         seen = self._live.setdefault(uid, {})
+        suspended = [c for c in status.get("conditions") or [] if c["type"] == "Suspended"]
+        if spec.get("suspend"):
+            await self._suspended(job, owned, seen, suspended, now)
+            return
+        if suspended and suspended[0]["status"] == "True":
+            suspended = [_condition("Suspended", "False", "JobResumed", "Job resumed", now)]
+            log.info("job %s/%s: resumed", namespace, name)
+        completions = int(spec.get("completions", 1))
         owned = await self._scaled_down(name, namespace, owned, completions, seen)
         live = [p for p in owned if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
         succeeded = {
@@ -239,23 +263,57 @@ class JobController:
             "failed": failed,
             "completedIndexes": _ranges(succeeded),
         }
+        if suspended:
+            new_status["conditions"] = suspended
         if condition is not None:
             kind, reason, message = condition
             new_status["conditions"] = [
-                {
-                    "type": kind,
-                    "status": "True",
-                    "reason": reason,
-                    "message": message,
-                    "lastProbeTime": iso(now),
-                    "lastTransitionTime": iso(now),
-                }
+                *suspended,
+                _condition(kind, "True", reason, message, now),
             ]
             if kind == "Complete":
                 new_status["completionTime"] = iso(now)
             log.info("job %s/%s: %s %s", namespace, name, kind, reason)
         if any(status.get(k) != v for k, v in new_status.items()):
             await self.client.patch("jobs", name, namespace, {"status": new_status}, status=True)
+
+    async def _suspended(
+        self,
+        job: dict[str, Any],
+        owned: list[dict[str, Any]],
+        seen: dict[str, int],
+        suspended: list[dict[str, Any]],
+        now: float,
+    ) -> None:
+        """No pods while ``job`` is suspended: its live ones deleted, counted as no failure."""
+        meta, status = job["metadata"], job.get("status") or {}
+        for pod in owned:
+            pod_meta = pod["metadata"]
+            self._counted.add(pod_meta["uid"])
+            seen.pop(pod_meta["uid"], None)
+            phase = pod.get("status", {}).get("phase")
+            if phase not in ("Succeeded", "Failed") and not pod_meta.get("deletionTimestamp"):
+                log.info("job %s: suspended, delete pod %s", meta["name"], pod_meta["name"])
+                await self.client.delete("pods", pod_meta["name"], meta["namespace"])
+        if suspended and suspended[0]["status"] == "True" and not status.get("startTime"):
+            return
+        log.info("job %s/%s: suspended", meta["namespace"], meta["name"])
+        await self.client.patch(
+            "jobs",
+            meta["name"],
+            meta["namespace"],
+            {
+                "status": {
+                    "startTime": None,
+                    "active": 0,
+                    "ready": 0,
+                    "conditions": [
+                        _condition("Suspended", "True", "JobSuspended", "Job suspended", now)
+                    ],
+                }
+            },
+            status=True,
+        )
 
     async def _scaled_down(
         self,

@@ -1,8 +1,9 @@
 """The node side of the emulated cluster: scheduler, kubelet, Job controller and GC loop.
 
 One asyncio task polls the API server every ``POLL_SECONDS`` with its own token (never
-the emulator's memory) and plays, in turn: the garbage collector and the Job controller
-(``job_controller.py``), the scheduler (``scheduler.py``: binds a pod by patching
+the emulator's memory) and plays, in turn: the garbage collector, the queue controller playing
+Kueue (``queue_controller.py``: a queued Job admitted when all its pods fit), the Job
+controller (``job_controller.py``), the scheduler (``scheduler.py``: binds a pod by patching
 ``spec.nodeName``, or marks it Unschedulable and writes a FailedScheduling Event) and the
 kubelet: ``CONTAINER_CREATING_SECONDS`` after a pod was bound, its volumes are made and
 its own loopback ``podIP`` (127.0.0.2, 127.0.0.3, ...) and ``hostIP`` of its node
@@ -19,7 +20,7 @@ When a pod leaves the API (deleted, or collected with its Job), its container en
 container whose main process exits.
 
 Registers the fake nodes ``node-0``... (labels ``kubernetes.io/hostname``, allocatable
-cpu, memory, ``nvidia.com/gpu``) at start. Keeps
+cpu, memory, ``nvidia.com/gpu`` and other extended resources) at start. Keeps
 ``<workdir>/pods.json`` up to date (every pod process it started: namespace, name, uid,
 pid, whether running) for the test fixture, and a log line per action on stderr.
 """
@@ -53,6 +54,7 @@ from tests.k8s.pod_runner import (
     start,
 )
 from tests.k8s.pod_status import container_status, fallback_message, pod_status
+from tests.k8s.queue_controller import QueueController
 from tests.k8s.scheduler import NodeShape, Scheduler
 
 __all__ = ["MAX_GRACE_SECONDS", "POLL_SECONDS", "Kubelet", "NodeShape"]
@@ -88,6 +90,7 @@ class Kubelet:
         self.sandboxes = workdir / "pods"
         self.api_port = api_port
         self.jobs = JobController(self.client)
+        self.queues = QueueController(self.client, nodes)
         self.scheduler = Scheduler(self.client, nodes, self.node_ips)
         self.containers = Containers(workdir)
         self.started: set[str] = set()
@@ -155,6 +158,10 @@ class Kubelet:
         deleted = await collect_garbage(self.client, objects)
         jobs = [j for j in objects["jobs"] if j["metadata"]["uid"] not in deleted]
         pods = [p for p in objects["pods"] if p["metadata"]["uid"] not in deleted]
+        if await self.queues.reconcile(jobs, pods):  # the admitted Jobs' pods now
+            jobs = [
+                j for j in await self.client.list("jobs") if j["metadata"]["uid"] not in deleted
+            ]
         await self.jobs.reconcile(jobs, pods)
         pods = await self.client.list("pods")
         await self.scheduler.schedule(pods)

@@ -2,15 +2,18 @@
 and (``Scheduler``) the binding or the Unschedulable condition and Event, through the API.
 
 Plays kube-scheduler's default filters in its order, each node stopping at the first that
-fails: NodeAffinity (``nodeSelector`` only), NodeResourcesFit (``cpu``, ``memory``,
-``nvidia.com/gpu``; a container's requests, else its limits) and InterPodAffinity (required
-pod anti-affinity on ``kubernetes.io/hostname``). A pod that fits nowhere gets the
+fails: NodeAffinity (``nodeSelector`` only), NodeResourcesFit (``cpu``, ``memory`` and every
+extended resource by its name, ``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``,
+``amd.com/gpu``...; a container's requests, else its limits) and InterPodAffinity (required
+pod anti-affinity on ``kubernetes.io/hostname``). `fits_all` asks whether a gang of pods
+fits at once (the queue controller's question). A pod that fits nowhere gets the
 scheduler's message (``0/2 nodes are available: 2 Insufficient nvidia.com/gpu.
 preemption: ...``). Of the rest, the first node in name order wins (no scoring).
 
 Does not play: node affinity expressions, taints and tolerations, pod affinity (only
 anti-affinity), topology spread constraints, priorities and preemption (the message says
-what preemption would find, nothing is evicted), init containers' requests.
+what preemption would find, nothing is evicted), init containers' requests, schedulers
+other than the default (a pod's ``schedulerName`` is not looked at).
 """
 
 from __future__ import annotations
@@ -32,14 +35,15 @@ __all__ = [
     "NodeShape",
     "Scheduler",
     "choose_node",
+    "fits_all",
     "parse_quantity",
     "pod_requests",
 ]
 
 log = logging.getLogger("k8s.scheduler")
 
-#: what NodeResourcesFit counts
-RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
+#: what NodeResourcesFit counts besides extended resources (any ``DOMAIN/NAME``)
+RESOURCES = ("cpu", "memory")
 HOSTNAME = "kubernetes.io/hostname"
 
 _SUFFIXES = {
@@ -73,18 +77,27 @@ def parse_quantity(value: Any) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class NodeShape:
-    """One fake node: its name and what it offers."""
+    """One fake node: its name and what it offers: ``gpus`` of ``nvidia.com/gpu`` and
+    ``extended`` other device plugins' resources, ``(name, count)`` (MIG slices,
+    ``amd.com/gpu``)."""
 
     name: str
     cpus: int
     memory: str
     gpus: int
+    extended: tuple[tuple[str, int], ...] = ()
 
     def allocatable(self) -> dict[str, str]:
         offered = {"cpu": str(self.cpus), "memory": self.memory, "pods": "110"}
         if self.gpus:
             offered["nvidia.com/gpu"] = str(self.gpus)
+        for name, count in self.extended:
+            offered[name] = str(count)
         return offered
+
+
+def _counted(name: str) -> bool:
+    return name in RESOURCES or "/" in name
 
 
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
@@ -94,9 +107,9 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
     for container in pod.get("spec", {}).get("containers", []):
         resources = container.get("resources") or {}
         asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        for name in RESOURCES:
-            if name in asked:
-                total[name] += parse_quantity(asked[name])
+        for name, amount in asked.items():
+            if _counted(name):
+                total[name] += parse_quantity(amount)
     return dict(total)
 
 
@@ -183,6 +196,24 @@ def choose_node(
     return None, (
         f"0/{n} nodes are available: {listed}. preemption: 0/{n} nodes are available: {victims}"
     )
+
+
+def fits_all(
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Iterable[NodeShape],
+    bound: Sequence[Mapping[str, Any]],
+) -> tuple[list[Mapping[str, Any]] | None, str]:
+    """Whether ``pods`` all fit at once beside the pods already ``bound``, placed one after
+    another as the scheduler would: ``bound`` with them on their nodes and an empty
+    message; else None and the scheduler's message for the first that does not fit."""
+    nodes = list(nodes)
+    placed = list(bound)
+    for pod in pods:
+        node, message = choose_node(pod, nodes, placed)
+        if node is None:
+            return None, message
+        placed.append({**pod, "spec": {**pod.get("spec", {}), "nodeName": node}})
+    return placed, ""
 
 
 class Scheduler:

@@ -12,7 +12,7 @@ from tests.k8s.api_server import parse_deny
 from tests.k8s.kinds import matches_field_selector, matches_label_selector
 from tests.k8s.pod_runner import expand
 from tests.k8s.pod_security import violations
-from tests.k8s.scheduler import NodeShape, choose_node, parse_quantity
+from tests.k8s.scheduler import NodeShape, choose_node, fits_all, parse_quantity
 
 pytestmark = pytest.mark.k8s
 
@@ -91,6 +91,34 @@ def test_quantities_selectors_expansion_and_deny_specs() -> None:
     assert parse_deny("patch:pods/status") == ("patch", "pods/status")
     with pytest.raises(ValueError, match="'create:widgets'"):
         parse_deny("create:widgets")
+
+
+def test_extended_resources_are_fitted_by_name_and_a_gang_fits_all_or_none() -> None:
+    mig = "nvidia.com/mig-1g.10gb"
+    nodes = [NodeShape("node-0", 4, "16Gi", 1), NodeShape("node-1", 4, "16Gi", 0, ((mig, 2),))]
+    assert nodes[1].allocatable()[mig] == "2" and mig not in nodes[0].allocatable()
+    assert choose_node(pod("m", {mig: "1"}), nodes, []) == ("node-1", "")
+    assert choose_node(pod("g", {"nvidia.com/gpu": "1"}), nodes, []) == ("node-0", "")
+    node, message = choose_node(pod("a", {"amd.com/gpu": "1"}), nodes, [])
+    assert node is None and "2 Insufficient amd.com/gpu" in message
+    spread = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"job": "j"}},
+                }
+            ]
+        }
+    }
+    gang = [pod(n, {mig: "1"}, affinity=spread) for n in ("a", "b")]
+    placed, why = fits_all(gang, nodes, [])
+    assert placed is None and why.startswith(
+        "0/2 nodes are available: 1 Insufficient nvidia.com/mig-1g.10gb, 1 node(s) didn't match "
+        "pod anti-affinity rules."
+    ), why
+    placed, why = fits_all(gang[:1], nodes, [])
+    assert why == "" and placed is not None and placed[0]["spec"]["nodeName"] == "node-1"
 
 
 def test_the_restricted_standard_takes_our_pods_and_names_what_one_violates() -> None:

@@ -10,9 +10,11 @@ pod IP as the API reports it: an address, never a DNS name that may not resolve 
 
 Where the pods dial: ``--k8s-callback HOST:PORT``, else (in a pod) this pod's IP. A
 notebook outside the cluster is refused with what to do. Start-up relays the pods'
-phases; a pod that cannot be scheduled fails the start when the timeout ends, with the
-scheduler's reason; a pod that cannot start (its image, its config) fails it at once.
-Whatever fails, what the start made is deleted.
+phases. The pods are one gang (`k8s_admission`): with ``--k8s-queue`` the Job waits,
+suspended, for Kueue to admit all of them ("queued in NAME"); pods not all on machines
+within ``--k8s-gang-timeout`` fail the start, with the scheduler's reason, and are all
+released. A pod that cannot start (its image, its config) fails it at once. Whatever
+fails, an interrupt included, what the start made is deleted.
 
 A pod the API server refuses to make (the namespace's Pod Security admission, read from
 the Job's FailedCreate Events, `k8s_refusals`) fails a start, a heal or a resize at once,
@@ -50,6 +52,7 @@ from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.launchers import k8s_manifests as manifests
 from jupyter_dist.control.launchers.base import Launcher, Placement
 from jupyter_dist.control.launchers.dial_back import DialBackLauncher, DialBackListener
+from jupyter_dist.control.launchers.k8s_admission import GangWatch, job_failure, wait_admitted
 from jupyter_dist.control.launchers.k8s_api import KubeClient
 from jupyter_dist.control.launchers.k8s_refusals import CreateRefusals
 from jupyter_dist.errors import AgentError, SpecError
@@ -218,10 +221,16 @@ class K8sPlacement(Placement):
             await client.call(
                 "PATCH", "Secret", self.name, body={"metadata": {"ownerReferences": refs}}
             )
+        gpu_words = f", {gpus} {self.k8s.gpu_resource} each" if gpus else ""
         progress(
-            f"job {ns}/{self.name}: {self.spec.nodes} pod(s) of image {image}"
-            f"{f', {gpus} GPUs each' if gpus else ''}; they dial back to {callback}"
+            f"job {ns}/{self.name}: {self.spec.nodes} pod(s) of image {image}{gpu_words}; "
+            f"they dial back to {callback}"
         )
+        if self.k8s.queue:
+            await wait_admitted(
+                client, self.name, labels, self.k8s.queue, self.spec.nodes,
+                self.k8s.queue_timeout, progress,
+            )  # fmt: skip
         await self._wait_running(client, progress, timeout)
 
     async def _own_pod(
@@ -272,8 +281,10 @@ class K8sPlacement(Placement):
         self, client: KubeClient, progress: Callable[[str], None], timeout: float
     ) -> None:
         """Until every node's pod runs with an IP; the scheduler's or the container's
-        reason when one cannot."""
+        reason when one cannot. The pods must all be on machines within the gang's bound
+        (`GangWatch`)."""
         began = time.monotonic()
+        gang = GangWatch(client.namespace, self.name, self.spec.nodes, self.k8s.gang_timeout)
         said = ""
         reasons: dict[int, str] = {}
         stuck_since: dict[int, float] = {}
@@ -305,6 +316,7 @@ class K8sPlacement(Placement):
             if now != said:
                 progress(now)
                 said = now
+            gang.check(by_index)
             ready = [by_index.get(i) for i in range(self.spec.nodes)]
             if all(
                 p is not None
@@ -318,10 +330,15 @@ class K8sPlacement(Placement):
                 return
             if time.monotonic() - began > timeout:
                 why = f": {detail}" if detail else f" ({line})"
+                hint = (
+                    ""
+                    if gang.placed or self.k8s.queue
+                    else "; --k8s-queue NAME would wait for room for all of them, in Kueue's queue"
+                )
                 raise AgentError(
                     f"Kubernetes: the session's pods were not all running within "
                     f"{timeout:.0f} s{why}; deleted job {client.namespace}/{self.name} and "
-                    "its secret"
+                    f"its secret{hint}"
                 )
             await asyncio.sleep(POLL_S)
 
@@ -382,6 +399,12 @@ class K8sPlacement(Placement):
         client, listener, old = self.client, self.listener, self.spec.nodes
         if client is None or listener is None or len(self.pods) != old:
             raise AgentError("Kubernetes: the session's pods are not running")
+        if self.k8s.queue and spec.nodes != old:
+            raise SpecError(
+                f"Kubernetes: the session's {old} pods were admitted by queue {self.k8s.queue} "
+                "as one workload, which Kueue does not resize; stop the session and start it "
+                f"with --nodes {spec.nodes}"
+            )
         timeout = self.k8s.timeout or timeout
         where = f"{client.namespace}/{self.name}"
         await self._check_job(client)
@@ -447,13 +470,22 @@ class K8sPlacement(Placement):
                 f"Kubernetes: {where} is gone (deleted?), and its pods with it; "
                 "`%dist restart` starts the session's pods afresh"
             )
-        for cond in (job.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "Failed" and cond.get("status") == "True":
-                raise AgentError(
-                    f"Kubernetes: {where} failed ({cond.get('reason') or 'Failed'}: "
-                    f"{cond.get('message') or ''}), and its pods with it; `%dist restart` "
-                    "starts the session's pods afresh"
-                )
+        failed = job_failure(job)
+        if failed:
+            raise AgentError(
+                f"Kubernetes: {where} failed ({failed}), and its pods with it; `%dist restart` "
+                "starts the session's pods afresh"
+            )
+        if (job.get("spec") or {}).get("suspend"):
+            by = (
+                f"by queue {self.k8s.queue}: Kueue evicts a workload for one of higher priority"
+                if self.k8s.queue
+                else "its spec.suspend was set"
+            )
+            raise AgentError(
+                f"Kubernetes: {where} was suspended ({by}), and its pods deleted with it; "
+                "`%dist restart` starts the session's pods afresh"
+            )
 
     async def _wait_replacement(
         self,

@@ -2,8 +2,8 @@
 nodes' dial-back keys and one Indexed ``batch/v1`` Job with a pod per node.
 
 The Job needs no operator or CRD. Node N is the pod of completion index N. Each pod:
-* holds ``nvidia.com/gpu`` (its ``--gpus`` count) and ``--cpus``/``--memory``, with a
-  memory-backed ``/dev/shm``;
+* holds ``nvidia.com/gpu`` or the resource ``--k8s-gpu-resource`` names (its ``--gpus``
+  count) and ``--cpus``/``--memory``, with a memory-backed ``/dev/shm``;
 * goes to a machine of its own (a required pod anti-affinity on the hostname);
 * runs one container,
   ``python -m jupyter_dist.node.dial_back CALLBACK --credentials FILE --node INDEX``;
@@ -30,6 +30,11 @@ owner's leftovers. A ``--pod-template`` is merged with what the flags set (`k8s_
 nothing of it dropped, what cannot be merged refused by name), then the defaults are
 filled in where neither says anything.
 
+With ``--k8s-queue NAME`` the Job is made suspended and carries Kueue's label
+`QUEUE_LABEL` on its own metadata (Kueue reads the Job's, not its pods'): no pod exists
+until Kueue admits the whole Job and sets ``suspend`` false. ``--k8s-priority-class`` and
+``--k8s-scheduler`` are the pods' ``priorityClassName`` and ``schedulerName``.
+
 Nothing here talks to a cluster (`control.launchers.k8s` does); the tests check these
 manifests against golden files and the Kubernetes schemas.
 """
@@ -44,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_dist.common.k8s_options import K8sSpec
+from jupyter_dist.common.k8s_options import DEFAULT_GPU_RESOURCE, K8sSpec
 from jupyter_dist.common.pod_template import (
     CREDENTIALS_PATH,
     CREDENTIALS_VOLUME,
@@ -90,7 +95,10 @@ TTL_AFTER_FINISHED_S = 600
 POD_FAILURES_PER_NODE = 8
 #: the largest Secret the API server takes is 1 MiB; keep clear of it
 MAX_SECRET_BYTES = 900 * 1024
-GPU_RESOURCE = "nvidia.com/gpu"
+#: the resource ``--gpus`` is asked as unless ``--k8s-gpu-resource`` names another
+GPU_RESOURCE = DEFAULT_GPU_RESOURCE
+#: Kueue's label naming the LocalQueue of a Job (on the Job itself)
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -202,7 +210,7 @@ def _resources(k8s: K8sSpec, gpus: int) -> dict[str, dict[str, str]]:
     limits: dict[str, str] = {}
     requests: dict[str, str] = {}
     if gpus:
-        limits[GPU_RESOURCE] = str(gpus)
+        limits[k8s.gpu_resource] = str(gpus)
     for key, value in (("cpu", k8s.cpus), ("memory", k8s.memory)):
         if value is not None:
             limits[key] = requests[key] = value
@@ -288,16 +296,26 @@ def job_manifest(
         pod_spec["nodeSelector"] = k8s.selector_dict()
     if k8s.tolerations:
         pod_spec["tolerations"] = k8s.toleration_dicts()
+    if k8s.priority_class:
+        pod_spec["priorityClassName"] = k8s.priority_class
+    if k8s.scheduler:
+        pod_spec["schedulerName"] = k8s.scheduler
     pod_meta: dict[str, Any] = {"labels": pod_labels}
     if template:
         pod_meta, pod_spec = merge_template(template, pod_meta, pod_spec)
     apply_defaults(pod_meta, pod_spec)
     _keys_like_node(pod_spec)
+    meta = _metadata(name, namespace, labels, owner)
+    queued: dict[str, Any] = {}
+    if k8s.queue:
+        meta["labels"][QUEUE_LABEL] = k8s.queue
+        queued["suspend"] = True  # until Kueue admits every pod at once
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(name, namespace, labels, owner),
+        "metadata": meta,
         "spec": {
+            **queued,
             "completionMode": "Indexed",
             "completions": nodes,
             "parallelism": nodes,
@@ -353,6 +371,7 @@ __all__ = [
     "MANAGER",
     "OWNER_HOST_LABEL",
     "OWNER_PID_LABEL",
+    "QUEUE_LABEL",
     "SESSION_LABEL",
     "Owner",
     "job_manifest",
