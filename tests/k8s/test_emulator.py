@@ -326,6 +326,61 @@ def test_an_indexed_job_scales_and_a_pod_it_removes_is_no_failure(
     cluster.wait_for("its pods collected", lambda: not pods_of(cluster, "elastic"))
 
 
+def test_a_queued_job_is_admitted_when_all_its_pods_fit_and_loses_them_when_suspended(
+    k8s_cluster: K8sCluster,
+) -> None:
+    """The queue controller admits a suspended Job labelled with Kueue's queue only once
+    every pod fits at once (two pods of 3 CPUs, while another pod holds 3 of a machine's
+    4); the Job controller makes no pod for a suspended Job, and deletes its pods when it
+    is suspended again (no failure counted). A suspended Job without the label stays so."""
+    cluster = k8s_cluster
+    sleep = "import time; time.sleep(600)"
+    cpus3 = {"requests": {"cpu": "3"}}
+    cluster.create("jobs", job_body("hog", sleep, completions=1, resources=cpus3))
+    cluster.wait_for("job hog Running", lambda: running_pods(cluster, "hog", 1))
+    queued = job_body("queued", sleep, resources=cpus3, suspend=True)
+    queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team"
+    cluster.create("jobs", queued)
+    cluster.create("jobs", job_body("unqueued", sleep, completions=1, suspend=True))
+    cluster.wait_for(
+        "the queue controller finding no room for both pods",
+        lambda: "queue: job default/queued 2 pod(s) do not fit at once" in cluster.log_text(),
+    )
+    cluster.wait_for(
+        "job queued marked Suspended",
+        lambda: (job_condition(cluster, "queued") or {}).get("type") == "Suspended",
+    )
+    assert cluster.get("jobs", "queued")["spec"]["suspend"] is True
+    assert pods_of(cluster, "queued") == []
+    cluster.delete("jobs", "hog")
+    pods = cluster.wait_for(
+        "job queued admitted and Running", lambda: running_pods(cluster, "queued", 2)
+    )
+    assert cluster.get("jobs", "queued")["spec"]["suspend"] is False
+    events = cluster.list("events", field_selector="involvedObject.name=queued")
+    assert [e["message"] for e in events if e["reason"] == "Started"] == [
+        "Admitted by clusterQueue team"
+    ]
+    assert pods_of(cluster, "unqueued") == []
+    cluster.patch("jobs", "queued", {"spec": {"suspend": True}})
+    names = {p["metadata"]["name"] for p in pods}
+    cluster.wait_for(
+        "the suspended Job's pods deleted and their processes gone",
+        lambda: not pods_of(cluster, "queued") and not names & set(cluster.pod_processes()),
+    )
+    status = cluster.wait_for(
+        "job queued Suspended again",
+        lambda: (
+            (s := cluster.get("jobs", "queued")["status"]).get("active") == 0
+            and (job_condition(cluster, "queued") or {}).get("reason") == "JobSuspended"
+            and s
+        ),
+    )
+    assert status.get("failed", 0) == 0 and "startTime" not in status, status
+    for job in ("queued", "unqueued"):
+        cluster.delete("jobs", job)
+
+
 def test_active_deadline_fails_the_job_and_kills_its_pods(k8s_cluster: K8sCluster) -> None:
     cluster = k8s_cluster
     sleeper = "import time; time.sleep(600)"
