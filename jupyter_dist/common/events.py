@@ -85,6 +85,25 @@ class RankFinished:
 
 
 @dataclass(frozen=True)
+class InputAsked:
+    """A rank waits for input: ``input()``, ``getpass()`` (``password``) or a debugger's
+    prompt, answered through the notebook's own input box (`notebook.rank_input`)."""
+
+    rank: int
+    prompt: str
+    password: bool = False
+
+
+@dataclass(frozen=True)
+class InputEnded:
+    """The rank's input prompt closed: answered, or withdrawn (the rank ended first)."""
+
+    rank: int
+    #: the prompts still waiting, in the order they are served
+    waiting: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Notice:
     """A line about the session itself (starting, restarting...). A ``transient`` one is
     news while the cell runs ("interrupting rank 0") that the cell's outcome says again:
@@ -140,6 +159,8 @@ CellEvent = (
     | WidgetComm
     | RankStarted
     | RankFinished
+    | InputAsked
+    | InputEnded
     | Notice
     | CellFinished
     | CallDone

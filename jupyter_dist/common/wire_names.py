@@ -60,6 +60,10 @@ GROUP_KEY = "jupyter_dist_group"
 #: handling it (a traceback, the cell's ``except``/``finally``), not stuck
 #: (`rank.interrupt_ack`)
 INTERRUPT_ACK_MSG_TYPE = "jupyter_dist_interrupt_ack"
+#: IOPub message a rank sends behind its output as it asks for input (``content``: the
+#: ``prompt`` and ``password`` of the ``input_request`` it sends on stdin next): the
+#: notebook side opens the prompt once both came, so the output before it is shown first
+INPUT_MSG_TYPE = "jupyter_dist_input"
 #: the start of the line a surviving rank prints, as it joins a new process group, with
 #: the JSON list of what it had built on the old one (`rank.regroup`; read by the control
 #: plane from that silent cell's output)

@@ -21,6 +21,7 @@ from jupyter_dist.common.events import (
     CellEvent,
     CellResult,
     ClearOut,
+    InputAsked,
     MetricsOut,
     RankFinished,
     RankOutcome,
@@ -31,6 +32,7 @@ from jupyter_dist.common.events import (
 )
 from jupyter_dist.common.wire_names import (
     EXECUTE_REPLY_MSG_TYPE,
+    INPUT_MSG_TYPE,
     INTERRUPT_ACK_MSG_TYPE,
     METRICS_MSG_TYPE,
 )
@@ -72,6 +74,12 @@ class RankProgress:
     blocked_at: str = ""
     #: the interrupt whose silence was looked into already (its ``interrupted_at``)
     checked: float | None = None
+    #: it waits for input (``input()``, a debugger's prompt): busy, not slow or hung
+    asking: bool = False
+    #: of its next input request: the stdin request's content, and whether the IOPub
+    #: message behind its output came (the prompt opens once both did)
+    input_request: dict[str, Any] | None = None
+    input_said: bool = False
 
     @property
     def handling_interrupt(self) -> bool:
@@ -129,6 +137,10 @@ class CellTracker:
         thread has too much output still to draw."""
         return _RankMessages(self, rank)
 
+    def asking(self) -> list[int]:
+        """Running ranks that wait for input."""
+        return sorted(r for r, p in self.progress.items() if p.asking and not p.finished)
+
     @property
     def busy_ranks(self) -> list[int]:
         return sorted(r for r, p in self.progress.items() if not p.finished)
@@ -139,6 +151,11 @@ class CellTracker:
             return
         kind = msg["msg_type"]
         content = msg["content"]
+        if channel == "stdin":
+            if kind == "input_request":
+                prog.input_request = content
+                self._input_asked(prog)
+            return
         if channel == "shell":
             if kind == "execute_reply":
                 prog.reply = content
@@ -184,9 +201,22 @@ class CellTracker:
             )
         elif kind == "clear_output":
             self._emit(ClearOut(rank, bool(content.get("wait"))))
+        elif kind == INPUT_MSG_TYPE:
+            prog.input_said = True
+            self._input_asked(prog)
         elif kind == INTERRUPT_ACK_MSG_TYPE:
             prog.acked_at = time.monotonic()
             prog.ack_where = str(content.get("where") or "")
+
+    def _input_asked(self, prog: RankProgress) -> None:
+        """The rank asks for input once its request came on stdin and its IOPub message
+        behind the output it printed before (`INPUT_MSG_TYPE`), in either order."""
+        request = prog.input_request
+        if request is None or not prog.input_said:
+            return
+        prog.input_request, prog.input_said, prog.asking = None, False, True
+        prompt, password = str(request.get("prompt", "")), bool(request.get("password"))
+        self._emit(InputAsked(prog.rank, prompt, password))
 
     def take_replies(self, replies: list[tuple[int, dict[str, Any]]]) -> None:
         """Ranks' plain replies on IOPub (`ReplySink`: a node relay's folded replies),
@@ -223,11 +253,16 @@ class CellTracker:
             status = "error"
         if status == "error":
             ename = reply.get("ename", "Error")
-            kind: FailureKind = "interrupted" if ename == "KeyboardInterrupt" else "error"
+            # a debugger's q (or an interrupt that ended its session) stops the cell there
+            stopped = ename in ("KeyboardInterrupt", "BdbQuit")
+            kind: FailureKind = "interrupted" if stopped else "error"
             if kind == "interrupted" and self.timed_out:
                 kind = "timeout"
+            evalue = reply.get("evalue", "")
+            # pdb's q raises BdbQuit with no words; the stop button's says so itself
+            place = (evalue or "in the debugger, which was quit (q)") if ename == "BdbQuit" else ""
             failure = self._failure(
-                prog, kind, ename, reply.get("evalue", ""), tuple(reply.get("traceback", []))
+                prog, kind, ename, evalue, tuple(reply.get("traceback", [])), place=place
             )
         elif status == "aborted":
             failure = self._failure(

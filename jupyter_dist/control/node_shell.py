@@ -4,7 +4,9 @@ A cell's ``execute_request`` is the same signed message for every rank (`RankCli
 prepare_execute`); through the node's relay (`node.relay`) it is sent once a node, naming
 the ranks it is for, and the relay passes it to each. Their replies come back in batches
 (`common.relay_batch`), each entry naming its rank, checked and parsed once a batch and
-handed to each rank's client (`RankClient.route_shell`).
+handed to each rank's client (`RankClient.route_shell`). The socket has a fixed
+``identity``: the relay passes it on to the ranks with each request, and a rank addresses
+its ``input_request`` to it, on the stdin socket of the rank's client, which has the same.
 
 Like the rank clients it reads from the event loop's wake-ups (a callback drains the
 socket when it becomes readable) and sends at once unless the socket is full.
@@ -51,11 +53,18 @@ class NodeShell:
     """The notebook side's shell socket to one node's relay."""
 
     def __init__(
-        self, context: zmq.Context[Any], key: str, signature_scheme: str, url: str
+        self,
+        context: zmq.Context[Any],
+        key: str,
+        signature_scheme: str,
+        url: str,
+        identity: bytes | None = None,
     ) -> None:
         self.url = url
+        self.identity = identity or b"jd-" + uuid.uuid4().hex.encode()
         self.socket: zmq.Socket[bytes] = zmq.Socket(context, zmq.DEALER)
         self.socket.linger = 0
+        self.socket.identity = self.identity
         # a plain socket (the context may be an asyncio one, whose sockets return futures)
         address = f"inproc://jupyter-dist-relay-monitor-{uuid.uuid4().hex}"
         self.socket.monitor(address, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)

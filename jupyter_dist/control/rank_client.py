@@ -1,8 +1,11 @@
 """The notebook side's connection to one rank kernel, over the Jupyter protocol.
 
-Three zmq sockets (shell, control, IOPub) and `common.wire_codec`: it routes every incoming
-message to the handler registered for the request it answers, and carries object push/pull
-as comm messages with binary buffers.
+Four zmq sockets (shell, control, IOPub, stdin) and `common.wire_codec`: it routes every
+incoming message to the handler registered for the request it answers, and carries object
+push/pull as comm messages with binary buffers. The kernel addresses a cell's
+``input_request`` (``input()``, ``getpass()``, a debugger's prompt) to the identity its
+request came from, which the client's stdin socket shares with the shell socket its
+requests leave by (its own, or its node's relay's, `NodeShell`): ``identity``.
 
 This is the hot path of every cell, once per rank, so it does no more than it must: the
 sockets are plain zmq sockets whose file descriptors the event loop watches, and a
@@ -66,6 +69,7 @@ CHANNELS = (
     ("shell", zmq.DEALER, "shell_port"),
     ("control", zmq.DEALER, "control_port"),
     ("iopub", zmq.SUB, "iopub_port"),
+    ("stdin", zmq.DEALER, "stdin_port"),
 )
 
 #: handler(channel, message) for the messages answering one request
@@ -112,12 +116,19 @@ class RankClient:
         context: zmq.asyncio.Context,
         iopub: IopubFanIn | None = None,
         shell: NodeShell | None = None,
+        identity: bytes | None = None,
     ) -> None:
         """``iopub``: the session's shared IOPub subscriber (by default the client
         subscribes to its kernel's IOPub on a socket of its own); ``shell``: the socket to
         its node's relay that its shell requests and replies go through (by default a
-        socket of its own to its kernel)."""
+        socket of its own to its kernel); ``identity``: that shell socket's, which its
+        stdin socket takes too (by default the relay's socket's, else a fresh one)."""
         self.rank = rank
+        self.identity: bytes = (
+            identity
+            or (shell.identity if shell is not None else b"")
+            or b"jd-" + uuid.uuid4().hex.encode()
+        )
         self.connection = connection
         self.codec = WireCodec(key, connection.get("signature_scheme") or "hmac-sha256")
         #: plain sockets, never waiting: the loop wakes `_on_ready` when one is readable
@@ -169,6 +180,8 @@ class RankClient:
                 continue
             socket: zmq.Socket[bytes] = zmq.Socket(self._context, kind)
             socket.linger = 0
+            if kind == zmq.DEALER and name in ("shell", "stdin"):
+                socket.identity = self.identity  # the stdin requests come to it
             if kind == zmq.SUB:
                 socket.setsockopt(zmq.SUBSCRIBE, b"")
             socket.connect(self._url(port_key))
@@ -420,18 +433,21 @@ class RankClient:
         silent: bool = False,
         execution_count: int | None = None,
         cell_ranks: int | None = None,
+        allow_stdin: bool = False,
     ) -> Encoded:
         """A cell's execute_request, signed: the same bytes go to every rank whose client
         shares this one's key (`shares_key`), so a cell is encoded once, not once a rank.
         ``execution_count``: the notebook's count for it, which the rank's tracebacks
         then name (``Cell In[N]``), as the notebook does. ``cell_ranks``: how many ranks
-        it goes to (a rank makes a destroyed process group again only for a cell of all)."""
+        it goes to (a rank makes a destroyed process group again only for a cell of all).
+        ``allow_stdin``: the ranks may ask for input (the notebook's frontend answers
+        input requests); else their ``input()`` raises as in a frontend without stdin."""
         content = {
             "code": code,
             "silent": silent,
             "store_history": not silent,
             "user_expressions": {},
-            "allow_stdin": False,
+            "allow_stdin": allow_stdin,
             "stop_on_error": False,  # one cell at a time: nothing of others to abort
         }
         # this process paces its output, and reads the reply on IOPub, behind the output
@@ -487,6 +503,10 @@ class RankClient:
                 past.popitem(last=False)
             while len(taken) > PAST_CELLS:
                 taken.popitem(last=False)
+
+    def answer_input(self, value: str) -> None:
+        """Answer the kernel's open ``input_request`` with ``value``."""
+        self.send("input_reply", {"value": value}, channel="stdin")
 
     def interrupt(self) -> None:
         """Ask the kernel to interrupt itself (it signals its whole process group)."""

@@ -195,6 +195,8 @@ class RankGroup:
         self.news: list[str] = []
         #: rank -> what threads of this process's ended cells printed since (bounded)
         self.late_output: dict[int, str] = {}
+        #: the rank whose traceback the last failed cell of this process was caused by
+        self.debuggable_rank: int | None = None
         self._context = zmq.asyncio.Context()
         room_for_sockets(self._context, len(CHANNELS) * spec.world_size)
         # a kernel binds its ports a few ms after it is forked: reconnect quickly
@@ -387,9 +389,11 @@ class RankGroup:
         sink: queue.SimpleQueue[CellEvent] | None = None,
         timeout: float | None = None,
         execution_count: int | None = None,
+        allow_stdin: bool = False,
     ) -> CellResult:
         """Run ``code`` on ``ranks`` (all by default) and wait for every one of them;
-        ``execution_count`` is the notebook's for the cell."""
+        ``execution_count`` is the notebook's for the cell; with ``allow_stdin`` the ranks
+        may ask for input (`InputAsked`, answered by `answer_input`)."""
         if not self._heals_before_cell():
             self._check_usable()
         chosen = self.check_ranks(ranks)
@@ -400,7 +404,12 @@ class RankGroup:
                 self._check_usable()  # it may have broken while the cell waited
                 self._hand_over_late_output(sink)
                 result = await self._run_cell(
-                    code, chosen, sink, timeout, execution_count=execution_count
+                    code,
+                    chosen,
+                    sink,
+                    timeout,
+                    execution_count=execution_count,
+                    allow_stdin=allow_stdin,
                 )
                 if result.stuck or result.freed:  # still in the turn: no cell is sent
                     result = dataclasses.replace(
@@ -550,6 +559,7 @@ class RankGroup:
         timeout: float | None,
         silent: bool = False,
         execution_count: int | None = None,
+        allow_stdin: bool = False,
     ) -> CellResult:
         records = [(r, self.ranks[r]) for r in ranks]
         run = CellTracker({r: (rec.host, rec.place.local_rank) for r, rec in records}, sink)
@@ -571,7 +581,9 @@ class RankGroup:
                 rec.busy_since = began
                 if signer is None or not client.shares_key(signer):
                     signer = client
-                    prepared = signer.prepare_execute(code, silent, execution_count, len(ranks))
+                    prepared = signer.prepare_execute(
+                        code, silent, execution_count, len(ranks), allow_stdin
+                    )
                 sent[r] = client.execute(code, run.handler(r), prepared=prepared, fan_out=fan_out)
             fan_out.send()
             self._changed()
@@ -665,6 +677,9 @@ class RankGroup:
                     await self._wind_down(run, busy, sink)
                     continue
                 if failed_at or len(busy) == len(run.progress) or said or sink is None:
+                    continue
+                if run.asking():  # a person answers it: not a straggler
+                    first_done = None
                     continue
                 first_done = first_done or loop.time()
                 if loop.time() - first_done >= self.straggler_s:
@@ -935,11 +950,23 @@ class RankGroup:
                 "\n".join(t for t in (result.stopped_by, note) if t),
                 finished=[r for r in result.ranks if r not in failed],
             )
+        raised = [f for f in result.failures if f.kind == "error" and f.traceback]
+        if raised:  # what `%dist debug` opens: the root cause's traceback, kept by its rank
+            self.debuggable_rank = min(raised, key=lambda f: f.order).rank
         if result.timed_out:
             raise CellTimeout(
                 self.name, self.spec.world_size, result.failures, note, result.timeout_s
             )
         raise RanksFailed(self.name, self.spec.world_size, result.failures, note)
+
+    def answer_input(self, rank: int, value: str) -> None:
+        """Answer ``rank``'s open input request (a prompt of the running cell)."""
+        run = self._current
+        if run is not None and rank in run.progress:
+            run.progress[rank].asking = False
+        rec = self.ranks.get(rank)
+        if rec is not None and rec.client is not None and rec.state != RankState.DEAD:
+            rec.client.answer_input(value)
 
     async def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Interrupt ``ranks`` (all by default): a KeyboardInterrupt in their running code.

@@ -45,6 +45,8 @@ from jupyter_dist.common.events import (
     CellEvent,
     CellFinished,
     ClearOut,
+    InputAsked,
+    InputEnded,
     MetricsOut,
     Notice,
     RankFinished,
@@ -62,7 +64,14 @@ from jupyter_dist.display.rank_logs import RankLogs, rich_log_text
 from jupyter_dist.display.render_text import TextRenderer
 from jupyter_dist.display.snapshot import snapshot_html, widget_text
 from jupyter_dist.display.stacks_panel import StacksPanel
-from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary, chips_html
+from jupyter_dist.display.status_chips import (
+    STATE_OF_FINISH,
+    RankStatus,
+    cell_summary,
+    chips_html,
+    input_line,
+    input_state,
+)
 from jupyter_dist.display.widget_relay import WidgetRelay
 from jupyter_dist.text import ranks_label
 
@@ -293,6 +302,8 @@ class CellView:
             self._rich(event)
         elif isinstance(event, ClearOut):
             self.rank_views[event.rank].output.clear()
+        elif isinstance(event, InputAsked | InputEnded):
+            self._input(event)
         elif isinstance(event, RankStarted):
             status = self.statuses[event.rank]
             if status.started is None:
@@ -383,6 +394,20 @@ class CellView:
     @staticmethod
     def _notes_html(notes: list[str]) -> str:
         return "".join(f"<pre style='margin:0'>{_escape(n)}</pre>" for n in notes)
+
+    def _input(self, event: InputAsked | InputEnded) -> None:
+        """A rank waits for the person (its chip says ``input`` or ``debugging``, the
+        footer which ranks wait on it), or no longer does."""
+        status = self.statuses.get(event.rank)
+        if status is None:
+            return
+        if isinstance(event, InputAsked):
+            status.state = input_state(event.prompt)
+        elif status.state in ("input", "debugging"):
+            status.state = "running"
+        asking = {r: s.state for r, s in self.statuses.items() if s.state in ("input", "debugging")}
+        running = [r for r, s in self.statuses.items() if s.state in ("running", "queued")]
+        self._notice(input_line(asking, running), transient=True, line="input")
 
     def _rank_finished(self, event: RankFinished) -> None:
         status = self.statuses[event.rank]

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 from jupyter_dist.common.events import (
     CellEvent,
     CellFinished,
+    InputAsked,
+    InputEnded,
     Notice,
     RankFinished,
     RichOut,
@@ -48,7 +50,13 @@ from jupyter_dist.display.output_store import format_size, output_limit
 from jupyter_dist.display.output_widgets import Captured, OutputWidgets
 from jupyter_dist.display.rank_logs import RankLogs, rich_log_text
 from jupyter_dist.display.rich_text import is_bare_repr, printed_text, readable_text
-from jupyter_dist.display.status_chips import STATE_OF_FINISH, RankStatus, cell_summary
+from jupyter_dist.display.status_chips import (
+    STATE_OF_FINISH,
+    RankStatus,
+    cell_summary,
+    input_line,
+    input_state,
+)
 from jupyter_dist.display.status_lines import StatusLines
 from jupyter_dist.errors import RankFailure, group_failures
 from jupyter_dist.settings import OUTPUT_LIMIT_VAR
@@ -133,6 +141,7 @@ class TextRenderer:
         self.display = display
         self.fold = fold and len(self.ranks) > 1
         self.running = set(self.ranks)
+        self.asking: dict[int, str] = {}  # ranks waiting for input: their chip state
         self.partial: dict[tuple[str, int], str] = {}
         #: each rank's whole lines not written yet (a rank's queue is made when it prints)
         self.pending: dict[str, dict[int, collections.deque[tuple[float, Line]]]] = {
@@ -202,6 +211,8 @@ class TextRenderer:
                 self._last_transient = gist
             self.flush(final=True, hold_failures=True)
             self.files["stdout"].write(f"[jupyter_dist] {event.text}\n")
+        elif isinstance(event, InputAsked | InputEnded):
+            self._input(event)
         elif isinstance(event, CellFinished):
             self.finish()
         else:  # ClearOut, CallDone: clearing the cell would erase every other rank's output
@@ -210,6 +221,18 @@ class TextRenderer:
     def tick(self) -> None:
         self._show_captured()
         self.flush(final=False)
+
+    def _input(self, event: InputAsked | InputEnded) -> None:
+        """A rank asks for input: what it printed before shows above the prompt (no
+        line waits for its twins), and the status line says who waits on whom."""
+        if isinstance(event, InputAsked):
+            self.flush(final=True, hold_failures=True)
+            self.asking[event.rank] = input_state(event.prompt)
+        else:
+            self.asking.pop(event.rank, None)
+        if self.status is not None:
+            running = sorted(self.running)
+            self.status.set("input", input_line(self.asking, running))
 
     def finish(self) -> None:
         if self.status is not None:  # news while the cell ran: its outcome says it again

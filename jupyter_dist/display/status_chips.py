@@ -2,8 +2,9 @@
 
 A chip (a button that shows its rank's view) shows the rank, its state (queued, running,
 done, error, dead; interrupted, stuck or timeout for a rank stopped rather than failed of
-its own), its time on the cell as a bar against the slowest rank (stragglers stand out),
-and the latest process sample (CPU, memory, GPU) in its tooltip and under it.
+its own; input or debugging for a rank waiting for the person, `input_state`), its time
+on the cell as a bar against the slowest rank (stragglers stand out), and the latest
+process sample (CPU, memory, GPU) in its tooltip and under it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ STYLE = (
  border-color:var(--jp-error-color1,#d9534f)}
 .jd-cell-view .jd-chip:is([data-state=interrupted],[data-state=stuck],[data-state=timeout]){
  background:WARN;border-color:var(--jp-warn-color1,#f0ad4e)}
+.jd-cell-view .jd-chip:is([data-state=input],[data-state=debugging]){background:INPUT;
+ border-color:var(--jp-accent-color1,#9c27b0);border-width:2px}
 .jd-cell-view .jd-chip[data-state=dead]{background:var(--jp-inverse-layout-color3,#3b3b3b);
  border-color:var(--jp-inverse-layout-color1,#000);color:var(--jp-ui-inverse-font-color1,#fff)}
 .jd-cell-view .jd-bar{height:3px;background:var(--jp-brand-color1,#5b9bd5);border-radius:2px;
@@ -55,7 +58,39 @@ STYLE = (
     .replace("DONE", _TINT.format("var(--jp-success-color1,#5cb85c)"))
     .replace("ERROR", _TINT.format("var(--jp-error-color1,#d9534f)"))
     .replace("WARN", _TINT.format("var(--jp-warn-color1,#f0ad4e)"))
+    .replace("INPUT", _TINT.format("var(--jp-accent-color1,#9c27b0)"))
 )
+#: prompts of the debuggers a rank may be in: Python's pdb (also torch's), IPython's
+DEBUGGER_PROMPTS = ("(Pdb)", "ipdb>")
+
+
+def input_state(prompt: str) -> str:
+    """A waiting rank's chip state: ``debugging`` at a debugger's prompt, else ``input``."""
+    return "debugging" if prompt.strip().endswith(DEBUGGER_PROMPTS) else "input"
+
+
+def input_line(asking: dict[int, str], running: list[int]) -> str:
+    """What the cell waits for while ranks ask (``asking``: rank -> `input_state`):
+    ``rank 1 is in the debugger, waiting for you (the prompt below); rank 0 runs on until
+    it waits for it``; empty when none asks."""
+    from jupyter_dist.text import ranks_label
+
+    if not asking:
+        return ""
+    debugging = sorted(r for r, state in asking.items() if state == "debugging")
+    inputs = sorted(r for r, state in asking.items() if state != "debugging")
+    parts = []
+    if debugging:
+        parts.append(f"{ranks_label(debugging)} in the debugger")
+    if inputs:
+        parts.append(f"{ranks_label(inputs)} asking for input")
+    text = f"{' and '.join(parts)}: the prompt is below, one rank at a time"
+    others = sorted(set(running) - set(asking))
+    if others:
+        them = "it" if len(asking) == 1 else "them"
+        goes = "runs on until it waits" if len(others) == 1 else "run on until they wait"
+        text += f"; {ranks_label(others)} {goes} for {them}"
+    return text
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 The control plane runs the cell on its loop thread; this module waits in the notebook's
 main thread, rendering events as they come. A KeyboardInterrupt (the user pressed
-stop) interrupts every rank, keeps drawing while they wind down, then re-raises.
+stop) interrupts every rank, keeps drawing while they wind down, then re-raises. Ranks'
+input requests are asked here too, in the notebook's own input box
+(`notebook.input_desk`), drawing the cell while a prompt is open.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from jupyter_dist.common.events import (
 from jupyter_dist.control.event_queue import EventQueue
 from jupyter_dist.control.rank_group import RankGroup
 from jupyter_dist.errors import CellInterrupted, RanksFailed
+from jupyter_dist.notebook.input_desk import InputDesk, stdin_kernel
 from jupyter_dist.notebook.owners import SessionOwner
 from jupyter_dist.text import ranks_label
 
@@ -52,18 +55,65 @@ def drive(
     sink: queue.SimpleQueue[CellEvent],
     renderer: Renderer,
     on_interrupt: Callable[[], None] | None = None,
+    desk: InputDesk | None = None,
 ) -> bool:
     """Render events until ``future`` is done; return whether the user interrupted.
+    ``desk``: where the ranks' input requests are asked (none: nobody answers them).
 
     Events that came in while the renderer was busy (a slow redraw) are all handled before
     its next tick: a tick must not judge a rank late (and stop waiting to fold its lines
     with the others') only because the notebook thread had not read them yet.
     """
     try:
-        return _drive(future, sink, renderer, on_interrupt)
+        return _drive(future, sink, renderer, on_interrupt, desk)
     finally:
         if isinstance(sink, EventQueue):
             sink.close()  # events still to come (an interrupted cell's) go nowhere
+
+
+class _Events:
+    """The events read from the sink and not handled yet, and how each is handled."""
+
+    def __init__(
+        self, sink: queue.SimpleQueue[CellEvent], renderer: Renderer, desk: InputDesk | None
+    ) -> None:
+        self.sink = sink
+        self.renderer = renderer
+        self.desk = desk
+        self.backlog: collections.deque[CellEvent] = collections.deque()
+        self.last_tick = time.monotonic()
+
+    def take(self, wait: float) -> None:
+        """Read what the sink holds, waiting up to ``wait`` for a first event."""
+        sink, backlog = self.sink, self.backlog
+        with contextlib.suppress(queue.Empty):
+            backlog.append(sink.get(timeout=wait) if wait else sink.get_nowait())
+        if isinstance(sink, EventQueue):
+            backlog.extend(sink.take_all())
+        else:
+            for _ in range(sink.qsize()):
+                backlog.append(sink.get_nowait())
+
+    def show(self, event: CellEvent) -> None:
+        if self.desk is not None:
+            self.desk.note(event)
+        self.renderer.handle(event)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self.last_tick >= POLL_S:  # steady output must not starve the redraws
+            self.last_tick = now
+            self.renderer.tick()
+
+    def pump(self) -> bool:
+        """While a prompt is open: draw what came, leaving the cell's end to `_drive`;
+        False once the cell ended."""
+        self.take(0)
+        backlog = self.backlog
+        while backlog and not isinstance(backlog[0], CellFinished | CallDone):
+            self.show(backlog.popleft())
+        self.tick()
+        return not backlog
 
 
 def _drive(
@@ -71,28 +121,23 @@ def _drive(
     sink: queue.SimpleQueue[CellEvent],
     renderer: Renderer,
     on_interrupt: Callable[[], None] | None,
+    desk: InputDesk | None = None,
 ) -> bool:
     interrupted_at: float | None = None
     future.add_done_callback(lambda _: sink.put(CallDone()))
-    backlog: collections.deque[CellEvent] = collections.deque()
+    events = _Events(sink, renderer, desk)
+    backlog = events.backlog
     call_done = False
-    last_tick = time.monotonic()
     while True:
         try:
             if not backlog:
-                with contextlib.suppress(queue.Empty):
-                    backlog.append(sink.get(timeout=POLL_S))
-                if isinstance(sink, EventQueue):
-                    backlog.extend(sink.take_all())
-                else:
-                    for _ in range(sink.qsize()):
-                        backlog.append(sink.get_nowait())
+                events.take(POLL_S)
             while backlog:
                 event = backlog.popleft()
                 if isinstance(event, CallDone):
                     call_done = True
                     continue
-                renderer.handle(event)
+                events.show(event)
                 if isinstance(event, CellFinished):
                     if interrupted_at is not None:
                         # the loop puts CellFinished just before the call returns: the
@@ -100,18 +145,21 @@ def _drive(
                         concurrent.futures.wait([future], timeout=FINISH_WAIT_S)
                         return True
                     return False
+            if desk is not None and interrupted_at is None and desk.ready():
+                renderer.tick()  # what the rank printed before it asked, above the prompt
+                desk.serve(events.pump)
+                continue
             if call_done and sink.empty():
                 return interrupted_at is not None
-            now = time.monotonic()
-            if now - last_tick >= POLL_S:  # steady output must not starve the redraws
-                last_tick = now
-                renderer.tick()
+            events.tick()
             if interrupted_at and time.monotonic() - interrupted_at > INTERRUPT_WAIT_S:
                 return True
         except KeyboardInterrupt:
             if interrupted_at is not None or on_interrupt is None:
                 return True  # a second interrupt: stop waiting for the ranks
             interrupted_at = time.monotonic()
+            if desk is not None:
+                desk.drop()  # the ranks asking are interrupted too
             on_interrupt()
 
 
@@ -131,7 +179,10 @@ def run_cell(
     The result is read from the cell's `CellFinished` event, which the loop puts just
     before its call returns, without waiting for the loop thread to hand the call's end
     over as well (a thread switch, half a millisecond of a quick cell)."""
-    future = control.loop.submit(session.execute(code, ranks, sink, timeout, execution_count))
+    kernel = stdin_kernel()
+    future = control.loop.submit(
+        session.execute(code, ranks, sink, timeout, execution_count, kernel is not None)
+    )
 
     def interrupt() -> None:
         control.loop.submit(session.stop_cell(ranks))
@@ -140,7 +191,16 @@ def run_cell(
         )
 
     finished = _FinishNoted(renderer)
-    interrupted = drive(future, sink, finished, interrupt)
+    desk = None
+    if kernel is not None:
+        loop = control.loop.loop
+
+        def answer(rank: int, value: str) -> None:
+            loop.call_soon_threadsafe(session.answer_input, rank, value)
+
+        chosen = ranks if ranks is not None else sorted(session.ranks)
+        desk = InputDesk(kernel, chosen, answer, finished.handle)
+    interrupted = drive(future, sink, finished, interrupt, desk)
     if interrupted:
         renderer.finish()
         raise interrupted_error(control, session, future, ranks).shown_above(finished.failed)

@@ -81,6 +81,8 @@ PARSED_LINES = 32
 DIST_HELP: dict[str, str] = {
     "status": "the sessions, their ranks and what each is doing",
     "stacks": "where every rank is right now (also while ranks hang in a collective)",
+    "debug": "[--rank N] open pdb on the traceback of the last failed cell, on its "
+    "root-cause rank (or rank N), as %debug does in one kernel",
     "attach NAME": "make session NAME this notebook's session",
     "shutdown": "stop the session's ranks (--all: every session)",
     "restart": "start the session's ranks afresh, same shape (their variables are lost)",
@@ -887,6 +889,13 @@ class DistMagics(Magics):
         default=None,
         help="sync: the ranks copied to (default: those the last heal replaced, else every other)",
     )
+    @argument(
+        "--rank",
+        type=_count(0, MAX_WORLD_SIZE - 1, "a rank"),
+        default=None,
+        help="debug: the rank whose last traceback is debugged (default: the root cause of "
+        "the last failed cell)",
+    )
     @argument("--spares", default=None, help="heal, resize: hosts a node may move to: h1,h2")
     @argument(
         "--nodes",
@@ -1116,6 +1125,21 @@ class DistMagics(Magics):
                 wrong = f"  !! {str(err).removeprefix(profile.where() + ', ')}"
             launcher = launcher_words(profile.launcher)
             print(f"  {name:<{width}}  {launcher:<10}  {described(profile.settings)}{wrong}")
+
+    def _dist_debug(self, args: Any) -> None:
+        """pdb on a rank's last traceback (IPython's ``%debug`` run there), its prompts
+        in the notebook's input box (`notebook.input_desk`)."""
+        session = self._session(args.session)
+        rank = args.rank if args.rank is not None else session.debuggable_rank
+        if rank is None:
+            raise SpecError(
+                f"%dist debug: no cell of this notebook has failed on a rank of session "
+                f"{session.name!r} yet; give the rank to debug with --rank N"
+            )
+        chosen = session.check_ranks([rank])
+        print(f"[jupyter_dist] debugging rank {rank}'s last traceback; q leaves the debugger")
+        sink: queue.SimpleQueue[CellEvent] = EventQueue()
+        run_cell(self.control, session, "%debug", chosen, None, _renderer(chosen), sink)
 
     def _dist_pull(self, args: Any) -> list[Any]:
         if len(args.names) != 1:

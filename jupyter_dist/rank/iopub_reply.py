@@ -180,7 +180,7 @@ class IopubReplies:
                 silent,
                 bool(content.get("store_history", not silent)),
                 content.get("user_expressions") or {},
-                False,
+                bool(content.get("allow_stdin", False)),
                 cell_meta=cell_meta,
                 cell_id=cell_meta.get("cellId"),
             )

@@ -37,6 +37,7 @@ from jupyter_dist.rank import (
     group_sockets,
     interrupt_ack,
     output_log,
+    rank_input,
     stack_dumps,
 )
 from jupyter_dist.rank.iopub_credit import SEND_QUEUE, CreditGate, take_ack
@@ -159,6 +160,18 @@ class RankKernel(IPythonKernel):
         if shell is not None:
             _keep_rich_output(shell)
         self._iopub_replies: IopubReplies | None = None
+        rank_input.use_python_hook()
+
+    def _input_request(self, prompt: str, ident: Any, parent: Any, password: bool = False) -> str:
+        """ipykernel's, addressed to the identity behind the node's relay
+        (`rank.rank_input.reply_to`); an interrupt while a debugger waits for its next
+        command ends the debugging session (`rank.rank_input.quit_debugger`)."""
+        try:
+            rank_input.announce(self, str(prompt), bool(password))
+            return str(super()._input_request(prompt, rank_input.reply_to(ident), parent, password))
+        except KeyboardInterrupt:
+            rank_input.quit_debugger()
+            raise
 
     def pre_handler_hook(self) -> None:
         """SIGINT raises ``KeyboardInterrupt`` during a request, as ipykernel has it, and

@@ -190,3 +190,31 @@ def test_a_silent_cell_makes_no_log_folder_and_names_none() -> None:
     silent.finish()
     assert not silent.logs.folder.exists()
     assert "logs" not in silent.footer_html and "done on rank 0" in silent.footer_html
+
+
+def test_a_rank_in_the_debugger_has_its_chip_and_the_footer_names_who_waits() -> None:
+    from jupyter_dist.common.events import InputAsked, InputEnded, RankStarted
+    from jupyter_dist.display.cell_view import CellView
+
+    view = CellView(
+        "debug", 0, {r: ("h", 0) for r in range(3)}, display=lambda *a, **k: None, live_after=0
+    )
+    view.show()
+    for rank in range(3):
+        view.handle(RankStarted(rank))
+    view.handle(InputAsked(1, "ipdb> "))
+    view.handle(InputAsked(2, "name?"))
+    view.render()
+    assert view.live is not None
+    header = view.live.header.value
+    assert 'data-rank="1" data-state="debugging"' in header
+    assert 'data-rank="2" data-state="input"' in header
+    assert 'data-rank="0" data-state="running"' in header
+    assert "rank 1 in the debugger and rank 2 asking for input" in view.footer_html
+    assert "rank 0 runs on until it waits for them" in view.footer_html
+    view.handle(InputEnded(1, (2,)))
+    view.handle(InputEnded(2))
+    view.render()
+    assert 'data-state="debugging"' not in view.live.header.value
+    assert "in the debugger" not in view.footer_html
+    view.finish()

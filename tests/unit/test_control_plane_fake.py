@@ -83,6 +83,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[KernelStub]:
         timeout: float | None,
         silent: bool = False,
         execution_count: int | None = None,
+        allow_stdin: bool = False,
     ) -> CellResult:
         stub.cells.append((code, list(ranks)))
         failed = next((f for text, f in stub.failures.items() if text in code), ())
