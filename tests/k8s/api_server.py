@@ -2,7 +2,7 @@
 
     python -m tests.k8s.api_server --port 0 --kubeconfig OUT [--deny create:jobs ...]
         [--nodes 2 --node-gpus 0 --node-cpus 4 --node-memory 16Gi] [--workdir DIR]
-        [--node-resource 1:nvidia.com/mig-1g.10gb=7 ...]
+        [--node-resource 1:nvidia.com/mig-1g.10gb=7 ...] [--no-kueue]
 
 What it plays: the API server's REST surface for the kinds in ``kinds.py``: discovery (so
 kr8s finds kinds), create / get / list / patch / delete of namespaced and cluster-scoped
@@ -20,7 +20,8 @@ patch and delete, outside RBAC, as kmock cannot route them), pod logs
 writes a kubeconfig whose user is ``system:serviceaccount:default:notebook``, then prints
 ``READY <url>`` on stdout.
 
-The kubelet, scheduler, Job controller, queue controller (playing Kueue) and garbage
+The kubelet, scheduler, Job controller, queue controller (playing Kueue, whose API group
+``kueue.x-k8s.io`` discovery then lists; ``--no-kueue``: a cluster without it) and garbage
 collector (``kubelet.py``) run in this process as a second client of this HTTP API with
 their own token, which no ``--deny`` touches: they never read the emulator's memory.
 
@@ -196,6 +197,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
     kubelet_token: str
     denied: frozenset[tuple[str, str]] = frozenset()
     pod_log_dir: Path | None = None
+    #: whether Kueue runs: its API group is listed by discovery (its objects are not kept)
+    kueue: bool = True
     #: the namespaces created, by name (kmock cannot route them)
     namespaces: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _versions: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
@@ -214,6 +217,10 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 verbs=set(VERBS),
                 shortnames=set(k.short_names),
                 subresources=set(k.subresources),
+            )
+        if self.kueue:
+            self.resources["kueue.x-k8s.io/v1beta1/workloads"] = kmock.ResourceInfo(
+                namespaced=True, kind="Workload", singular="workload", verbs={"get", "list"}
             )
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
@@ -498,6 +505,7 @@ async def serve(args: argparse.Namespace) -> None:
         kubelet_token=secrets.token_urlsafe(24),
         denied=frozenset(args.deny),
         pod_log_dir=workdir / "logs",
+        kueue=not args.no_kueue,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -520,6 +528,7 @@ async def serve(args: argparse.Namespace) -> None:
             ],
             workdir=workdir,
             api_port=http.port,
+            kueue=not args.no_kueue,
         )
         write_kubeconfig(Path(args.kubeconfig), url, user_token)
         log.info(
@@ -554,6 +563,7 @@ def main(argv: list[str] | None = None) -> None:
         metavar="NODE:NAME=COUNT",
         help="an extended resource node NODE offers (repeatable)",
     )
+    parser.add_argument("--no-kueue", action="store_true", help="no Kueue in this cluster")
     parser.add_argument("--workdir", default=None, help="pod logs, volumes and pods.json")
     args = parser.parse_args(argv)
     if args.nodes < 1:

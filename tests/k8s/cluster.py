@@ -267,10 +267,12 @@ def start_cluster(
     node_cpus: int = 4,
     node_memory: str = "16Gi",
     node_resources: Mapping[int, Mapping[str, int]] | None = None,
+    kueue: bool = True,
 ) -> K8sCluster:
     """Start an emulated cluster whose files live under ``workdir``; return once it serves.
     ``node_resources``: node index -> extended resources it offers besides ``node_gpus``
-    of ``nvidia.com/gpu`` (``{1: {"nvidia.com/mig-1g.10gb": 7}}``)."""
+    of ``nvidia.com/gpu`` (``{1: {"nvidia.com/mig-1g.10gb": 7}}``); ``kueue``: whether
+    Kueue runs there (the emulator's queue controller and its API group)."""
     workdir.mkdir(parents=True, exist_ok=True)
     kubeconfig = workdir / "kubeconfig"
     log_file = workdir / "cluster.log"
@@ -295,6 +297,8 @@ def start_cluster(
     ]
     for spec in deny:
         argv += ["--deny", spec]
+    if not kueue:
+        argv.append("--no-kueue")
     for node, offered in (node_resources or {}).items():
         argv += [
             a for name, n in offered.items() for a in ("--node-resource", f"{node}:{name}={n}")

@@ -1,10 +1,11 @@
 """Fixtures of the emulated Kubernetes cluster (``tests/k8s/api_server.py`` and its kubelet).
 
 * ``k8s_cluster_factory``: ``start(deny=(), nodes=2, node_gpus=0, node_cpus=4,
-  node_memory="16Gi", node_resources=None) -> K8sCluster`` starts a fresh cluster with
-  those options (a denied verb list such as ``["create:jobs"]``, a GPU count per node,
-  other extended resources by node index: ``{1: {"nvidia.com/mig-1g.10gb": 7}}``); every
-  cluster it started is stopped at the end of the module.
+  node_memory="16Gi", node_resources=None, kueue=True) -> K8sCluster`` starts a fresh
+  cluster with those options (a denied verb list such as ``["create:jobs"]``, a GPU count
+  per node, other extended resources by node index: ``{1: {"nvidia.com/mig-1g.10gb":
+  7}}``, ``kueue=False`` for a cluster without Kueue); every cluster it started is stopped
+  at the end of the module.
 * ``k8s_cluster``: one default cluster (2 nodes, 4 CPUs, no GPUs) shared by the module.
 
 Teardown stops the server (its kubelet terminates every pod process), then kills any pod
@@ -37,6 +38,7 @@ def k8s_cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
         node_cpus: int = 4,
         node_memory: str = "16Gi",
         node_resources: Mapping[int, Mapping[str, int]] | None = None,
+        kueue: bool = True,
     ) -> K8sCluster:
         cluster = start_cluster(
             tmp_path_factory.mktemp("k8s"),
@@ -46,6 +48,7 @@ def k8s_cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
             node_cpus=node_cpus,
             node_memory=node_memory,
             node_resources=node_resources,
+            kueue=kueue,
         )
         started.append(cluster)
         _RUNNING.append(cluster)

@@ -80,7 +80,13 @@ class Kubelet:
     """Enter to register nodes and start the loop; exit to stop it and end every pod process."""
 
     def __init__(
-        self, url: str, token: str, nodes: list[NodeShape], workdir: Path, api_port: int
+        self,
+        url: str,
+        token: str,
+        nodes: list[NodeShape],
+        workdir: Path,
+        api_port: int,
+        kueue: bool = True,
     ) -> None:
         self.client = ApiClient(url, token)
         self.nodes = nodes
@@ -90,7 +96,7 @@ class Kubelet:
         self.sandboxes = workdir / "pods"
         self.api_port = api_port
         self.jobs = JobController(self.client)
-        self.queues = QueueController(self.client, nodes)
+        self.queues = QueueController(self.client, nodes) if kueue else None
         self.scheduler = Scheduler(self.client, nodes, self.node_ips)
         self.containers = Containers(workdir)
         self.started: set[str] = set()
@@ -158,7 +164,8 @@ class Kubelet:
         deleted = await collect_garbage(self.client, objects)
         jobs = [j for j in objects["jobs"] if j["metadata"]["uid"] not in deleted]
         pods = [p for p in objects["pods"] if p["metadata"]["uid"] not in deleted]
-        if await self.queues.reconcile(jobs, pods):  # the admitted Jobs' pods now
+        admitted = self.queues is not None and await self.queues.reconcile(jobs, pods)
+        if admitted:  # the admitted Jobs' pods now
             jobs = [
                 j for j in await self.client.list("jobs") if j["metadata"]["uid"] not in deleted
             ]

@@ -231,3 +231,24 @@ def test_a_queued_start_whose_caller_hangs_up_is_undone_by_the_server(
         assert status == 200 and listed == [], listed
     finally:
         stop_server(server)
+
+
+def test_a_queue_on_a_cluster_without_kueue_is_refused_before_anything_is_made(
+    k8s_cluster_factory: Callable[..., K8sCluster],
+    run: Callable[[str], CellOutput],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing would ever admit the Job where Kueue is not installed: the start fails at
+    once (not after --k8s-queue-timeout), naming what is missing."""
+    cluster = k8s_cluster_factory(nodes=1, kueue=False)
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    out = run(
+        f"%%distributed {k8s_flags('--nodes 1 --procs 1 --k8s-queue team')} --session kk\nx = 1"
+    )
+    text = " ".join((out.stdout + out.stderr).split())
+    assert not out.result.success, text
+    assert (
+        f"--k8s-queue team: the cluster at {cluster.url} serves no kueue.x-k8s.io API: Kueue "
+        "is not installed there" in text
+    ), text
+    assert session_objects(cluster, "kk") == {"jobs": [], "secrets": []}

@@ -52,7 +52,12 @@ from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.control.launchers import k8s_manifests as manifests
 from jupyter_dist.control.launchers.base import Launcher, Placement
 from jupyter_dist.control.launchers.dial_back import DialBackLauncher, DialBackListener
-from jupyter_dist.control.launchers.k8s_admission import GangWatch, job_failure, wait_admitted
+from jupyter_dist.control.launchers.k8s_admission import (
+    GangWatch,
+    check_kueue,
+    job_failure,
+    wait_admitted,
+)
 from jupyter_dist.control.launchers.k8s_api import KubeClient
 from jupyter_dist.control.launchers.k8s_refusals import CreateRefusals
 from jupyter_dist.errors import AgentError, SpecError
@@ -187,6 +192,8 @@ class K8sPlacement(Placement):
             )
         listen_host, listen_port, advertise = self._callback(own_pod)
         labels = self._labels = manifests.session_labels(self.spec.name, self.owner)
+        if self.k8s.queue:
+            await check_kueue(client, self.k8s.queue)
         await self._remove_leftovers(client, labels, progress)
 
         self.listener = DialBackListener(

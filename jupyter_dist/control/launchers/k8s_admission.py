@@ -5,6 +5,8 @@ With ``--k8s-queue NAME`` the session's Job is made suspended, with Kueue's queu
 (`k8s_manifests`); Kueue admits a Job only when all its pods fit at once, and then sets
 ``suspend`` false, after which the Job's controller makes the pods. `wait_admitted` waits
 for that, saying "queued in NAME" and for how long, bounded by ``--k8s-queue-timeout``.
+A cluster whose discovery lists no Kueue API (`check_kueue`) is refused before anything
+is made: nothing there would ever admit the Job.
 
 Without a queue nothing stops the scheduler from placing some pods of a session and not
 the others, which then hold their GPUs waiting for pods that may never come. `GangWatch`
@@ -22,8 +24,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jupyter_dist.control.launchers.k8s_api import KubeClient
-from jupyter_dist.errors import AgentError
+from jupyter_dist.errors import AgentError, SpecError
 
+#: Kueue's API group: a cluster that serves it runs Kueue
+KUEUE_GROUP = "kueue.x-k8s.io"
 #: seconds between looks at a queued Job
 POLL_S = 0.5
 #: a queued session says how long it has waited after these many seconds, then every
@@ -51,6 +55,19 @@ def job_failure(job: Mapping[str, Any]) -> str | None:
         if cond.get("type") == "Failed" and cond.get("status") == "True":
             return f"{cond.get('reason') or 'Failed'}: {cond.get('message') or ''}".strip(": ")
     return None
+
+
+async def check_kueue(client: KubeClient, queue: str) -> None:
+    """Refuse ``--k8s-queue`` on a cluster whose discovery lists no Kueue API (one that
+    does not say is given the benefit of the doubt)."""
+    groups = await client.api_groups()
+    if groups is not None and KUEUE_GROUP not in groups:
+        raise SpecError(
+            f"--k8s-queue {queue}: the cluster at {client.url} serves no {KUEUE_GROUP} API: "
+            "Kueue is not installed there, and nothing would ever admit the session's Job. "
+            f"Install Kueue, with a LocalQueue {queue} in namespace {client.namespace}, or "
+            "leave --k8s-queue out"
+        )
 
 
 async def wait_admitted(
@@ -161,4 +178,4 @@ class GangWatch:
         )
 
 
-__all__ = ["GangWatch", "job_failure", "wait_admitted", "waited_text"]
+__all__ = ["KUEUE_GROUP", "GangWatch", "check_kueue", "job_failure", "wait_admitted", "waited_text"]

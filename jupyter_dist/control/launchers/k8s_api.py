@@ -183,6 +183,27 @@ class KubeClient:
                 f"Kubernetes: {what}: cannot reach {self.url} ({type(err).__name__}: {err})"
             ) from None
 
+    async def api_groups(self) -> set[str] | None:
+        """The API groups the server serves (``/apis``, discovery, which every
+        authenticated account may read), or None when it does not say."""
+        import httpx
+        import kr8s
+
+        async def ask() -> Any:
+            async with self.api.call_api("GET", version="", base="/apis") as response:
+                return response.json()
+
+        try:
+            found = await asyncio.wait_for(ask(), CALL_TIMEOUT_S)
+        except (kr8s.ServerError, kr8s.APITimeoutError, asyncio.TimeoutError, httpx.HTTPError):
+            return None
+        except ValueError:  # not JSON
+            return None
+        groups = found.get("groups") if isinstance(found, dict) else None
+        if not isinstance(groups, list):
+            return None
+        return {str(g.get("name")) for g in groups if isinstance(g, dict)}
+
     async def items(
         self, kind: str, selector: Mapping[str, str], namespace: str | None = None
     ) -> list[dict[str, Any]]:
