@@ -252,3 +252,47 @@ def test_a_queue_on_a_cluster_without_kueue_is_refused_before_anything_is_made(
         "is not installed there" in text
     ), text
     assert session_objects(cluster, "kk") == {"jobs": [], "secrets": []}
+
+
+def test_a_gang_waits_past_its_bound_while_an_autoscaler_adds_a_machine(
+    gpu_cluster: K8sCluster, shell: Any
+) -> None:
+    """The pod that fits nowhere gets the cluster autoscaler's TriggeredScaleUp Event (the
+    test plays the autoscaler): the gang is not released at --k8s-gang-timeout, the cell
+    says why it waits on, and only --k8s-timeout ends the start."""
+    cluster = gpu_cluster
+    flags = k8s_flags(
+        f"--nodes 2 --gpus 1 --k8s-gpu-resource {MIG} --k8s-gang-timeout 4 --k8s-timeout 8"
+    )
+
+    def autoscaler(printed: Callable[[], str], done: threading.Event) -> None:
+        while not done.is_set():
+            for pod in cluster.list("pods", label_selector=f"{m.SESSION_LABEL}=kscale"):
+                if pod["metadata"]["labels"][m.COMPLETION_INDEX_LABEL] == "1":
+                    name = pod["metadata"]["name"]
+                    cluster.create(
+                        "events",
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Event",
+                            "metadata": {"name": f"{name}.scale-up"},
+                            "involvedObject": {"kind": "Pod", "name": name, "namespace": "default"},
+                            "reason": "TriggeredScaleUp",
+                            "message": "pod triggered scale-up: [{gpu-pool 0->1 (max: 4)}]",
+                            "type": "Normal",
+                            "source": {"component": "cluster-autoscaler"},
+                        },
+                    )
+                    return
+            time.sleep(0.1)
+
+    out = run_watching(shell, f"%%distributed {flags} --session kscale\nx = 1", autoscaler)
+    text = " ".join((out.stdout + out.stderr + str(out.error)).split())
+    assert not out.result.success, text
+    assert (
+        "node 1: TriggeredScaleUp: pod triggered scale-up: [{gpu-pool 0->1 (max: 4)}] (an "
+        "autoscaler adds a machine: waiting past --k8s-gang-timeout, up to --k8s-timeout)"
+    ) in text, text
+    assert "the session's pods were not all running within 8 s" in text, text
+    assert "Released them all" not in text, text
+    nothing_left(cluster, "kscale", timeout=60)

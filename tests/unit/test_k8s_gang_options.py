@@ -179,7 +179,7 @@ def test_a_released_gang_names_each_waiting_pod_and_the_schedulers_reason() -> N
         },
     }
     bound = {"metadata": {"name": "jd-train-a1b2c-0-bb7rt"}, "spec": {"nodeName": "gpu-0"}}
-    watch.check({0: bound, 1: unschedulable})  # within the bound: no error yet
+    assert list(watch.waiting({0: bound, 1: unschedulable})) == [1, 2]
     assert not watch.placed
     assert watch.text({1: unschedulable, 2: None}) == (
         "Kubernetes: 2 of the session's 3 pods were not on a machine within 60 s "
@@ -191,6 +191,6 @@ def test_a_released_gang_names_each_waiting_pod_and_the_schedulers_reason() -> N
         "--node-selector), or give --k8s-queue NAME: Kueue admits the pods all at once, when "
         "they fit"
     )
-    watch.check({0: bound, 1: bound, 2: bound})
+    assert watch.waiting({0: bound, 1: bound, 2: bound}) == {}
     assert watch.placed
     assert [waited_text(s) for s in (4, 75, 3720)] == ["4 s", "1 min", "1 h 2 min"]

@@ -292,6 +292,7 @@ class K8sPlacement(Placement):
         (`GangWatch`)."""
         began = time.monotonic()
         gang = GangWatch(client.namespace, self.name, self.spec.nodes, self.k8s.gang_timeout)
+        said_scaling = ""
         said = ""
         reasons: dict[int, str] = {}
         stuck_since: dict[int, float] = {}
@@ -323,7 +324,10 @@ class K8sPlacement(Placement):
             if now != said:
                 progress(now)
                 said = now
-            gang.check(by_index)
+            scaling = await gang.check(client, by_index)
+            if scaling and scaling != said_scaling:
+                progress(scaling)
+                said_scaling = scaling
             ready = [by_index.get(i) for i in range(self.spec.nodes)]
             if all(
                 p is not None

@@ -13,7 +13,10 @@ the others, which then hold their GPUs waiting for pods that may never come. `Ga
 gives the gang ``--k8s-gang-timeout`` from the Job's making (or admission) for every pod
 to be bound to a machine; past it the start fails naming each pod still waiting and the
 scheduler's reason (its PodScheduled condition), and the placement deletes the Job, its
-pods and its Secret, so none of them holds a machine.
+pods and its Secret, so none of them holds a machine. A waiting pod for which the
+cluster's autoscaler is adding a machine (its ``TriggeredScaleUp`` Event, the cluster
+autoscaler's, or Karpenter's ``Nominated``) is waited for past that bound, within
+``--k8s-timeout``: a new machine takes minutes.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from jupyter_dist.errors import AgentError, SpecError
 
 #: Kueue's API group: a cluster that serves it runs Kueue
 KUEUE_GROUP = "kueue.x-k8s.io"
+#: a pod's Events saying an autoscaler adds a machine for it: the cluster autoscaler's,
+#: Karpenter's
+SCALE_UP_REASONS = ("TriggeredScaleUp", "Nominated")
+#: seconds between two reads of the waiting pods' Events
+EVENTS_S = 2.0
 #: seconds between looks at a queued Job
 POLL_S = 0.5
 #: a queued session says how long it has waited after these many seconds, then every
@@ -133,6 +141,33 @@ def _not_scheduled(pod: Mapping[str, Any] | None) -> str:
     return "not scheduled yet"
 
 
+async def _scaling_up(client: KubeClient, waiting: Mapping[int, Mapping[str, Any] | None]) -> str:
+    """What an autoscaler said it adds for a waiting pod (``""``: none said so, or the
+    account may not list Events)."""
+    names = {
+        str(pod["metadata"]["name"]): index for index, pod in waiting.items() if pod is not None
+    }
+    if not names:
+        return ""
+    said: list[str] = []
+    for reason in SCALE_UP_REASONS:
+        try:
+            found = await client.call("GET", "Event", params={"fieldSelector": f"reason={reason}"})
+        except AgentError:
+            return ""
+        for event in (found or {}).get("items") or []:
+            index = names.get(str((event.get("involvedObject") or {}).get("name")))
+            if index is not None:
+                said.append(f"node {index}: {reason}: {str(event.get('message') or '')[:200]}")
+    if not said:
+        return ""
+    return (
+        "; ".join(sorted(set(said)))
+        + " (an autoscaler adds a machine: waiting past --k8s-gang-timeout, up to "
+        "--k8s-timeout)"
+    )
+
+
 def _pod_name(pod: Mapping[str, Any] | None) -> str:
     return f" (pod {pod['metadata']['name']})" if pod else ""
 
@@ -148,10 +183,14 @@ class GangWatch:
         self.bound = bound
         self.began = time.monotonic()
         self.placed = False
+        self._scaling = ""  # what an autoscaler said it adds, once the bound passed
+        self._read = -EVENTS_S
 
-    def check(self, by_index: Mapping[int, Mapping[str, Any]]) -> None:
-        """Raise, naming each pod not on a machine and why, once the bound has passed
-        with any of them unbound; nothing once all have been bound."""
+    def waiting(
+        self, by_index: Mapping[int, Mapping[str, Any]]
+    ) -> dict[int, Mapping[str, Any] | None]:
+        """The nodes whose pod is not on a machine (None: no pod yet); once there are
+        none, the gang is placed for good."""
         waiting = {
             index: by_index.get(index)
             for index in range(self.nodes)
@@ -159,8 +198,20 @@ class GangWatch:
         }
         if not waiting:
             self.placed = True
+        return waiting
+
+    async def check(self, client: KubeClient, by_index: Mapping[int, Mapping[str, Any]]) -> str:
+        """Raise, naming each pod not on a machine and why, once the bound has passed
+        with any of them unbound, unless an autoscaler is adding a machine for one (then
+        what it said, for the progress); nothing once all have been bound."""
+        waiting = self.waiting(by_index)
         if self.placed or time.monotonic() - self.began <= self.bound:
-            return
+            return ""
+        if time.monotonic() - self._read >= EVENTS_S:
+            self._read = time.monotonic()
+            self._scaling = await _scaling_up(client, waiting)
+        if self._scaling:
+            return self._scaling
         raise AgentError(self.text(waiting))
 
     def text(self, waiting: Mapping[int, Mapping[str, Any] | None]) -> str:
@@ -178,4 +229,12 @@ class GangWatch:
         )
 
 
-__all__ = ["KUEUE_GROUP", "GangWatch", "check_kueue", "job_failure", "wait_admitted", "waited_text"]
+__all__ = [
+    "KUEUE_GROUP",
+    "SCALE_UP_REASONS",
+    "GangWatch",
+    "check_kueue",
+    "job_failure",
+    "wait_admitted",
+    "waited_text",
+]
