@@ -37,6 +37,7 @@ from pathlib import Path
 __all__ = [
     "BASE_PREFIX",
     "Network",
+    "add_node",
     "cleanup_stale",
     "kill_netns",
     "missing_requirements",
@@ -44,6 +45,7 @@ __all__ = [
     "netns_pids",
     "proc_state",
     "read_text",
+    "remove_node",
     "run_checked",
     "tail",
 ]
@@ -203,19 +205,8 @@ def _add_nodes(
     namespaces = tuple(f"{prefix}-n{i}" for i in range(len(hosts)))
     hosts_file = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
     hosts_file += "".join(f"{a}\t{h}\n" for h, a in zip(hosts, addresses, strict=True))
-    for i, ns in enumerate(namespaces):
-        host_if = f"{prefix}-h{i}"
-        _ip("netns", "add", ns)
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        _no_ipv6(host_if)
-        _ip("link", "set", "dev", host_if, "master", bridge, "up")
-        _no_ipv6("eth0", ns)
-        _ip("-n", ns, "addr", "add", f"{addresses[i]}/24", "dev", "eth0")
-        _ip("-n", ns, "link", "set", "dev", "eth0", "up")
-        _ip("-n", ns, "link", "set", "dev", "lo", "up")
-        etc = ETC_NETNS / ns
-        etc.mkdir(parents=True, exist_ok=True)
-        (etc / "hosts").write_text(hosts_file)
+    for i in range(len(hosts)):
+        _add_namespace(prefix, i, addresses[i], hosts_file)
     return Network(
         prefix=prefix,
         hosts=hosts,
@@ -225,6 +216,45 @@ def _add_nodes(
         bridge_address=f"{subnet}.{BRIDGE_HOST}",
         first_kill=first_kill,
     )
+
+
+def _add_namespace(prefix: str, i: int, address: str, hosts_file: str) -> str:
+    """Node ``i``'s namespace ``PREFIX-nI`` at ``address``, joined to the bridge."""
+    ns, host_if = f"{prefix}-n{i}", f"{prefix}-h{i}"
+    _ip("netns", "add", ns)
+    _ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    _no_ipv6(host_if)
+    _ip("link", "set", "dev", host_if, "master", f"{prefix}-br", "up")
+    _no_ipv6("eth0", ns)
+    _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+    _ip("-n", ns, "link", "set", "dev", "eth0", "up")
+    _ip("-n", ns, "link", "set", "dev", "lo", "up")
+    etc = ETC_NETNS / ns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text(hosts_file)
+    return ns
+
+
+def add_node(prefix: str, bridge_address: str, i: int, host: str) -> tuple[str, str]:
+    """Node ``i`` (past the network's first nodes) added to network ``prefix`` while it
+    runs, as a machine a cloud starts: its namespace and address (``.i+1`` of the
+    network's /24). The network's teardown removes it with the rest; `remove_node` before.
+    Other nodes' ``/etc/hosts`` do not name it."""
+    address = f"{bridge_address.rsplit('.', 1)[0]}.{i + 1}"
+    hosts_file = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    hosts_file += f"{address}\t{host}\n"
+    with _host_lock():
+        return _add_namespace(prefix, i, address, hosts_file), address
+
+
+def remove_node(prefix: str, i: int) -> None:
+    """Node ``i`` of network ``prefix`` gone: its processes killed, its link, namespace and
+    ``/etc/netns`` folder removed (what is gone already is fine)."""
+    ns = f"{prefix}-n{i}"
+    kill_netns(ns)
+    _ip_quiet("link", "del", f"{prefix}-h{i}")
+    _ip_quiet("netns", "del", ns)
+    shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
 
 
 def _allow_bridged_forwarding(prefix: str, bridge: str) -> None:

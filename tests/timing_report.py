@@ -37,7 +37,7 @@ FOLDER_BUDGETS_S: dict[str, float] = {
     "unit": 90,
     "integration": 1500,
     "multinode": 440,
-    "ray": 615,
+    "ray": 670,
     "k8s": 330,
     "slurm": 60,
     "browser": 380,

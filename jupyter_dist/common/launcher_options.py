@@ -38,6 +38,7 @@ OPTIONS: dict[str, dict[str, str]] = {
         "--ray-cpus": "CPUs each node's Ray bundle holds",
         "--ray-gpus": "GPUs each node's Ray bundle holds",
         "--ray-timeout": "seconds to wait for the Ray cluster to have room",
+        "--ray-resources": "custom resources and accelerator type each node's Ray bundle holds",
     },
     "k8s": {
         "--namespace": "the namespace of the pods",
@@ -80,6 +81,7 @@ INSTEAD: dict[tuple[str, str], str] = {
     ("--ray-timeout", "k8s"): "use --k8s-timeout VALUE",
     ("--ray-runtime-env", "k8s"): "use --image (one with what the ranks need) or --pod-template",
     ("--ray-address", "k8s"): "use --context (a kubeconfig context) to name the cluster",
+    ("--ray-resources", "k8s"): "use --pod-template (the pods' resources and node affinity)",
     ("--cpus", "ssh"): "use --procs P (CPU ranks per node)",
     ("--cpus", "slurm"): "use --procs P (CPU ranks per node); the allocation holds the CPUs",
 }

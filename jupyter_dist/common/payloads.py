@@ -67,6 +67,7 @@ class RaySpecJSON(TypedDict):
     cpus: int
     gpus: int | None
     timeout: float | None
+    resources: str
 
 
 class K8sSpecJSON(TypedDict):

@@ -149,6 +149,7 @@ def _ray_spec(args: Any) -> RaySpec | None:
         args.ray_cpus,
         args.ray_gpus,
         args.ray_timeout,
+        args.ray_resources,
     )
     if not args.ray and all(v is None for v in flags):
         return None
@@ -164,6 +165,7 @@ def _ray_spec(args: Any) -> RaySpec | None:
             if args.ray_timeout is None
             else parse_seconds("--ray-timeout", args.ray_timeout, MAX_WAIT_S)
         ),
+        resources=args.ray_resources or "",
     )
 
 
@@ -468,8 +470,15 @@ class DistMagics(Magics):
     @argument(
         "--ray-timeout",
         default=None,
-        help="seconds to wait for the Ray cluster to have room for the nodes (default: the "
-        "session's start timeout; implies --ray)",
+        help="seconds to wait for the Ray cluster to have room for the nodes, or for Ray's "
+        "autoscaler to add nodes (default: the session's start timeout; implies --ray)",
+    )
+    @argument(
+        "--ray-resources",
+        default=None,
+        help="what else each node's bundle holds, as Ray's resources={...}: NAME=AMOUNT,... "
+        "or a JSON object, e.g. TPU=4 or '{\"my_resource\": 2}'; accelerator_type=A100 as "
+        "Ray's accelerator_type= (implies --ray)",
     )
     @argument(
         "--k8s",

@@ -99,6 +99,7 @@ RAY_FIELDS: dict[str, tuple[type, ...]] = {
     "cpus": (int,),
     "gpus": (int,),  # absent or null: each node's --gpus count
     "timeout": (int, float),  # seconds to wait for room; absent or null: the start timeout
+    "resources": (str,),  # --ray-resources: NAME=AMOUNT,... or JSON text of an object
 }
 #: ``k8s`` field -> the JSON types it may have (`K8sSpec` checks the values); absent or
 #: null: the ``--k8s`` option's default

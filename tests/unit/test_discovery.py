@@ -116,12 +116,14 @@ def test_a_shape_request_survives_the_trip_through_json() -> None:
 def test_a_ray_request_survives_the_trip_through_json() -> None:
     """What the magic sends for ``--ray ...`` is what the server parses: the ``ray``
     object goes through whole."""
-    ray = RaySpec("head:6379", "PACK", '{"pip": ["jupyter_dist"]}', cpus=2, gpus=0)
+    ray = RaySpec(
+        "head:6379", "PACK", '{"pip": ["jupyter_dist"]}', cpus=2, gpus=0, resources="TPU=1"
+    )
     request = ShapeRequest(nodes=2, procs=2, launcher="ray", ray=ray)
     sent = json.loads(json.dumps({"name": "r", **request.to_json()}))
     assert sent["ray"] == {
         "address": "head:6379", "strategy": "PACK", "runtime_env": '{"pip": ["jupyter_dist"]}',
-        "cpus": 2, "gpus": 0, "timeout": None,
+        "cpus": 2, "gpus": 0, "timeout": None, "resources": "TPU=1",
     }  # fmt: skip
     assert shape_from_json(sent).shape == request
     # the sidebar's form leaves the address and the GPUs unsaid, and may write the

@@ -13,6 +13,7 @@ from jupyter_dist.common.ray_options import (
     RaySpec,
     address_origin,
     check_strategy,
+    parse_resources,
     parse_runtime_env,
     resolve_ray_address,
 )
@@ -120,3 +121,55 @@ def test_quantities_are_bounded_and_a_huge_one_is_named_short_with_the_range() -
         _ray_spec(magics._cell_args("--ray-gpus two"))
     spec = _ray_spec(magics._cell_args("--ray-cpus 4 --ray-gpus 0 --ray-timeout 90"))
     assert spec is not None and (spec.cpus, spec.gpus, spec.timeout) == (4, 0, 90.0)
+
+
+def test_custom_resources_and_an_accelerator_type_as_ray_takes_them() -> None:
+    assert parse_resources("TPU=4, my_res=0.5,accelerator_type=A100") == {
+        "TPU": 4.0,
+        "my_res": 0.5,
+        "accelerator_type:A100": 0.001,  # Ray's accelerator_type="A100"
+    }
+    assert parse_resources('{"TPU": 1, "accelerator_type": "H100"}') == {
+        "TPU": 1.0,
+        "accelerator_type:H100": 0.001,
+    }
+    assert parse_resources("accelerator_type:A100=1") == {"accelerator_type:A100": 1.0}
+    assert parse_resources("  ") == {}
+    # typed in a cell: it implies --ray, and every bundle holds them
+    spec = _ray_spec(DistMagics(None)._cell_args("--ray-resources TPU=2"))
+    assert spec is not None and spec.resources_dict() == {"TPU": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("CPU=2", "--ray-resources 'CPU=2': 'CPU': use --ray-cpus N for each bundle's CPUs"),
+        ("gpu=1", "--ray-resources 'gpu=1': 'gpu': use --ray-gpus N for each bundle's GPUs"),
+        ("TPU", "--ray-resources 'TPU': 'TPU' has no '='; expected NAME=AMOUNT,..."),
+        ("TPU=0", "--ray-resources 'TPU=0': TPU='0': expected an amount above 0 and at most"),
+        ("TPU=-1", "--ray-resources 'TPU=-1': TPU='-1': expected an amount above 0"),
+        ("TPU=nan", "--ray-resources 'TPU=nan': TPU='nan': expected an amount above 0"),
+        ("TPU=1e400", "--ray-resources 'TPU=1e400': TPU='1e400': expected an amount above 0"),
+        ("TPU=2.5", "--ray-resources 'TPU=2.5': TPU='2.5': an amount above 1 must be whole"),
+        ("x=0.00001", "--ray-resources 'x=0.00001': x='0.00001': expected a multiple of 0.0001"),
+        ("a b=1", "--ray-resources 'a b=1': 'a b' is not a resource name"),
+        ("-x=1", "--ray-resources '-x=1': '-x' is not a resource name"),
+        ("x=1,x=2", "--ray-resources 'x=1,x=2': 'x' is given twice"),
+        ("accelerator_type=", "--ray-resources 'accelerator_type=': accelerator_type='': expected"),
+        ('{"x": true}', "--ray-resources '{\"x\": true}': x=True: expected an amount above 0"),
+        ('{"x": 1', "--ray-resources '{\"x\": 1': not JSON (Expecting ',' delimiter"),
+        (
+            ",".join(f"r{i}=1" for i in range(40)),
+            "--ray-resources 'r0=1,r1=1,r2=1,r3=1,r4=1,r5=1,'... (229 characters): 40 resources; "
+            "expected at most 32",
+        ),
+        (
+            "x" * 5000 + "=1",
+            "--ray-resources 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (5002 characters)",
+        ),
+    ],
+)
+def test_bad_resources_name_the_value_and_what_is_expected(text: str, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        RaySpec(resources=text)
+    assert str(caught.value).startswith(message), caught.value

@@ -2,7 +2,8 @@
 
 ``%%distributed --ray --nodes 2 --gpus 4`` asks Ray for one placement group with one bundle
 per node (``STRICT_SPREAD``: one machine each, unless ``--ray-strategy`` says otherwise),
-each holding the node's GPUs and ``--ray-cpus`` CPUs. One actor per bundle
+each holding the node's GPUs, ``--ray-cpus`` CPUs and any ``--ray-resources`` (custom
+resources, an accelerator type). One actor per bundle
 (``node.ray_host``) starts the node's ``jupyter_dist.node.dial_back`` process, which
 connects to this side's `DialBackListener` over SSH (encrypted, both ends proven by the
 session's fresh keys) and runs the node's agent exactly as on SSH nodes: the GPUs are the
@@ -70,9 +71,10 @@ def owner_id() -> str:
 
 
 def bundles(spec: SessionSpec) -> list[dict[str, float]]:
-    """Each node's bundle: its GPUs (``--ray-gpus``, else its ``--gpus`` count, else none)
-    and ``--ray-cpus`` CPUs."""
+    """Each node's bundle: its GPUs (``--ray-gpus``, else its ``--gpus`` count, else none),
+    ``--ray-cpus`` CPUs and the ``--ray-resources``."""
     ray = spec.ray or RaySpec()
+    extra = ray.resources_dict()
     out = []
     for node in range(spec.nodes):
         gpus = (
@@ -85,6 +87,7 @@ def bundles(spec: SessionSpec) -> list[dict[str, float]]:
         bundle: dict[str, float] = {"CPU": float(ray.cpus)}
         if gpus:
             bundle["GPU"] = float(gpus)
+        bundle.update(extra)
         out.append(bundle)
     return out
 

@@ -24,7 +24,6 @@ from jupyter_dist.control.launchers.ray_cluster import (
     cluster_text,
     free_nodes,
     group_name,
-    infeasible,
 )
 from jupyter_dist.control.launchers.ray_driver_nodes import (
     PROGRESS_EVERY_S,
@@ -263,9 +262,7 @@ class Driver(PlacedSession):
             ask += " beside the session's other nodes"
             selector = [{NODE_ID_LABEL_KEY: held[0]}] * len(bundles)
             others = [n for n in nodes if str(n.get("NodeID")) == held[0]]
-        why = infeasible(bundles, self.strategy, others)
-        if why is not None:
-            raise PlacementError(f"cannot place {ask}: {why}; {cluster_text(nodes)}")
+        scaler = self.autoscaler_for(bundles, ask, nodes, others)
         self.grows += 1
         name = f"{group_name(self.owner, self.session)}/grown-{self.grows}"
         group = placement_group(
@@ -273,7 +270,9 @@ class Driver(PlacedSession):
         )
         emit("progress", text=f"nodes {first}-{first + len(bundles) - 1}: asking Ray for {ask}")
         try:
-            self._wait_ready(group, bundles, ask, timeout, apart=held if selector else ())
+            self._wait_ready(
+                group, bundles, ask, timeout, apart=held if selector else (), scaler=scaler
+            )
         except BaseException:
             from ray.util import remove_placement_group
 

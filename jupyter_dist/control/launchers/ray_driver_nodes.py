@@ -1,11 +1,13 @@
 """One session's nodes placed on a Ray cluster by its driver, watched, and given back.
 
 `PlacedSession` makes the session's placement group (one bundle per node) and waits for
-it, saying what it waits for, starts one actor per bundle (``node.ray_host``), whose
-node dials back to the owner's listener, watches the actors until the session stops, and
-gives everything back. Its subclass ``ray_driver_changes.Driver`` places a lost node again
-and resizes a live session. The driver speaks JSON lines on stdout (`emit`); a session
-that cannot be placed is a `PlacementError`, and Ray's own errors are said by `explain`.
+it, saying what it waits for (Ray's autoscaler to add a node, where no live node can
+hold a bundle and the cluster has one: `ray_autoscale`), starts one actor per bundle
+(``node.ray_host``), whose node dials back to the owner's listener, watches the actors
+until the session stops, and gives everything back. Its subclass
+``ray_driver_changes.Driver`` places a lost node again and resizes a live session. The
+driver speaks JSON lines on stdout (`emit`); a session that cannot be placed is a
+`PlacementError`, and Ray's own errors are said by `explain`.
 
 Part of the session's driver process (``ray_driver``): Ray is imported inside functions.
 """
@@ -21,6 +23,13 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from jupyter_dist._version import __version__
+from jupyter_dist.control.launchers.ray_autoscale import (
+    Autoscaler,
+    never,
+    read_autoscaler,
+    types_text,
+    waiting_text,
+)
 from jupyter_dist.control.launchers.ray_cluster import (
     actor_name,
     ask_text,
@@ -91,12 +100,37 @@ class PlacedSession:
             emit("progress", text=f"removed what an earlier run left: {', '.join(left)}")
         nodes = cluster_nodes()
         ask = ask_text(self.bundles, self.strategy)
-        why = infeasible(self.bundles, self.strategy, nodes)
-        if why is not None:
-            raise PlacementError(f"cannot place {ask}: {why}; {cluster_text(nodes)}")
+        scaler = self.autoscaler_for(self.bundles, ask, nodes, nodes)
         self.group = placement_group(self.bundles, strategy=self.strategy, name=name)
         self.homes = [(self.group, index) for index in range(len(self.bundles))]
-        self._wait_ready(self.group, self.bundles, ask, self.timeout)
+        self._wait_ready(self.group, self.bundles, ask, self.timeout, scaler=scaler)
+
+    def autoscaler_for(
+        self,
+        bundles: Sequence[Mapping[str, float]],
+        ask: str,
+        nodes: Sequence[Mapping[str, Any]],
+        among: Sequence[Mapping[str, Any]],
+    ) -> Autoscaler | None:
+        """None where the live nodes ``among`` could hold ``bundles``; the cluster's
+        autoscaler where they cannot but one of its node types could (the placement group
+        asks it); `PlacementError` naming the ask, the cluster and any node types where
+        nothing could ever hold them."""
+        why = infeasible(bundles, self.strategy, among)
+        if why is None:
+            return None
+        scaler = read_autoscaler()
+        if scaler is None:
+            raise PlacementError(f"cannot place {ask}: {why}; {cluster_text(nodes)}")
+        beyond = never(bundles, self.strategy, among, scaler)
+        if beyond is not None:
+            also = "" if beyond == why else f" ({beyond})"
+            raise PlacementError(
+                f"cannot place {ask}: {why}, nor with every node Ray's autoscaler can add"
+                f"{also}; {cluster_text(nodes)}; its node types: {types_text(scaler.types)}"
+            )
+        emit("progress", text=f"no node can hold it now: asking Ray's autoscaler for {ask}")
+        return scaler
 
     def _wait_ready(
         self,
@@ -105,9 +139,11 @@ class PlacedSession:
         ask: str,
         timeout: float,
         apart: Collection[str] = (),
+        scaler: Autoscaler | None = None,
     ) -> None:
         """Until ``group`` is placed, saying how many nodes have room (none of ``apart``,
-        Ray node ids) while it waits; `PlacementError` after ``timeout`` seconds."""
+        Ray node ids) while it waits, or, with ``scaler``, what Ray's autoscaler is asked
+        to add; `PlacementError` after ``timeout`` seconds."""
         import ray
 
         deadline = time.monotonic() + timeout
@@ -116,6 +152,15 @@ class PlacedSession:
 
         def room(nodes: list[dict[str, Any]]) -> int:
             return free_nodes(bundles, [n for n in nodes if str(n.get("NodeID")) not in apart])
+
+        def waiting(nodes: list[dict[str, Any]]) -> str:
+            """``for ASK: N node(s) have room now``, or ``for Ray's autoscaler to add a
+            node for ... (node type ...), to place ASK``."""
+            if scaler is not None:
+                among = [n for n in nodes if str(n.get("NodeID")) not in apart]
+                asked = waiting_text(bundles, among, read_autoscaler() or scaler)
+                return f"{asked.removeprefix('waiting ')}, to place {ask}"
+            return f"for {ask}: {room(nodes)} node(s) have room now"
 
         while True:
             ready, _ = ray.wait([group.ready()], timeout=1.0)
@@ -127,15 +172,12 @@ class PlacedSession:
             if now >= deadline:
                 nodes = cluster_nodes()
                 raise PlacementError(
-                    f"waited {timeout:.0f} s for {ask}: {room(nodes)} node(s) have room "
-                    f"now; {cluster_text(nodes)}"
+                    f"waited {timeout:.0f} s {waiting(nodes)}; {cluster_text(nodes)}"
                 )
             if now - looked >= PROGRESS_EVERY_S:
                 looked = now
                 nodes = cluster_nodes()
-                text = f"waiting for {ask}: {room(nodes)} node(s) have room now; " + cluster_text(
-                    nodes
-                )
+                text = f"waiting {waiting(nodes)}; {cluster_text(nodes)}"
                 if text != last or now - said >= PROGRESS_REPEAT_S:
                     emit("progress", text=text)
                     last, said = text, now
@@ -186,6 +228,8 @@ class PlacedSession:
             "name": actor_name(self.owner, self.session, index),
             "num_cpus": bundle.get("CPU", 0),
             "num_gpus": bundle.get("GPU", 0),
+            # the bundle's custom resources are the actor's (Ray gives it their ids: TPUs)
+            "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
             "max_restarts": 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=in_group
