@@ -44,6 +44,7 @@ from jupyter_dist.common.wire_names import (
     OBJECTS_TARGET,
 )
 from jupyter_dist.control import zmq_frames
+from jupyter_dist.control.debugger_pause import paused_after
 from jupyter_dist.errors import PushError, SessionError
 
 if TYPE_CHECKING:
@@ -156,6 +157,10 @@ class RankClient:
         self.others_code_since: float | None = None
         #: when that code last ended (0.0: none ran since this client was made)
         self.others_code_ended = 0.0
+        #: since when JupyterLab's debugger (a console's) holds the kernel paused at a
+        #: breakpoint or a step, as its ``debug_event`` messages on IOPub say; None while
+        #: it does not (`paused_after`)
+        self.debugger_paused_since: float | None = None
         self._others_cell: str | None = None
         self._comm_id: str | None = None
         self._comm_waiters: dict[str, asyncio.Future[tuple[dict[str, Any], list[Frame]]]] = {}
@@ -350,6 +355,8 @@ class RankClient:
             if content.get("comm_id") == self._comm_id:
                 self._comm_reply(msg)
                 return None
+        if channel == "iopub" and msg["msg_type"] == "debug_event":
+            self.debugger_paused_since = paused_after(self.debugger_paused_since, msg["content"])
         parent_header = msg.get("parent_header", {})
         parent = parent_header.get("msg_id")
         if (

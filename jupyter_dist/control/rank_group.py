@@ -38,6 +38,7 @@ from jupyter_dist.common.spec import SessionSpec
 from jupyter_dist.common.wire_codec import Encoded
 from jupyter_dist.control.cell_queue import CellQueue, Sender, Turn, TurnKind
 from jupyter_dist.control.cell_tracker import CellTracker
+from jupyter_dist.control.debugger_pause import paused_words
 from jupyter_dist.control.iopub_fan_in import IopubFanIn
 from jupyter_dist.control.node_shell import NodeShell
 from jupyter_dist.control.rank_client import CHANNELS, FanOut, RankClient
@@ -678,7 +679,8 @@ class RankGroup:
                     continue
                 if failed_at or len(busy) == len(run.progress) or said or sink is None:
                     continue
-                if run.asking():  # a person answers it: not a straggler
+                if run.asking() or self._paused_in_debugger(busy):
+                    # a person answers it, or steps through it: not a straggler
                     first_done = None
                     continue
                 first_done = first_done or loop.time()
@@ -837,21 +839,30 @@ class RankGroup:
         self, run: CellTracker, sink: queue.SimpleQueue[CellEvent] | None, shown: list[str]
     ) -> None:
         """One line, updated each tick, while ranks have not begun the cell because a
-        console on them runs code (the cell waits in their queue until that ends); taken
-        away once none does. ``shown`` holds what the line says now."""
+        console on them runs code (the cell waits in their queue until that ends), or
+        while JupyterLab's debugger holds a rank of the cell paused (`debugger_pause`:
+        in the console's code the cell waits behind, or in the cell itself, at a
+        breakpoint in a file it calls); taken away once none does. ``shown`` holds what
+        the line says now."""
         if sink is None:
             return
         now = time.monotonic()
         waiting: dict[int, float] = {}
+        paused: dict[int, float] = {}
         for r, progress in run.progress.items():
             client = self.ranks[r].client
-            if progress.began or progress.finished or client is None:
+            if progress.finished or client is None:
+                continue
+            if client.debugger_paused_since is not None:
+                paused[r] = now - client.debugger_paused_since
                 continue
             since = client.others_code_since
-            if since is not None:
+            if since is not None and not progress.began:
                 waiting[r] = now - since
         text = ""
-        if waiting:
+        if paused:
+            text = paused_words(sorted(paused), max(paused.values()))
+        elif waiting:
             ranks = sorted(waiting)
             verb, them = ("is", "it") if len(ranks) == 1 else ("are", "them")
             text = (
@@ -862,6 +873,14 @@ class RankGroup:
         if text != shown[0]:
             shown[0] = text
             sink.put(Notice(text, transient=True, line=CONSOLE_LINE))
+
+    def _paused_in_debugger(self, ranks: list[int]) -> bool:
+        """Whether any of ``ranks`` is paused in JupyterLab's debugger (a console's)."""
+        for r in ranks:
+            client = self.ranks[r].client
+            if client is not None and client.debugger_paused_since is not None:
+                return True
+        return False
 
     def _others_code_ended(self, rank: int) -> float:
         """When code another client ran on ``rank`` (a console's) last ended."""

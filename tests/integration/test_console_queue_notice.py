@@ -1,6 +1,7 @@
 """A cell that waits on a rank because a console on that rank runs code says so: the
 notice names the rank and the console, and the cell runs there once the console's code
-ends (real rank kernels, a real kernel client as the console)."""
+ends; one whose rank JupyterLab's debugger holds paused says that instead (real rank
+kernels, a real kernel client as the console)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,87 @@ def test_a_cell_queued_behind_a_consoles_code_says_why(session: Session, tmp_pat
         assert text.startswith("rank 1 is queued: running code from a console on it (for ")
         assert "Kernel > Interrupt in that console" in text
     assert printed == "cell on 1\n"
+
+
+class ConsoleDebugger:
+    """JupyterLab's debugger on a console's kernel client: DAP requests on the control
+    channel, their replies there, its events on IOPub."""
+
+    def __init__(self, client: AsyncKernelClient) -> None:
+        self.client = client
+        self.seq = 0
+
+    async def request(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        self.seq += 1
+        content: dict[str, Any] = {"type": "request", "seq": self.seq, "command": command}
+        if arguments is not None:
+            content["arguments"] = arguments
+        msg = self.client.session.msg("debug_request", content)
+        self.client.control_channel.send(msg)
+        while True:
+            reply = await asyncio.wait_for(self.client.get_control_msg(), 60)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                assert reply["content"].get("success"), reply["content"]
+                return reply["content"].get("body", {})
+
+    async def event(self, name: str) -> dict[str, Any]:
+        while True:
+            msg = await asyncio.wait_for(self.client.get_iopub_msg(), 60)
+            if msg["msg_type"] == "debug_event" and msg["content"].get("event") == name:
+                return dict(msg["content"].get("body", {}))
+
+
+async def wait_for_text(sink: NoticeSink, start: str) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = [t for t in sink.console_texts if t.startswith(start)]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the console line never began {start!r}: {sink.console_texts}")
+
+
+def test_a_rank_paused_in_jupyterlabs_debugger_is_said_to_be_and_the_cell_goes_on(
+    session: Session,
+) -> None:
+    """A console's debugger holds rank 1 at a breakpoint: the notebook's cell runs on rank
+    0 at once and says rank 1 is paused in the debugger (not hung), and runs on rank 1
+    once the debugger lets it continue; the debugger breaks nothing of the notebook's."""
+    code = "a = 6\nb = a * 7\nprint('console b', b)"
+
+    async def scenario() -> tuple[str, str]:
+        await session.start()
+        console = console_on(session, 1)
+        debug = ConsoleDebugger(console)
+        try:
+            await debug.request("initialize", {"adapterID": "python", "pathFormat": "path"})
+            await debug.request("attach", {})
+            path = (await debug.request("dumpCell", {"code": code}))["sourcePath"]
+            arguments = {"source": {"path": path}, "breakpoints": [{"line": 3}]}
+            await debug.request("setBreakpoints", arguments)
+            await debug.request("configurationDone")
+            console.execute(code)
+            thread = (await debug.event("stopped"))["threadId"]
+            sink = NoticeSink()
+            cell = asyncio.ensure_future(
+                session.execute("import os; print('cell on', os.environ['RANK'])", sink=sink)
+            )
+            said = await wait_for_text(sink, "rank 1 is paused in JupyterLab's debugger")
+            assert not cell.done()
+            await debug.request("continue", {"threadId": thread})
+            result = await asyncio.wait_for(cell, 60)
+            assert not result.failures, result
+            printed = ""
+            while not sink.empty():
+                event = sink.get()
+                if isinstance(event, StreamOut):
+                    printed += f"[{event.rank}] {event.text}"
+            await debug.request("disconnect", {"restart": False, "terminateDebuggee": False})
+            return said, printed
+        finally:
+            console.stop_channels()
+            await session.shutdown()
+
+    said, printed = asyncio.run(scenario())
+    assert "not hung: Continue in the debugger lets it go on" in said, said
+    assert sorted(printed.splitlines()) == ["[0] cell on 0", "[1] cell on 1"], printed

@@ -19,6 +19,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from jupyter_dist.rank.console_guard import ALLOW
 
+from .debug_protocol import DebugClient
 from .server_process import API, Server, start_server, stop_server, wait_for
 
 pytestmark = pytest.mark.slow
@@ -258,3 +259,61 @@ def test_a_collective_in_a_console_is_refused_unrun_unless_allowed(
         "GET", f"{API}/sessions/{session}/ranks/1/log?kind=output"
     )  # what it showed
     assert status == 200 and "CollectiveInConsole" in json.dumps(logged), logged
+
+
+def test_jupyterlabs_debugger_pauses_a_rank_console_cell_at_its_breakpoint(
+    server: Server, session: str, tmp_path: Path
+) -> None:
+    """The Debug Adapter Protocol as JupyterLab drives it, through the server's websocket:
+    the rank advertises its debugger, a breakpoint in a console cell pauses rank 1 there
+    with its variables and stack, rank 0 runs on meanwhile, and continue ends the cell; a
+    breakpoint in a file the rank imports pauses it there, and a step goes on a line."""
+    zero, one = rank_kernel(server, session, 0), rank_kernel(server, session, 1)
+    cell = "a = 6\nb = a * 7\nprint('b is', b)"
+
+    async def go() -> None:
+        ws = (await Console.open(server, one)).ws
+        debug = DebugClient(ws)
+        info = await debug.kernel_info()
+        assert "debugger" in info.get("supported_features", []), info
+        await debug.start()
+        await debug.break_in_cell(cell, 3)
+        run = debug.execute(cell)
+        thread, frame = await debug.paused_frame()
+        assert frame["line"] == 3, frame
+        assert (await debug.local_variables(frame["id"]))["b"] == "42"
+        # the other rank is not held by rank 1's pause
+        c0 = await Console.open(server, zero)
+        assert printed(await c0.run("print('rank 0 runs')")) == "rank 0 runs\n"
+        await debug.request("continue", {"threadId": thread})
+        assert (await debug.event("continued"))["threadId"] == thread
+        reply = await debug.reply_of(run, "execute_reply")
+        assert reply["content"]["status"] == "ok", reply
+
+        module = tmp_path / "scaled.py"
+        module.write_text("def scaled(x):\n    y = x * 2\n    z = y + 1\n    return z\n")
+        found = await debug.request(
+            "setBreakpoints",
+            {"source": {"path": str(module)}, "breakpoints": [{"line": 2}]},
+        )
+        assert [b.get("verified") for b in found["breakpoints"]] == [True], found
+        run = debug.execute(
+            f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+            "import scaled\nprint('scaled', scaled.scaled(20))"
+        )
+        thread, frame = await debug.paused_frame()
+        assert (frame["source"]["path"], frame["line"]) == (str(module), 2), frame
+        await debug.request("next", {"threadId": thread})
+        thread, frame = await debug.paused_frame()
+        assert frame["line"] == 3, frame
+        assert (await debug.local_variables(frame["id"]))["y"] == "40"
+        await debug.request("continue", {"threadId": thread})
+        reply = await debug.reply_of(run, "execute_reply")
+        assert reply["content"]["status"] == "ok", reply
+        await debug.stop()
+        # without the debugger the cell runs through
+        assert printed(await Console(ws).run(cell)) == "b is 42\n"
+        ws.close()
+        c0.ws.close()
+
+    asyncio.run(go())
