@@ -159,14 +159,18 @@ async def wait_for_text(sink: NoticeSink, start: str) -> str:
 
 
 def test_a_rank_paused_in_jupyterlabs_debugger_is_said_to_be_and_the_cell_goes_on(
-    session: Session,
+    session: Session, tmp_path: Path
 ) -> None:
     """A console's debugger holds rank 1 at a breakpoint: the notebook's cell runs on rank
     0 at once and says rank 1 is paused in the debugger (not hung), and runs on rank 1
-    once the debugger lets it continue; the debugger breaks nothing of the notebook's."""
+    once the debugger lets it continue; the debugger breaks nothing of the notebook's. A
+    breakpoint in a file the notebook's cell calls pauses rank 1 in the cell itself, which
+    says so the same way."""
     code = "a = 6\nb = a * 7\nprint('console b', b)"
+    module = tmp_path / "halved.py"
+    module.write_text("def halved(x):\n    y = x / 2\n    return y\n")
 
-    async def scenario() -> tuple[str, str]:
+    async def scenario() -> tuple[list[str], str]:
         await session.start()
         console = console_on(session, 1)
         debug = ConsoleDebugger(console)
@@ -188,17 +192,40 @@ def test_a_rank_paused_in_jupyterlabs_debugger_is_said_to_be_and_the_cell_goes_o
             await debug.request("continue", {"threadId": thread})
             result = await asyncio.wait_for(cell, 60)
             assert not result.failures, result
+            # a breakpoint in a module the notebook's cell calls: rank 1 stops in the cell
+            arguments = {"source": {"path": str(module)}, "breakpoints": [{"line": 3}]}
+            await debug.request("setBreakpoints", arguments)
+            cell = asyncio.ensure_future(
+                session.execute(
+                    f"import os, sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+                    "import halved; print('half', halved.halved(int(os.environ['RANK']) + 1))",
+                    sink=sink,
+                )
+            )
+            thread = (await debug.event("stopped"))["threadId"]
+            sink.console_texts.clear()
+            again = await wait_for_text(sink, "rank 1 is paused in JupyterLab's debugger")
+            assert not cell.done()
+            await debug.request("continue", {"threadId": thread})
+            result = await asyncio.wait_for(cell, 60)
+            assert not result.failures, result
             printed = ""
             while not sink.empty():
                 event = sink.get()
                 if isinstance(event, StreamOut):
                     printed += f"[{event.rank}] {event.text}"
             await debug.request("disconnect", {"restart": False, "terminateDebuggee": False})
-            return said, printed
+            return [said, again], printed
         finally:
             console.stop_channels()
             await session.shutdown()
 
     said, printed = asyncio.run(scenario())
-    assert "not hung: Continue in the debugger lets it go on" in said, said
-    assert sorted(printed.splitlines()) == ["[0] cell on 0", "[1] cell on 1"], printed
+    for text in said:
+        assert "not hung: Continue in the debugger lets it go on" in text, said
+    assert sorted(printed.splitlines()) == [
+        "[0] cell on 0",
+        "[0] half 0.5",
+        "[1] cell on 1",
+        "[1] half 1.0",
+    ], printed
