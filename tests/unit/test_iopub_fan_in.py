@@ -139,7 +139,7 @@ def test_folded_replies_end_every_rank_of_the_cell_at_once(tmp_path: Any) -> Non
     context = zmq.asyncio.Context()
     fan_in = IopubFanIn(context, KEY, "hmac-sha256")
     connection: Any = {"transport": "ipc", "ip": str(tmp_path / "k")}
-    connection.update({"shell_port": 1, "control_port": 2, "iopub_port": 3})
+    connection.update({"shell_port": 1, "control_port": 2, "iopub_port": 3, "stdin_port": 4})
     clients = [RankClient(r, connection, KEY, context, iopub=fan_in) for r in range(32)]
     kernels = [WireCodec(KEY) for _ in clients]
     activity: list[tuple[int, str, str]] = []
