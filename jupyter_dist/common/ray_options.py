@@ -281,7 +281,7 @@ def _resource(name: object, amount: object, text: str) -> tuple[str, float]:
         raise SpecError(f"{where}: {shown(name)} is longer than {MAX_RESOURCE_NAME} characters")
     if name.upper() in ("CPU", "GPU"):
         flag = "--ray-cpus" if name.upper() == "CPU" else "--ray-gpus"
-        raise SpecError(f"{where}: {name!r}: use {flag} N for each bundle's {name.upper()}s")
+        raise SpecError(f"{where}: {name!r} is set by {flag} (each bundle's {name.upper()}s)")
     if name == ACCELERATOR_KEY:
         kind = amount.strip() if isinstance(amount, str) else ""
         if not kind or not _RESOURCE_NAME.fullmatch(kind) or len(kind) > MAX_RESOURCE_NAME:

@@ -52,6 +52,7 @@ const FIELD_OF_FLAG: Record<string, FormField> = {
   '--ray-cpus': 'rayCpus',
   '--ray-gpus': 'rayGpus',
   '--ray-runtime-env': 'rayRuntimeEnv',
+  '--ray-resources': 'rayResources',
   '--namespace': 'k8sNamespace',
   '--context': 'k8sContext',
   '--image': 'k8sImage',

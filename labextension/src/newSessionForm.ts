@@ -136,7 +136,8 @@ export class NewSessionForm extends Widget {
       ),
       rayCpus: input('rayCpus', '1'),
       rayGpus: input('rayGpus', 'GPUs per node, else 0'),
-      rayRuntimeEnv: input('rayRuntimeEnv', '{"pip": ["jupyter_dist"]}')
+      rayRuntimeEnv: input('rayRuntimeEnv', '{"pip": ["jupyter_dist"]}'),
+      rayResources: input('rayResources', 'accelerator_type=A100, or TPU=1')
     };
     for (const [name, , placeholder] of K8S_FIELDS) {
       const many = name === 'k8sNodeSelectors' || name === 'k8sTolerations';
@@ -175,6 +176,12 @@ export class NewSessionForm extends Widget {
         i.rayRuntimeEnv,
         e('rayRuntimeEnv'),
         "Ray's runtime environment for the nodes, a JSON object; empty: none (the nodes need jupyter_dist)"
+      ),
+      field(
+        'Resources',
+        i.rayResources,
+        e('rayResources'),
+        "what else each node's bundle holds, NAME=AMOUNT,... or a JSON object; accelerator_type=A100 asks for that accelerator"
       )
     ];
     for (const row of this.rayRows) {
@@ -316,6 +323,7 @@ export class NewSessionForm extends Widget {
       rayCpus: (i.rayCpus as HTMLInputElement).value,
       rayGpus: (i.rayGpus as HTMLInputElement).value,
       rayRuntimeEnv: (i.rayRuntimeEnv as HTMLInputElement).value,
+      rayResources: (i.rayResources as HTMLInputElement).value,
       profile: this.profiles.chosen
     };
   }

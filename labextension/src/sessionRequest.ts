@@ -20,6 +20,9 @@ export interface INewSession extends IK8sFields {
   rayGpus?: string;
   /** With launcher "ray": Ray's runtime environment, a JSON object (empty: none). */
   rayRuntimeEnv?: string;
+  /** With launcher "ray": what else each node's bundle holds, as --ray-resources:
+   * NAME=AMOUNT,... or a JSON object; accelerator_type=A100 is Ray's (empty: nothing). */
+  rayResources?: string;
   /** A profile of the server's: what it sets and the form has no value for applies too. */
   profile?: string;
 }
@@ -53,6 +56,10 @@ function rayOf(form: INewSession): Record<string, unknown> {
   const runtimeEnv = (form.rayRuntimeEnv ?? '').trim();
   if (runtimeEnv) {
     ray.runtime_env = runtimeEnv;
+  }
+  const resources = (form.rayResources ?? '').trim();
+  if (resources) {
+    ray.resources = resources; // checked by the server, which names a bad one
   }
   return ray;
 }
@@ -185,7 +192,8 @@ export function fieldOfMessage(message: string): FormField | null {
       cpus: 'rayCpus',
       gpus: 'rayGpus',
       'runtime-env': 'rayRuntimeEnv',
-      runtime_env: 'rayRuntimeEnv'
+      runtime_env: 'rayRuntimeEnv',
+      resources: 'rayResources'
     };
     return rayFields[ray] ?? 'launcher';
   }

@@ -208,11 +208,15 @@ describe('the new-session form', () => {
     });
     const full = form({
       launcher: 'ray', nodes: '2', count: '2', hosts: 'left,from,ssh', rayAddress: ' head:6379 ',
-      rayStrategy: 'SPREAD', rayCpus: '2', rayGpus: '0', rayRuntimeEnv: '{"pip": ["jupyter_dist"]}'
+      rayStrategy: 'SPREAD', rayCpus: '2', rayGpus: '0', rayRuntimeEnv: '{"pip": ["jupyter_dist"]}',
+      rayResources: ' accelerator_type=A100,TPU=1 '
     });
     expect(requestOf(full)).toEqual({
       name: 'train', launcher: 'ray', nodes: 2, procs: 2,
-      ray: { address: 'head:6379', strategy: 'SPREAD', cpus: 2, gpus: 0, runtime_env: '{"pip": ["jupyter_dist"]}' }
+      ray: {
+        address: 'head:6379', strategy: 'SPREAD', cpus: 2, gpus: 0, runtime_env: '{"pip": ["jupyter_dist"]}',
+        resources: 'accelerator_type=A100,TPU=1'
+      }
     });
     // nothing of Ray's for another launcher, whatever its hidden fields hold
     expect(requestOf(form({ rayCpus: '3', rayAddress: 'head:6379' }))).toEqual({ name: 'train', procs: 2 });
@@ -239,6 +243,7 @@ describe('the new-session form', () => {
     expect(fieldOfMessage("ray: --ray-runtime-env '{': not JSON")).toBe('rayRuntimeEnv');
     expect(fieldOfMessage("ray: --ray-address 'h': expected HOST:PORT")).toBe('rayAddress');
     expect(fieldOfMessage("ray.gpus: 'x' is not a int")).toBe('rayGpus');
+    expect(fieldOfMessage("ray: --ray-resources 'CPU=2': CPU is --ray-cpus'")).toBe('rayResources');
     expect(fieldOfMessage('ray options without --ray: add --ray')).toBe('launcher');
   });
 

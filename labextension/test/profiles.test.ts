@@ -5,9 +5,10 @@ import { INewSession, requestOf } from '../src/sessionRequest';
 const FIELDS: Record<string, boolean> = {
   name: false, launcher: false, hosts: false, nodes: false, kind: false, count: false,
   backend: false, rayAddress: false, rayStrategy: false, rayCpus: false, rayGpus: false,
-  rayRuntimeEnv: false, k8sNamespace: false, k8sContext: false, k8sImage: false,
+  rayRuntimeEnv: false, rayResources: false, k8sNamespace: false, k8sContext: false, k8sImage: false,
   k8sCpus: false, k8sMemory: false, k8sNodeSelectors: true, k8sTolerations: true,
-  k8sPodTemplate: false, k8sCallback: false, k8sTimeout: false
+  k8sPodTemplate: false, k8sCallback: false, k8sTimeout: false, k8sQueue: false,
+  k8sGpuResource: false
 };
 
 const BLANK: INewSession = {
@@ -26,30 +27,36 @@ describe("a profile's request in the new-session form", () => {
   it('fills the fields a Kubernetes profile sets, and what it sends is the profile again', () => {
     const request = {
       launcher: 'k8s', nodes: 2, gpus: [4, 2],
-      k8s: { namespace: 'ml', node_selector: ['a=b', 'c=d'], timeout: 600, queue: 'team' }
+      k8s: {
+        namespace: 'ml', node_selector: ['a=b', 'c=d'], timeout: 600, queue: 'team',
+        priority_class: 'high'
+      }
     };
     const { values, elsewhere } = formOfRequest(request, FIELDS);
     expect(values).toEqual({
       launcher: 'k8s', nodes: '2', kind: 'gpus', count: '4,2', k8sNamespace: 'ml',
-      k8sNodeSelectors: 'a=b\nc=d', k8sTimeout: '600'
+      k8sNodeSelectors: 'a=b\nc=d', k8sTimeout: '600', k8sQueue: 'team'
     });
-    expect(elsewhere).toEqual(['k8s.queue=team']); // no field here: named, sent by name
+    expect(elsewhere).toEqual(['k8s.priority_class=high']); // no field here: named, sent by name
     const form = { ...BLANK, ...values, name: 'x', profile: 'pods' } as INewSession;
     expect(requestOf(form)).toEqual({
       name: 'x', profile: 'pods', launcher: 'k8s', nodes: 2, gpus: [4, 2],
-      k8s: { namespace: 'ml', node_selector: ['a=b', 'c=d'], timeout: 600 }
+      k8s: { namespace: 'ml', node_selector: ['a=b', 'c=d'], timeout: 600, queue: 'team' }
     });
   });
 
   it('fills a Ray profile, and names the top-level fields the form has no field for', () => {
     const request = {
       launcher: 'ray', procs: 2, framework: 'none', name: 'from-profile',
-      ray: { address: 'head:6379', strategy: 'PACK', runtime_env: '{"pip": ["einops"]}' }
+      ray: {
+        address: 'head:6379', strategy: 'PACK', runtime_env: '{"pip": ["einops"]}',
+        resources: 'accelerator_type=A100'
+      }
     };
     const { values, elsewhere } = formOfRequest(request, FIELDS);
     expect(values).toMatchObject({
       launcher: 'ray', name: 'from-profile', kind: 'procs', count: '2', rayAddress: 'head:6379',
-      rayStrategy: 'PACK', rayRuntimeEnv: '{"pip": ["einops"]}'
+      rayStrategy: 'PACK', rayRuntimeEnv: '{"pip": ["einops"]}', rayResources: 'accelerator_type=A100'
     });
     expect(elsewhere).toEqual(['framework=none']);
   });

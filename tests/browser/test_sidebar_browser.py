@@ -297,8 +297,8 @@ def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
     form = dialog.locator(".jp-DistForm")
     ray_rows = form.locator(".jp-DistForm-ray")
     count = form.locator('input[name="count"]')
-    expect(ray_rows).to_have_count(5, timeout=RENDER_TIMEOUT_MS)
-    for i in range(5):
+    expect(ray_rows).to_have_count(6, timeout=RENDER_TIMEOUT_MS)
+    for i in range(6):
         expect(ray_rows.nth(i)).to_be_hidden()  # local: no Ray fields
     # Count holds a value, each launcher's own, until one is typed in
     expect(count).to_have_value("2")
@@ -307,7 +307,7 @@ def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
         expect(count).to_have_value(value)
     form.locator('select[name="launcher"]').select_option("ray")
     expect(count).to_have_value("1")
-    for i in range(5):
+    for i in range(6):
         expect(ray_rows.nth(i)).to_be_visible()
     expect(form.locator('input[name="hosts"]')).to_be_hidden()
     expect(form.locator('select[name="rayStrategy"]')).to_have_value("STRICT_SPREAD")
@@ -347,6 +347,16 @@ def test_the_form_offers_ray_with_its_fields_checked_where_they_are_typed(
     expect(form.locator('select[name="rayStrategy"]')).to_have_value("PACK")  # kept
     expect(form.locator('input[name="name"]')).to_have_value("on-ray")
     nb.screenshot("form-ray-cpus")
+    # custom resources: sent as --ray-resources, the server's refusal at their field
+    form.locator('input[name="rayCpus"]').fill("1")
+    form.locator('input[name="rayResources"]').fill("CPU=2")
+    dialog.get_by_role("button", name="Start").click()
+    expect(form.locator("#jp-DistForm-error-rayResources")).to_contain_text(
+        "'CPU' is set by the \"CPUs per node\" field", timeout=RENDER_TIMEOUT_MS
+    )
+    expect(form.locator("#jp-DistForm-error-rayCpus")).to_be_hidden()
+    nb.screenshot("form-ray-resources")
+    form.locator('input[name="rayResources"]').fill("")
 
     # a start where no Ray cluster answers: said while it runs, then under "Ray address"
     # (it takes the connection and says nothing: the start says so at its bound, 5 s)

@@ -143,8 +143,8 @@ def test_custom_resources_and_an_accelerator_type_as_ray_takes_them() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("CPU=2", "--ray-resources 'CPU=2': 'CPU': use --ray-cpus N for each bundle's CPUs"),
-        ("gpu=1", "--ray-resources 'gpu=1': 'gpu': use --ray-gpus N for each bundle's GPUs"),
+        ("CPU=2", "--ray-resources 'CPU=2': 'CPU' is set by --ray-cpus (each bundle's CPUs)"),
+        ("gpu=1", "--ray-resources 'gpu=1': 'gpu' is set by --ray-gpus (each bundle's GPUs)"),
         ("TPU", "--ray-resources 'TPU': 'TPU' has no '='; expected NAME=AMOUNT,..."),
         ("TPU=0", "--ray-resources 'TPU=0': TPU='0': expected an amount above 0 and at most"),
         ("TPU=-1", "--ray-resources 'TPU=-1': TPU='-1': expected an amount above 0"),
