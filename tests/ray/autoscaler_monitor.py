@@ -3,11 +3,11 @@
 Runs Ray's own autoscaler monitor (``ray.autoscaler._private.monitor.Monitor``, as a head
 started with ``--autoscaling-config`` runs it, and as KubeRay's autoscaler container does)
 with the test's configuration, whose provider is ``autoscale_provider`` (network
-namespaces for machines). Before its loop it reports the configuration's worker node types
-to the GCS, where Ray's autoscaler v2 reports them in later Ray versions
-(``ClusterConfig`` under ``__autoscaler_cluster_config``, read by
-``ray._private.state.state.get_cluster_config``); the test removes that report and the
-autoscaler's status when it stops this process.
+namespaces for machines), as Ray 2.60 ships it: it reports no node types to the GCS.
+`cluster_config` makes the report a deployment may write (``ClusterConfig`` under
+``__autoscaler_cluster_config``, read by ``ray._private.state.state.get_cluster_config``),
+which the test writes itself for the check of what no node type holds; the test removes
+that report and the autoscaler's status when it stops this process.
 
     python -m tests.ray.autoscaler_monitor --gcs-address HEAD:6379 --config C.yaml --logs-dir D
 """
@@ -20,8 +20,6 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 
 def cluster_config(config: Mapping[str, Any]) -> bytes:
@@ -49,20 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, filename=str(Path(args.logs_dir) / "monitor.log"), force=True
     )
-    import ray._raylet
     from ray.autoscaler._private.monitor import Monitor
-    from ray.experimental.internal_kv import _internal_kv_put
 
-    with open(args.config) as file:
-        config = yaml.safe_load(file)
     monitor = Monitor(args.gcs_address, args.config, log_dir=args.logs_dir)
-    _internal_kv_put(
-        ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY,
-        cluster_config(config),
-        overwrite=True,
-        namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE,
-    )
-    print("autoscaler: node types reported", flush=True)
+    print("autoscaler: running", flush=True)
     monitor.run()
     return 0
 

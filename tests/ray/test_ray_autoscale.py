@@ -1,11 +1,12 @@
 """An autoscaling Ray cluster: the test cluster with Ray's own autoscaler running beside it
 (``autoscaler_monitor``), whose cloud starts a GPU node in a network namespace of its own
-on demand (``autoscale_provider``). A request no live node holds but the autoscaler's GPU
-node type could is asked of the autoscaler and waited for, saying so; the stop button
-ends that wait leaving nothing; the next such request starts its session on the node the
-autoscaler added; what no node type could hold fails at once naming the node types.
+on demand (``autoscale_provider``). As Ray 2.60 ships it, the autoscaler reports no node
+types: a request no live node holds is asked of it and waited for, saying so; the stop
+button ends that wait leaving nothing; the next such request starts its session on the
+node the autoscaler added. Where node types are reported (the test writes the report a
+deployment may), what no node type could hold fails at once naming the node types.
 
-The autoscaler runs for this module alone: its report of node types and its status are
+The autoscaler runs for this module alone: the report of node types and its status are
 removed from the GCS when it stops, and the node it added is stopped, so the other Ray
 tests see the cluster they always did."""
 
@@ -21,11 +22,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests import netns
 
+from .autoscaler_monitor import cluster_config
 from .cluster import RayCluster
 from .notebook_kernel import NetnsKernel, Reply, notebook_kernel
 from .test_ray_sessions import WHERE, left_on_cluster, nothing_left, where
@@ -39,9 +42,10 @@ NODE_TYPE = "gpu_worker"
 GPU_NODE = {"CPU": 2, "GPU": 1, "accelerator_type:T4": 1}
 #: asks what only the autoscaler's GPU node type holds: a GPU of type T4
 GPU_FLAGS = "--ray --nodes 1 --procs 1 --ray-gpus 1 --ray-resources accelerator_type=T4"
+#: what the cell says while it waits, on Ray 2.60 whose autoscaler reports no node types
 WAITING = (
     "waiting for Ray's autoscaler to add a node for 1 GPU, 1 CPU, 0.001 accelerator_type:T4 "
-    f"(node type {NODE_TYPE}, 0 of 1 running"
+    "(node types not reported; adding"
 )
 
 #: what ``ray up`` fills into the configuration it gives the autoscaler: nothing to copy or
@@ -68,6 +72,15 @@ types = _internal_kv_get(r.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY,
 alive = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
 print(json.dumps({"types": bool(types), "alive": alive}))
 """
+#: the node types reported to the GCS as a deployment may (the autoscalers of Ray 2.60
+#: do not): a serialized ClusterConfig, in place of HEX
+REPORT = """
+import ray, ray._raylet as r
+from ray.experimental.internal_kv import _internal_kv_put
+ray.init(logging_level="ERROR", log_to_driver=False)
+_internal_kv_put(r.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY, bytes.fromhex("HEX"),
+                 overwrite=True, namespace=r.GCS_AUTOSCALER_STATE_NAMESPACE)
+"""
 #: the autoscaler's report and status removed from the GCS, as if it never ran
 FORGET = """
 import ray, ray._raylet as r
@@ -85,6 +98,7 @@ class Autoscaling:
     process: subprocess.Popen[bytes]
     state_file: Path
     logs: Path
+    config: dict[str, Any]
 
     def nodes(self) -> dict[str, dict[str, object]]:
         """The nodes the cloud started: namespace -> index, address, type, terminated."""
@@ -155,10 +169,10 @@ def autoscaler(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    running = Autoscaling(process, folder / "nodes.json", folder)
+    running = Autoscaling(process, folder / "nodes.json", folder, config)
     try:
         deadline = time.monotonic() + 120
-        while "node types reported" not in netns.read_text(folder / "monitor.out"):
+        while "autoscaler: running" not in netns.read_text(folder / "monitor.out"):
             assert process.poll() is None, netns.tail(folder / "monitor.out")
             assert time.monotonic() < deadline, netns.tail(folder / "monitor.out")
             time.sleep(0.2)
@@ -240,20 +254,9 @@ def run_and_stop_at(kernel: NetnsKernel, code: str, seen: str, timeout: float = 
 def test_a_gpu_request_no_live_node_holds_is_asked_of_the_autoscaler_and_starts_there(
     ray_nodes: RayCluster, autoscaler: Autoscaling, kernel: NetnsKernel
 ) -> None:
-    assert gcs_view(ray_nodes)["types"], "the autoscaler's node types are not reported"
-    # what no node type could ever hold fails at once, naming the ask and the node types
-    reply = kernel.run("%%distributed --ray --nodes 1 --procs 1 --ray-resources TPU=1 "
-                       "--session never\npass")  # fmt: skip
-    assert not reply.ok
-    assert "cannot place 1 bundle of 1 CPU, 1 TPU (STRICT_SPREAD" in reply.text, reply.text
-    assert "nor with every node Ray's autoscaler can add;" in reply.text, reply.text
-    assert (
-        f"its node types: {NODE_TYPE} (1 GPU, 2 CPUs, 1 accelerator_type:T4; at most 1)"
-        in reply.text
-    ), reply.text
-    assert not autoscaler.nodes(), "a node was added for what no node type holds"
-
-    # a T4 GPU: no live node has one, the GPU node type does; stopped while it waits
+    # Ray 2.60 as shipped: an autoscaler runs, and it reports no node types
+    assert not gcs_view(ray_nodes)["types"], "node types are reported before the test did"
+    # a T4 GPU: no live node has one; asked of the autoscaler, stopped while it waits
     stopped = run_and_stop_at(kernel, f"%%distributed {GPU_FLAGS} --session up\npass", WAITING)
     assert not stopped.ok, stopped.text
     assert "no node can hold it now: asking Ray's autoscaler for 1 bundle" in stopped.text
@@ -273,3 +276,19 @@ def test_a_gpu_request_no_live_node_holds_is_asked_of_the_autoscaler_and_starts_
     assert ranks[0][2] == "0" and ranks[0][4] == "1", ranks
     kernel.run("%dist shutdown --session up")
     assert not any(left_on_cluster(ray_nodes).values())
+
+    # where the node types are reported, what no node type could ever hold fails at once,
+    # naming the ask and the node types, and nothing is added for it
+    report = REPORT.replace("HEX", cluster_config(autoscaler.config).hex())
+    result = ray_nodes.run_driver(report)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reply = kernel.run("%%distributed --ray --nodes 1 --procs 1 --ray-resources TPU=1 "
+                       "--session never\npass")  # fmt: skip
+    assert not reply.ok
+    assert "cannot place 1 bundle of 1 CPU, 1 TPU (STRICT_SPREAD" in reply.text, reply.text
+    assert "nor with every node Ray's autoscaler can add;" in reply.text, reply.text
+    assert (
+        f"its node types: {NODE_TYPE} (1 GPU, 2 CPUs, 1 accelerator_type:T4; at most 1)"
+        in reply.text
+    ), reply.text
+    assert len(autoscaler.nodes()) == 1, "a node was added for what no node type holds"
