@@ -90,6 +90,40 @@ def test_breakpoint_on_rank_1_steps_through_the_cell_and_a_module(nb: StdinFront
     assert "[ranks 0-1] total 20.0" in text
 
 
+def test_pdb_ipdb_and_torchs_breakpoint_open_the_debugger_on_their_rank(
+    nb: StdinFrontend,
+) -> None:
+    plain = nb.run(
+        "%%distributed\nimport pdb\nif rank == 1:\n    pdb.set_trace()\n    w = x\n"
+        "print('after pdb')",
+        ["p x + 3", "c"],
+    )
+    assert plain.reply["status"] == "ok", plain.text
+    assert [p.text.split("]")[0] for p in plain.prompts] == ["[rank 1"] * 2, plain.prompts
+    assert "[rank 1] 13" in plain.text, plain.text
+    assert "[rank 0] after pdb" in plain.text and "[rank 1] after pdb" in plain.text
+
+    ipdb = nb.run(
+        "%%distributed\nimport ipdb\nif rank == 1:\n    ipdb.set_trace()\n    w = x\n"
+        "print('after ipdb')",
+        ["p x + 4", "c"],
+    )
+    assert ipdb.reply["status"] == "ok", ipdb.text
+    assert [p.text for p in ipdb.prompts] == ["[rank 1] ipdb> "] * 2, ipdb.prompts
+    assert "[rank 1] 14" in ipdb.text, ipdb.text
+    assert "[rank 0] after ipdb" in ipdb.text and "[rank 1] after ipdb" in ipdb.text
+
+    # torch's: the debugger on rank 1, the other ranks held at its barrier until it goes on
+    held = nb.run(
+        "%%distributed\ndist.breakpoint(rank=1)\nprint('after torch', rank)",
+        ["p rank * 5", "c"],
+    )
+    assert held.reply["status"] == "ok", held.text
+    assert [p.text.split("]")[0] for p in held.prompts] == ["[rank 1"] * 2, held.prompts
+    assert "[rank 1] 5" in held.text
+    assert "[rank 0] after torch 0" in held.text and "[rank 1] after torch 1" in held.text
+
+
 def test_q_ends_the_cell_as_an_interrupt_and_the_variables_stay(nb: StdinFrontend) -> None:
     run = nb.run("%%distributed\nif rank == 1:\n    breakpoint()\n    x = -1\nz = 1", ["q"])
     assert run.reply["status"] == "error"
