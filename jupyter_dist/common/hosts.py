@@ -15,14 +15,13 @@ as one of its options. Files are read only if they are regular files, and only u
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from jupyter_dist.common.bounded import shown as shown_value
+from jupyter_dist.common.small_files import read_bounded
 from jupyter_dist.errors import SpecError
 
 #: more nodes than one session may have (each is an SSH connection and an agent)
@@ -177,29 +176,10 @@ def read_small_file(path: str | Path, where: str) -> str:
     pipe, a folder, a bigger file) is refused without reading it."""
     if "\0" in str(path):
         raise SpecError(f"{where} {shown_value(str(path))}: a file's path holds no NUL character")
-    file = Path(path).expanduser()
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as err:
-        raise SpecError(f"{where} {str(path)!r}: cannot read it: {err.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SpecError(f"{where} {str(path)!r}: not a regular file")
-        if info.st_size > MAX_FILE_BYTES:
-            raise SpecError(
-                f"{where} {str(path)!r}: {info.st_size} bytes; expected at most "
-                f"{MAX_FILE_BYTES} bytes"
-            )
-        with os.fdopen(fd, "rb", closefd=False) as stream:
-            data = stream.read(MAX_FILE_BYTES + 1)
-    except OSError as err:
-        raise SpecError(f"{where} {str(path)!r}: cannot read it: {err.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:  # it grew since fstat
-        raise SpecError(f"{where} {str(path)!r}: expected at most {MAX_FILE_BYTES} bytes")
+    label = f"{where} {str(path)!r}"
+    data = read_bounded(path, MAX_FILE_BYTES, label, "a small text file")
+    if data is None:
+        raise SpecError(f"{label}: cannot read it: No such file or directory")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

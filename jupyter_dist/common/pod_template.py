@@ -25,8 +25,6 @@ else a template sets is merged (`control.launchers.k8s_merge`), or refused there
 from __future__ import annotations
 
 import math
-import os
-import stat
 from typing import Any, ClassVar
 
 import yaml
@@ -34,6 +32,7 @@ import yaml.composer
 import yaml.constructor
 import yaml.resolver
 
+from jupyter_dist.common.small_files import read_bounded
 from jupyter_dist.errors import SpecError
 
 #: the largest pod template file read
@@ -207,25 +206,10 @@ def read_pod_template(path: str) -> dict[str, Any]:
     """``--pod-template FILE``: a Pod, a PodTemplateSpec (``metadata``/``spec``) or a bare
     pod spec, YAML or JSON, at most `MAX_TEMPLATE_BYTES`, within the bounds, and with
     nothing of what `check_template` refuses; returned as a PodTemplateSpec."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer (the server reads it)
-        fd = os.open(os.path.expanduser(path), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as err:
-        raise SpecError(f"--pod-template {path!r}: {err.strerror or err}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SpecError(f"--pod-template {path!r}: not a regular file; expected a pod template")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(MAX_TEMPLATE_BYTES + 1)
-    except OSError as err:
-        raise SpecError(f"--pod-template {path!r}: {err.strerror or err}") from None
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_TEMPLATE_BYTES:
-        raise SpecError(
-            f"--pod-template {path!r}: larger than {MAX_TEMPLATE_BYTES // 1024} KiB; expected a "
-            "pod template"
-        )
+    label = f"--pod-template {path!r}"
+    raw = read_bounded(path, MAX_TEMPLATE_BYTES, label, "a pod template")  # the server's too
+    if raw is None:
+        raise SpecError(f"{label}: No such file or directory")
     try:
         data = load_bounded(raw.decode())
     except TemplateLimit as err:

@@ -29,7 +29,6 @@ import difflib
 import json
 import os
 import re
-import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import yaml
 from jupyter_dist.common.bounded import cut
 from jupyter_dist.common.launcher_options import LAUNCHER_NAMES, owner_of
 from jupyter_dist.common.pod_template import TemplateLimit, load_bounded
+from jupyter_dist.common.small_files import read_bounded
 from jupyter_dist.errors import SpecError
 
 #: the file's name in the Jupyter config folder
@@ -200,28 +200,9 @@ def check_name(name: str, where: str) -> str:
 def _read_text(path: Path) -> str | None:
     """The file's text, None when there is none; refused unread past `MAX_FILE_BYTES`,
     or when it is not a regular file (a FIFO would block the reader)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    data = read_bounded(path, MAX_FILE_BYTES, str(path), "profiles, YAML")
+    if data is None:
         return None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read it: {err.strerror or err}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SpecError(f"{path}: not a regular file; expected the profiles, YAML")
-        if info.st_size > MAX_FILE_BYTES:
-            raise SpecError(
-                f"{path}: {info.st_size} bytes; expected at most {MAX_FILE_BYTES} bytes of profiles"
-            )
-        with os.fdopen(fd, "rb", closefd=False) as stream:
-            data = stream.read(MAX_FILE_BYTES + 1)
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read it: {err.strerror or err}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise SpecError(f"{path}: expected at most {MAX_FILE_BYTES} bytes of profiles")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

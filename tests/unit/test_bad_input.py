@@ -227,7 +227,9 @@ def test_a_pod_template_that_is_not_a_small_regular_file_is_not_read(tmp_path: P
         assert f"--pod-template {path!r}: not a regular file" in refused(read_pod_template, path)
     big = tmp_path / "big.yaml"
     big.write_text("# padding\n" * (MAX_TEMPLATE_BYTES // 10 + 1))
-    assert "larger than 256 KiB" in refused(read_pod_template, str(big))
+    assert "expected at most 262144 bytes (256 KiB) of a pod template" in refused(
+        read_pod_template, str(big)
+    )
     missing = str(tmp_path / "missing.yaml")
     assert refused(read_pod_template, missing).endswith("No such file or directory")
     pod = tmp_path / "pod.yaml"

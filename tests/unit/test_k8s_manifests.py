@@ -330,7 +330,9 @@ def test_a_missing_or_huge_pod_template_is_named(tmp_path: Path) -> None:
         read_pod_template(str(tmp_path / "nope.yaml"))
     big = tmp_path / "big.yaml"
     big.write_text("a: " + "x" * 300_000)
-    with pytest.raises(SpecError, match="larger than 256 KiB"):
+    with pytest.raises(
+        SpecError, match=r"expected at most 262144 bytes \(256 KiB\) of a pod template"
+    ):
         read_pod_template(str(big))
 
 
