@@ -345,6 +345,7 @@ def test_every_handler_method_is_authenticated_and_authorized() -> None:
         ("TurnEndHandler", "post"),
         ("RankKernelHandler", "post"),  # a console runs code on the rank
         ("RankLogHandler", "get"),  # what the rank printed is the code's
+        ("ProfileHandler", "put"),  # a profile decides what a start runs (python, image)
     }
     for pattern, handler in API_HANDLERS:
         methods = own_methods(handler)
