@@ -88,12 +88,22 @@ class DebugClient:
         assert body.get("success"), f"debugger request {command} failed: {body}"
         return body.get("body", {})
 
-    async def event(self, name: str) -> dict[str, Any]:
-        """The next ``debug_event`` named ``name`` (on IOPub), its ``body``."""
-        msg = await self.wait(
-            lambda m: m["msg_type"] == "debug_event" and m["content"].get("event") == name,
-            f"debug_event {name!r}",
-        )
+    async def event(self, name: str, thread: int | None = None) -> dict[str, Any]:
+        """The next ``debug_event`` named ``name`` (on IOPub), its ``body``; with ``thread``,
+        the next of that thread's (or of all threads'): debugpy tells of its other threads
+        too."""
+
+        def wanted(m: dict[str, Any]) -> bool:
+            if m["msg_type"] != "debug_event" or m["content"].get("event") != name:
+                return False
+            body = m["content"].get("body") or {}
+            return (
+                thread is None
+                or body.get("threadId") == thread
+                or bool(body.get("allThreadsContinued"))
+            )
+
+        msg = await self.wait(wanted, f"debug_event {name!r}")
         return dict(msg["content"].get("body", {}))
 
     def execute(self, code: str) -> str:
