@@ -72,6 +72,14 @@ types = _internal_kv_get(r.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY,
 alive = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
 print(json.dumps({"types": bool(types), "alive": alive}))
 """
+#: whether the session's driver sees an autoscaler (its status fresh, and not that of the
+#: read-only mirror a head started by hand runs)
+SEES_AUTOSCALER = """
+import ray
+from jupyter_dist.control.launchers.ray_autoscale import read_autoscaler
+ray.init(logging_level="ERROR", log_to_driver=False)
+print(read_autoscaler() is not None)
+"""
 #: the node types reported to the GCS as a deployment may (the autoscalers of Ray 2.60
 #: do not): a serialized ClusterConfig, in place of HEX
 REPORT = """
@@ -171,14 +179,34 @@ def autoscaler(
         )
     running = Autoscaling(process, folder / "nodes.json", folder, config)
     try:
+        stop_mirror(ray_nodes)
         deadline = time.monotonic() + 120
-        while "autoscaler: running" not in netns.read_text(folder / "monitor.out"):
+        while not sees_autoscaler(ray_nodes):  # its first status written over the mirror's
             assert process.poll() is None, netns.tail(folder / "monitor.out")
             assert time.monotonic() < deadline, netns.tail(folder / "monitor.out")
-            time.sleep(0.2)
+            time.sleep(1)
         yield running
     finally:
         stop_autoscaler(ray_nodes, running)
+
+
+def stop_mirror(cluster: RayCluster) -> None:
+    """End the read-only mirror of the nodes that ``ray start --head`` runs on the head
+    where no autoscaling configuration was given: it writes the autoscaler's status key
+    too, every 5 s, and a cluster with an autoscaler has only the autoscaler writing it
+    (``ray start --head --autoscaling-config`` runs the autoscaler in its place). The other
+    Ray tests see no autoscaler either way."""
+    for pid in cluster.pids(0):
+        cmdline = netns.read_text(Path(f"/proc/{pid}/cmdline")).replace("\0", " ")
+        if "autoscaler/_private/monitor.py" in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def sees_autoscaler(cluster: RayCluster) -> bool:
+    result = cluster.run_driver(SEES_AUTOSCALER)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1] == "True"
 
 
 def stop_autoscaler(cluster: RayCluster, running: Autoscaling) -> None:
