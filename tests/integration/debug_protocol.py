@@ -15,6 +15,29 @@ from tornado.websocket import WebSocketClientConnection
 WAIT_S = 120.0
 
 
+def send_message(
+    ws: WebSocketClientConnection,
+    session: str,
+    msg_type: str,
+    content: dict[str, Any],
+    channel: str,
+) -> str:
+    """One Jupyter message on a kernel's websocket, as a frontend of ``session`` writes it;
+    its id."""
+    msg_id = uuid.uuid4().hex
+    header = {
+        "msg_id": msg_id,
+        "msg_type": msg_type,
+        "username": "test",
+        "session": session,
+        "version": "5.3",
+        "date": "2026-01-01T00:00:00Z",
+    }
+    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content}
+    ws.write_message(json.dumps({**message, "channel": channel, "buffers": []}))
+    return msg_id
+
+
 class DebugClient:
     """A frontend on one kernel's websocket: shell requests and the debugger's."""
 
@@ -25,28 +48,7 @@ class DebugClient:
         self.seen: list[dict[str, Any]] = []
 
     def send(self, msg_type: str, content: dict[str, Any], channel: str) -> str:
-        msg_id = uuid.uuid4().hex
-        header = {
-            "msg_id": msg_id,
-            "msg_type": msg_type,
-            "username": "test",
-            "session": self.session,
-            "version": "5.3",
-            "date": "2026-01-01T00:00:00Z",
-        }
-        self.ws.write_message(
-            json.dumps(
-                {
-                    "header": header,
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": content,
-                    "channel": channel,
-                    "buffers": [],
-                }
-            )
-        )
-        return msg_id
+        return send_message(self.ws, self.session, msg_type, content, channel)
 
     async def next_message(self) -> dict[str, Any]:
         raw = await asyncio.wait_for(self.ws.read_message(), WAIT_S)

@@ -19,7 +19,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from jupyter_dist.rank.console_guard import ALLOW
 
-from .debug_protocol import DebugClient
+from .debug_protocol import DebugClient, send_message
 from .server_process import API, Server, start_server, stop_server, wait_for
 
 pytestmark = pytest.mark.slow
@@ -56,28 +56,8 @@ class Console:
         return cls(await websocket_connect(request))
 
     def execute(self, code: str) -> str:
-        msg_id = uuid.uuid4().hex
-        header = {
-            "msg_id": msg_id,
-            "msg_type": "execute_request",
-            "username": "test",
-            "session": self.session,
-            "version": "5.3",
-            "date": "2026-01-01T00:00:00Z",
-        }
         content = {"code": code, "silent": False, "store_history": True}
-        self.ws.write_message(
-            json.dumps(
-                {
-                    "header": header,
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": content,
-                    "channel": "shell",
-                }
-            )
-        )
-        return msg_id
+        return send_message(self.ws, self.session, "execute_request", content, "shell")
 
     async def until(self, msg_id: str, msg_type: str, state: str = "") -> list[dict[str, Any]]:
         """The messages of request ``msg_id`` until one of ``msg_type`` (a ``status`` of

@@ -12,7 +12,6 @@ import contextlib
 import http.client
 import io
 import json
-import os
 import signal
 import threading
 import time
@@ -39,15 +38,9 @@ MIG = "nvidia.com/mig-1g.10gb"
 @pytest.fixture(scope="module")
 def gpu_cluster(k8s_cluster_factory: Callable[..., K8sCluster]) -> Iterator[K8sCluster]:
     cluster = k8s_cluster_factory(nodes=2, node_resources={0: {"nvidia.com/gpu": 1}, 1: {MIG: 2}})
-    saved = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # the module's, undone after it
+        patch.setenv("KUBECONFIG", str(cluster.kubeconfig))
         yield cluster
-    finally:
-        if saved is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = saved
 
 
 def run_watching(

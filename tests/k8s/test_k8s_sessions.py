@@ -139,15 +139,9 @@ def k8s_env(k8s_cluster_factory: Callable[..., K8sCluster]) -> Iterator[K8sClust
     """The module's cluster of three machines (a session grows to a third), as the
     notebook's kubeconfig (``KUBECONFIG``)."""
     cluster = k8s_cluster_factory(nodes=3)
-    saved = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # the module's, undone after it
+        patch.setenv("KUBECONFIG", str(cluster.kubeconfig))
         yield cluster
-    finally:
-        if saved is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = saved
 
 
 def k8s_flags(extra: str = "") -> str:
